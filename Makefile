@@ -1,0 +1,35 @@
+# vmcache: `make demo` shows it working, `make test` runs the tests.
+# Both install what they need first (Debian packages, a venv in .venv).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test unit demo demo-clean fixtures bench libvirtd install uninstall clean
+
+setup:
+	scripts/setup.sh
+
+libvirtd: setup
+	scripts/libvirtd.sh
+
+test: setup libvirtd
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest -m "not live" $(PYTEST_ARGS)
+
+demo: setup
+	scripts/demo.sh
+
+demo-clean:
+	scripts/demo.sh clean
+
+fixtures: setup
+	$(PY) -m tests.record_fixtures
+
+bench: setup
+	scripts/bench.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

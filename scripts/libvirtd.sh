@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Make sure libvirtd answers on qemu:///system. Where systemd runs, start its
+# units; otherwise (these sandboxes) start virtlogd and libvirtd as daemons.
+# In a sandbox without systemd QEMU must run as root with no security driver:
+# that is a test-environment setting, applied only on that path.
+set -euo pipefail
+if virsh -c qemu:///system version >/dev/null 2>&1; then exit 0; fi
+if [ -d /run/systemd/system ]; then
+  systemctl start virtlogd.socket libvirtd.socket libvirtd.service
+else
+  conf=/etc/libvirt/qemu.conf
+  if ! grep -q '^# vmcache-sandbox' "$conf" 2>/dev/null; then
+    echo "libvirtd: sandbox without systemd: QEMU runs as root, security_driver none ($conf)"
+    printf '# vmcache-sandbox: test environment settings\nuser = "root"\ngroup = "root"\nsecurity_driver = "none"\n' >> "$conf"
+  fi
+  mkdir -p /var/run/libvirt /var/log/libvirt /var/lib/libvirt/images
+  pgrep -x virtlogd >/dev/null || virtlogd -d
+  pgrep -x libvirtd >/dev/null || libvirtd -d
+fi
+for _ in $(seq 1 100); do
+  virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
+  sleep 0.1
+done
+echo "libvirtd: did not come up" >&2
+exit 1

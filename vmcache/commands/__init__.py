@@ -1,0 +1,1 @@
+"""Subcommands of ``vmcache``: one module each (see ``vmcache.cli``)."""
