@@ -1,0 +1,32 @@
+"""What one engine cycle of one disk did: the record metrics, status and logs read (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CycleStats"]
+
+
+@dataclass(frozen=True)
+class CycleStats:
+    """Figures of one cycle for one disk.
+
+    Byte counts are image-file bytes. ``*_bytes`` fields are levels at the
+    end of the cycle; ``guest_*`` fields are what happened during it.
+    """
+
+    now: float                      # monotonic time the cycle ended
+    duration_seconds: float         # wall time the cycle took
+    size_bytes: int                 # image size
+    budget_bytes: int               # this disk's budget in force
+    pinned_bytes: int               # locked by vmcache after the cycle
+    pinned_regions: int
+    resident_bytes: int             # image bytes in the page cache (ours included)
+    guest_written_bytes: int        # dirty-bitmap bytes written this cycle (granularity-rounded)
+    guest_read_miss_bytes: int      # bytes that appeared in the cache not by vmcache's hand
+    recently_evicted_pages: int | None  # cachestat nr_recently_evicted (None without cachestat)
+    bitmap_read: str                # "ok", "deferred", "failed" or "none" (no tracker)
+    mem_available_bytes: int
+    backing_off: bool               # floor/pressure kept vmcache from pinning what it planned
+    skipped_for_floor_bytes: int = 0
+    error: str | None = None        # last error of this cycle, one line
