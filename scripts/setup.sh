@@ -12,6 +12,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev python3-libnbd libnbd-bin
   fio vmtouch busybox-static linux-image-cloud-amd64 cpio gzip
   gcc make util-linux procps
+  prometheus
 )
 
 missing=()
