@@ -1,0 +1,270 @@
+"""Prometheus collectors of one agent: what it pins, what the guest does, how it fares.
+
+One :class:`AgentMetrics` per agent (per domain) holds a registry; each disk
+the agent manages gets a :class:`DiskMetrics` from :meth:`AgentMetrics.disk`
+and is fed one :class:`~vmcache.stats.CycleStats` per cycle. Serving the
+registry over HTTP is :mod:`vmcache.exporter`'s job.
+
+Labels are bounded: ``domain`` and ``uuid`` (one value per agent), ``disk``
+(the target, e.g. ``vda``) and ``image`` (its file) per managed disk, and
+the fixed sets ``result`` (bitmap reads) and ``kind`` (errors). A disk that
+goes away is dropped with :meth:`AgentMetrics.remove_disk` so its series go
+with it. docs/metrics.md describes every metric.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+from . import __version__, errors
+from .stats import CycleStats
+
+__all__ = [
+    "AgentMetrics",
+    "DiskMetrics",
+    "BITMAP_RESULTS",
+    "ERROR_KINDS",
+    "CYCLE_BUCKETS",
+    "error_kind",
+]
+
+NAMESPACE = "vmcache"
+AGENT_LABELS = ("domain", "uuid")
+DISK_LABELS = ("domain", "uuid", "disk", "image")
+
+#: Values of CycleStats.bitmap_read counted by vmcache_bitmap_reads_total
+#: ("none", a disk without a tracker, is not a read and is not counted).
+BITMAP_RESULTS = ("ok", "deferred", "failed")
+_BITMAP_NONE = "none"
+
+#: Cycle durations run from milliseconds (cachestat, small bitmaps) to
+#: seconds (mincore over a large populated range, NBD round trips).
+CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _snake(name: str) -> str:
+    name = name.removesuffix("Error") or name
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+# One kind per class of vmcache's error tree (VmcacheError itself is "vmcache"),
+# plus "other" for anything outside it: the label can never grow unbounded.
+_KIND_OF_CLASS: dict[type[BaseException], str] = {
+    getattr(errors, name): _snake(name) for name in errors.__all__
+}
+OTHER_KIND = "other"
+#: Every value the ``kind`` label of vmcache_errors_total can take.
+ERROR_KINDS = frozenset(_KIND_OF_CLASS.values()) | {OTHER_KIND}
+
+
+def error_kind(error: BaseException | type[BaseException] | str) -> str:
+    """The ``kind`` label for an error: an exception, its class, or a kind name.
+
+    Exceptions map to their nearest class in vmcache's error tree
+    (``BitmapReadError`` -> ``bitmap_read``, ``PinError`` -> ``pin``);
+    anything else, and any unknown string, is ``other``.
+    """
+    if isinstance(error, str):
+        return error if error in ERROR_KINDS else OTHER_KIND
+    cls = error if isinstance(error, type) else type(error)
+    for base in cls.__mro__:
+        if base in _KIND_OF_CLASS:
+            return _KIND_OF_CLASS[base]
+    return OTHER_KIND
+
+
+class AgentMetrics:
+    """The metrics of one agent (one libvirt domain), in one registry.
+
+    ``registry``: where the collectors are registered; by default a fresh
+    :class:`CollectorRegistry` that also carries this process's
+    ``process_*``, ``python_gc_*`` and ``python_info`` metrics (a process
+    serves one agent, and nothing else shares the registry); that default
+    also turns off prometheus_client's ``*_created`` series process-wide,
+    which Prometheus's text format would store as extra gauges. Tests pass a
+    fresh empty registry.
+    """
+
+    def __init__(
+        self,
+        domain: str,
+        uuid: str,
+        *,
+        registry: CollectorRegistry | None = None,
+        version: str = __version__,
+    ) -> None:
+        if registry is None:
+            disable_created_metrics()
+            registry = CollectorRegistry(auto_describe=True)
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+        self.registry = registry
+        self.domain = domain
+        self.uuid = uuid
+        self._agent = (domain, uuid)
+        self._lock = threading.Lock()
+        self._disks: dict[str, DiskMetrics] = {}
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = DISK_LABELS) -> Gauge:
+            return Gauge(name, doc, labels, namespace=NAMESPACE, registry=registry)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = DISK_LABELS) -> Counter:
+            return Counter(name, doc, labels, namespace=NAMESPACE, registry=registry)
+
+        self.info = Info("agent", "The vmcache agent of a domain; value 1, its version as a label.",
+                         AGENT_LABELS, namespace=NAMESPACE, registry=registry)
+        self.info.labels(*self._agent).info({"version": version})
+        self.host_memory_available = gauge(
+            "host_memory_available_bytes",
+            "MemAvailable of the host (/proc/meminfo) at the agent's last cycle.", AGENT_LABELS)
+        self.errors = counter("errors", "Errors the agent met, by kind (a class of vmcache's error tree).",
+                              (*AGENT_LABELS, "kind"))
+        self.image_size = gauge("image_size_bytes", "Size of the disk's image file.")
+        self.budget = gauge("budget_bytes", "Bytes of the image vmcache may pin (the budget in force).")
+        self.pinned = gauge("pinned_bytes", "Bytes of the image locked in memory by vmcache.")
+        self.pinned_regions = gauge("pinned_regions", "Number of contiguous regions vmcache has locked.")
+        self.resident = gauge("resident_bytes", "Bytes of the image in the host page cache, pinned ones included.")
+        self.recently_evicted = gauge(
+            "recently_evicted_pages",
+            "Pages of the image recently evicted from the page cache (cachestat nr_recently_evicted).")
+        self.backing_off = gauge(
+            "backing_off",
+            "1 when the free-memory floor or memory pressure kept vmcache from pinning what it planned.")
+        self.backoff_skipped = gauge(
+            "backoff_skipped_bytes", "Bytes planned for pinning but left unpinned because of the memory floor.")
+        self.guest_written = counter(
+            "guest_written_bytes", "Bytes the guest wrote to the image (dirty bitmap, granularity-rounded).")
+        self.guest_read_miss = counter(
+            "guest_read_miss_bytes",
+            "Bytes of the image that entered the page cache not by vmcache's hand (guest reads or others).")
+        self.bitmap_reads = counter("bitmap_reads", "Dirty-bitmap reads, by result (ok, deferred, failed).",
+                                    (*DISK_LABELS, "result"))
+        self.cycle_duration = Histogram(
+            "cycle_duration_seconds", "Wall time of one agent cycle of a disk.", DISK_LABELS,
+            namespace=NAMESPACE, registry=registry, buckets=CYCLE_BUCKETS)
+        # Start every error kind at 0 so increase()/rate() see the first error.
+        for kind in sorted(ERROR_KINDS):
+            self.errors.labels(*self._agent, kind)
+
+    def disk(self, target: str, image: str) -> DiskMetrics:
+        """The metrics of disk ``target`` (e.g. ``vda``) backed by ``image``.
+
+        Asking again for the same target and image returns the same object;
+        a new image at a known target (media change) drops the old series.
+        """
+        with self._lock:
+            known = self._disks.get(target)
+            if known is not None and known.image == image:
+                return known
+            if known is not None:
+                known._remove()
+            metrics = DiskMetrics(self, target, image)
+            self._disks[target] = metrics
+            return metrics
+
+    def remove_disk(self, target: str) -> None:
+        """Drop every series of disk ``target`` (hot-unplugged); unknown targets are ignored."""
+        with self._lock:
+            known = self._disks.pop(target, None)
+            if known is not None:
+                known._remove()
+
+    @property
+    def disks(self) -> dict[str, DiskMetrics]:
+        """The disks with series now, by target."""
+        with self._lock:
+            return dict(self._disks)
+
+    def count_error(self, kind: BaseException | type[BaseException] | str) -> None:
+        """Count one error; ``kind`` is an exception, its class or a name from ERROR_KINDS."""
+        self.errors.labels(*self._agent, error_kind(kind)).inc()
+
+    def set_host_memory(self, available_bytes: int) -> None:
+        """Record the host's MemAvailable."""
+        self.host_memory_available.labels(*self._agent).set(available_bytes)
+
+
+class DiskMetrics:
+    """The series of one disk of an agent; made by :meth:`AgentMetrics.disk`."""
+
+    def __init__(self, agent: AgentMetrics, target: str, image: str) -> None:
+        self.agent = agent
+        self.target = target
+        self.image = image
+        self._labels = (*agent._agent, target, image)
+        a = agent
+        self._gauges = (a.image_size, a.budget, a.pinned, a.pinned_regions, a.resident,
+                        a.backing_off, a.backoff_skipped)
+        self._counters = (a.guest_written, a.guest_read_miss, a.cycle_duration)
+        # Create the series now so a fresh disk shows zeros, not nothing.
+        for metric in (*self._gauges, *self._counters):
+            metric.labels(*self._labels)
+        for result in BITMAP_RESULTS:
+            a.bitmap_reads.labels(*self._labels, result)
+
+    def observe(self, stats: CycleStats) -> None:
+        """Update every series of this disk from one cycle's record.
+
+        Levels are set, ``guest_*`` figures added to their counters, the
+        bitmap read counted by its result and the duration observed.
+        Raises ValueError, before changing anything, when a ``guest_*``
+        figure or the duration is negative or ``bitmap_read`` is unknown.
+        """
+        if stats.guest_written_bytes < 0 or stats.guest_read_miss_bytes < 0:
+            raise ValueError(f"negative guest figure in {stats!r}")
+        if stats.duration_seconds < 0:
+            raise ValueError(f"negative cycle duration in {stats!r}")
+        if stats.bitmap_read not in BITMAP_RESULTS and stats.bitmap_read != _BITMAP_NONE:
+            raise ValueError(f"unknown bitmap_read {stats.bitmap_read!r}")
+        a, labels = self.agent, self._labels
+        a.image_size.labels(*labels).set(stats.size_bytes)
+        a.budget.labels(*labels).set(stats.budget_bytes)
+        a.pinned.labels(*labels).set(stats.pinned_bytes)
+        a.pinned_regions.labels(*labels).set(stats.pinned_regions)
+        a.resident.labels(*labels).set(stats.resident_bytes)
+        a.backing_off.labels(*labels).set(1 if stats.backing_off else 0)
+        a.backoff_skipped.labels(*labels).set(stats.skipped_for_floor_bytes)
+        if stats.recently_evicted_pages is None:
+            # No cachestat on this kernel: no series rather than a false 0.
+            _discard(a.recently_evicted, labels)
+        else:
+            a.recently_evicted.labels(*labels).set(stats.recently_evicted_pages)
+        a.guest_written.labels(*labels).inc(stats.guest_written_bytes)
+        a.guest_read_miss.labels(*labels).inc(stats.guest_read_miss_bytes)
+        if stats.bitmap_read != _BITMAP_NONE:
+            a.bitmap_reads.labels(*labels, stats.bitmap_read).inc()
+        a.cycle_duration.labels(*labels).observe(stats.duration_seconds)
+        a.set_host_memory(stats.mem_available_bytes)
+
+    def count_error(self, kind: BaseException | type[BaseException] | str) -> None:
+        """Count one error of this disk's agent (errors are counted per agent, by kind)."""
+        self.agent.count_error(kind)
+
+    def _remove(self) -> None:
+        a, labels = self.agent, self._labels
+        for metric in (*self._gauges, *self._counters, a.recently_evicted):
+            _discard(metric, labels)
+        for result in BITMAP_RESULTS:
+            _discard(a.bitmap_reads, (*labels, result))
+
+
+def _discard(metric: Gauge | Counter | Histogram, labels: tuple[str, ...]) -> None:
+    # prometheus_client before 0.20 raises KeyError for a series that is not there.
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass
