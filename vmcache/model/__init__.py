@@ -1,0 +1,9 @@
+"""Heat model and region planning: numpy/scipy only, no I/O, no clock."""
+
+from __future__ import annotations
+
+from .heat import HeatModel
+from .params import PAGE_SIZE, ModelParams
+from .region import Region
+
+__all__ = ["HeatModel", "ModelParams", "PAGE_SIZE", "Region"]

@@ -1,0 +1,195 @@
+"""HeatModel: what the heat of a block does under reads, writes, pinning and time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vmcache.model.heat import HeatModel
+from vmcache.model.params import ModelParams
+
+N = 400
+
+
+def arrays(n: int = N) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, bool)
+
+
+def run(model: HeatModel, res: np.ndarray, wr: np.ndarray, ours: np.ndarray, cycles: int, t0: float = 0.0) -> float:
+    """Step ``cycles`` times one interval apart; return the last ``now``."""
+    now = t0
+    for _ in range(cycles):
+        model.step(res, wr, ours, now)
+        now += model.params.interval
+    return now - model.params.interval
+
+
+def test_wide_resident_region_heats_towards_read_amplitude() -> None:
+    p = ModelParams(read_amplitude=1.5)
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    run(m, res, wr, ours, 200)
+    assert m.heat[150] == pytest.approx(1.5, rel=1e-3)
+    assert m.heat[0] == 0.0 and m.heat[399] == 0.0
+    # smoothing dilutes an isolated resident block below a wide region
+    res[:] = 0
+    res[300] = 1.0
+    m2 = HeatModel(p, N)
+    run(m2, res, wr, ours, 200)
+    assert m2.heat[300] < 0.5 * 1.5
+
+
+def test_first_step_counts_one_interval() -> None:
+    p = ModelParams()
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    heat = m.step(res, wr, ours, 1234.0)
+    assert heat[150] == pytest.approx((1 - p.decay) * p.read_amplitude, rel=1e-4)
+
+
+def test_written_region_outranks_read_only_region_of_equal_residency() -> None:
+    m = HeatModel(ModelParams(), N)
+    res, wr, ours = arrays()
+    res[50:100] = 1.0
+    res[250:300] = 1.0
+    wr[250:300] = 0.25
+    run(m, res, wr, ours, 5)
+    assert m.heat[250:300].sum() > 1.5 * m.heat[50:100].sum()
+
+
+def test_our_residency_is_masked_and_does_not_heat_neighbours() -> None:
+    m = HeatModel(ModelParams(), N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    ours[100:200] = True
+    run(m, res, wr, ours, 50)
+    assert float(m.heat.max()) == 0.0
+
+
+def test_writes_to_our_blocks_still_count() -> None:
+    m = HeatModel(ModelParams(), N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    ours[100:200] = True
+    wr[100:200] = 0.5
+    run(m, res, wr, ours, 50)
+    assert m.heat[150] > m.params.threshold
+
+
+def test_our_blocks_hold_heat_at_pinned_decay_others_at_decay() -> None:
+    p = ModelParams(decay=0.8, pinned_decay=0.95)
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    res[50:150] = 1.0
+    res[250:350] = 1.0
+    t = run(m, res, wr, ours, 100)
+    h0 = m.heat.copy()
+    res[:] = 0.0  # guest goes quiet; region 1 is ours (pinned), region 2 not
+    ours[50:150] = True
+    for k in range(1, 11):
+        m.step(res, wr, ours, t + k * p.interval)
+    assert m.heat[100] == pytest.approx(h0[100] * 0.95**10, rel=1e-3)
+    assert m.heat[300] == pytest.approx(h0[300] * 0.8**10, rel=1e-3)
+
+
+def test_two_half_interval_steps_match_one_interval_step() -> None:
+    p = ModelParams(interval=10.0, decay=0.7)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    wr[120:130] = 0.5
+    a, b = HeatModel(p, N), HeatModel(p, N)
+    ta = run(a, res, wr, ours, 3)
+    tb = run(b, res, wr, ours, 3)
+    quiet = np.zeros(N, np.float32)
+    a.step(quiet, quiet, ours, ta + 10.0)
+    b.step(quiet, quiet, ours, tb + 5.0)
+    b.step(quiet, quiet, ours, tb + 10.0)
+    np.testing.assert_allclose(a.heat, b.heat, rtol=1e-5, atol=1e-7)
+    # and a longer gap decays more than a shorter one
+    c = HeatModel(p, N)
+    tc = run(c, res, wr, ours, 3)
+    c.step(quiet, quiet, ours, tc + 30.0)
+    assert c.heat[150] < a.heat[150] * 0.7**1.5
+
+
+def test_step_without_elapsed_time_changes_nothing() -> None:
+    m = HeatModel(ModelParams(), N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    m.step(res, wr, ours, 100.0)
+    before = m.heat.copy()
+    m.step(np.ones(N, np.float32), wr, ours, 100.0)
+    m.step(np.ones(N, np.float32), wr, ours, 50.0)
+    np.testing.assert_array_equal(m.heat, before)
+
+
+def test_resize_keeps_heat_of_surviving_blocks() -> None:
+    m = HeatModel(ModelParams(), N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    t = run(m, res, wr, ours, 10)
+    before = m.heat.copy()
+    m.resize(600)
+    assert m.nblocks == 600
+    np.testing.assert_array_equal(m.heat[:N], before)
+    assert not m.heat[N:].any()
+    res2, wr2, ours2 = arrays(600)
+    m.step(res2, wr2, ours2, t + 10.0)  # steps work at the new size
+    m.resize(150)
+    assert m.nblocks == 150
+    assert m.heat[120] > 0
+    with pytest.raises(ValueError):
+        m.step(res2, wr2, ours2, t + 20.0)
+
+
+def test_reset_forgets_heat_and_time() -> None:
+    p = ModelParams()
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    run(m, res, wr, ours, 10)
+    m.reset()
+    assert not m.heat.any()
+    heat = m.step(res, wr, ours, 5.0)  # first step again: one interval
+    assert heat[150] == pytest.approx((1 - p.decay) * p.read_amplitude, rel=1e-4)
+
+
+def test_heat_is_read_only_and_inputs_are_not_modified() -> None:
+    m = HeatModel(ModelParams(), N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    ours[150:160] = True
+    saved = res.copy()
+    heat = m.step(res, wr, ours, 0.0)
+    np.testing.assert_array_equal(res, saved)
+    with pytest.raises(ValueError):
+        heat[0] = 1.0
+    assert heat.dtype == np.float32
+
+
+def test_distinct_sigmas_give_independent_filters() -> None:
+    p = ModelParams(read_sigma=1.0, write_sigma=8.0)
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    wr[200] = 1.0
+    res[100] = 1.0
+    run(m, res, wr, ours, 300)
+    # wide write kernel reaches further than the narrow read kernel
+    assert m.heat[216] > 0 and m.heat[106] == 0
+
+
+@pytest.mark.parametrize("name", ["residency", "writes", "ours"])
+def test_wrong_shape_is_a_value_error(name: str) -> None:
+    m = HeatModel(ModelParams(), N)
+    args = dict(zip(("residency", "writes", "ours"), arrays()))
+    args[name] = args[name][:-1]
+    with pytest.raises(ValueError, match=name):
+        m.step(args["residency"], args["writes"], args["ours"], 0.0)
+
+
+def test_zero_blocks_is_allowed() -> None:
+    m = HeatModel(ModelParams(), 0)
+    res, wr, ours = arrays(0)
+    assert m.step(res, wr, ours, 0.0).shape == (0,)
