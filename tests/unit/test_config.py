@@ -1,0 +1,199 @@
+"""HostConfig: defaults, every key, one-line errors naming key and value."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vmcache.config import HostConfig, PinnedCap, load_host_config, parse_host_config
+from vmcache.errors import ConfigError
+from vmcache.model.params import ModelParams
+
+GiB = 1 << 30
+
+
+def test_missing_file_gives_defaults(tmp_path):
+    config = load_host_config(str(tmp_path / "absent.yaml"))
+    assert config == HostConfig()
+    assert config.budget == GiB
+    assert config.cache_modes == frozenset({"writethrough"})
+    assert config.runtime_dir == "/run/vmcache"
+    assert config.metrics.listen == "127.0.0.1"
+    assert config.pinned_cap.bytes_for(8 * GiB) == 4 * GiB
+    assert config.model_params() == ModelParams(interval=10.0)
+
+
+def test_empty_file_gives_defaults(tmp_path):
+    path = tmp_path / "vmcache.yaml"
+    path.write_text("# nothing set\n")
+    assert load_host_config(str(path)) == HostConfig()
+
+
+def test_shipped_default_file_equals_builtin_defaults():
+    """hooks/vmcache.yaml documents every key with its default: it must load to HostConfig()."""
+    import pathlib
+
+    shipped = pathlib.Path(__file__).resolve().parents[2] / "hooks" / "vmcache.yaml"
+    text = shipped.read_text()
+    assert parse_host_config(text) == HostConfig()
+    # every key is present (commented or not) in the shipped file
+    for key in ("budget", "min_free", "interval", "cache_modes", "pinned_cap", "model", "runtime_dir",
+                "log_dir", "agent_command", "metrics", "listen", "ports", "tls_cert", "tls_key",
+                "basic_auth_file", "heatmap", "every", "blocks_per_pixel", "aspect"):
+        assert f"{key}:" in text, key
+
+
+def test_every_key_is_read():
+    config = parse_host_config(
+        """
+budget: 2G
+min_free: 512MiB
+interval: 5s
+cache_modes: [writethrough, writeback]
+pinned_cap: 8G
+model:
+  decay: 0.8
+  block_size: 64K
+runtime_dir: /tmp/vmc-run/
+log_dir: /tmp/vmc-log
+agent_command: [/usr/bin/python3, -m, vmcache.cli, agent]
+metrics:
+  listen: "::1"
+  ports: 9000-9009
+  tls_cert: /etc/vmcache/cert.pem
+  tls_key: /etc/vmcache/key.pem
+  basic_auth_file: /etc/vmcache/users
+heatmap:
+  dir: /var/tmp/heat
+  every: 6
+  blocks_per_pixel: 4
+  aspect: 1.5
+"""
+    )
+    assert config.budget == 2 * GiB
+    assert config.min_free == 512 << 20
+    assert config.interval == 5.0
+    assert config.cache_modes == frozenset({"writethrough", "writeback"})
+    assert config.pinned_cap == PinnedCap(size=8 * GiB, fraction=None)
+    assert config.pinned_cap.bytes_for(1) == 8 * GiB
+    assert config.runtime_dir == "/tmp/vmc-run"
+    assert config.agents_dir == "/tmp/vmc-run/agents"
+    assert config.ledger_path == "/tmp/vmc-run/ledger.json"
+    assert config.log_dir == "/tmp/vmc-log"
+    assert config.agent_command == ("/usr/bin/python3", "-m", "vmcache.cli", "agent")
+    assert (config.metrics.listen, config.metrics.port_first, config.metrics.port_last) == ("::1", 9000, 9009)
+    assert config.metrics.tls_cert == "/etc/vmcache/cert.pem"
+    assert config.metrics.basic_auth_file == "/etc/vmcache/users"
+    assert (config.heatmap.dir, config.heatmap.every, config.heatmap.blocks_per_pixel, config.heatmap.aspect) == (
+        "/var/tmp/heat", 6, 4, 1.5)
+    params = config.model_params()
+    assert (params.decay, params.block_size, params.interval) == (0.8, 65536, 5.0)
+
+
+def test_pinned_cap_percent():
+    config = parse_host_config("pinned_cap: 25%")
+    assert config.pinned_cap.bytes_for(16 * GiB) == 4 * GiB
+    assert str(config.pinned_cap) == "25%"
+
+
+def test_domain_model_overrides_are_validated():
+    config = parse_host_config("model: {decay: 0.8}")
+    assert config.model_params({"threshold": 0.5}).threshold == 0.5
+    assert config.model_params({"threshold": 0.5}).decay == 0.8
+    with pytest.raises(ConfigError) as err:
+        config.model_params({"decay": 2})
+    assert str(err.value).startswith("metadata model.decay: 2:")
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("budget: lots", "budget: 'lots': not a size"),
+        ("min_free: -1", "min_free: -1: must not be negative"),
+        ("interval: 0", "interval: 0: must be at least 0.1s"),
+        ("cache_modes: [none]", "cache_modes: 'none': bypasses the page cache"),
+        ("cache_modes: [directsync]", "cache_modes: 'directsync': bypasses the page cache"),
+        ("cache_modes: [fast]", "cache_modes: 'fast': unknown cache mode"),
+        ("cache_modes: []", "cache_modes: []: must be a list"),
+        ("pinned_cap: 150%", "pinned_cap: '150%': a share of RAM"),
+        ("model: {decay: 1.5}", "model.decay: 1.5: must be in (0, 1)"),
+        ("model: {speed: 3}", "model.speed: 3: unknown model parameter"),
+        ("model: {interval: 5}", "model.interval: 5: set the top-level interval key"),
+        ("model: {decay: 0.99, pinned_decay: 0.9}", "model.pinned_decay: 0.9: must be at least decay"),
+        ("runtime_dir: run/vmcache", "runtime_dir: 'run/vmcache': must be an absolute path"),
+        ("agent_command: [vmcache, agent]", "agent_command: ['vmcache', 'agent']: the program must be an absolute"),
+        ("agent_command: [/bin/x, 3]", "agent_command: ['/bin/x', 3]: must be a command"),
+        ("metrics: {listen: localhost}", "metrics.listen: 'localhost': must be an IP address"),
+        ("metrics: {ports: 9010-9000}", "metrics.ports: '9010-9000': ports must be in 1-65535"),
+        ("metrics: {ports: 70000}", "metrics.ports: 70000: ports must be in 1-65535"),
+        ("metrics: {tls_cert: /a.pem}", "metrics.tls_cert: '/a.pem': tls_cert and tls_key go together"),
+        ("metrics: {port: 9000}", "metrics.port: 9000: unknown key"),
+        ("metrics: [1]", "metrics: [1]: must be a mapping"),
+        ("heatmap: {aspect: 0}", "heatmap.aspect: 0: must be a number"),
+        ("heatmap: {every: -1}", "heatmap.every: -1: must be a whole number >= 0"),
+        ("budgte: 1G", "budgte: '1G': unknown key"),
+        ("budget: 1G\nbudget: 2G", "budget: None: key given twice (line 2)"),
+        ("- 1\n- 2", "/etc/vmcache/vmcache.yaml: [1, 2]: must be a mapping"),
+    ],
+)
+def test_bad_values_name_key_and_value(text, line):
+    with pytest.raises(ConfigError) as err:
+        parse_host_config(text)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(line), message
+
+
+def test_invalid_yaml_names_file_and_line(tmp_path):
+    path = tmp_path / "vmcache.yaml"
+    path.write_text("budget: 1G\nmetrics: {listen: [\n")
+    with pytest.raises(ConfigError) as err:
+        load_host_config(str(path))
+    message = str(err.value)
+    assert message.startswith(f"{path}:"), message
+    assert "invalid YAML" in message and "\n" not in message
+
+
+def test_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_host_config(str(tmp_path))  # a directory
+
+
+def test_yaml_tags_are_refused():
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        parse_host_config("budget: !!python/object/apply:os.system [true]")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_fuzz_any_text_gives_config_or_config_error(text):
+    try:
+        result = parse_host_config(text)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+    else:
+        assert isinstance(result, HostConfig)
+
+
+_yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["budget", "min_free", "interval", "cache_modes", "pinned_cap", "model", "runtime_dir",
+                     "log_dir", "agent_command", "metrics", "heatmap"]),
+    _yaml_values, max_size=4))
+def test_fuzz_structured_values(data):
+    import yaml
+
+    try:
+        result = parse_host_config(yaml.safe_dump(data))
+    except ConfigError as err:
+        assert "\n" not in str(err)
+    else:
+        assert isinstance(result, HostConfig)

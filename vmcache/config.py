@@ -1,0 +1,366 @@
+"""The host configuration, /etc/vmcache/vmcache.yaml, as a validated HostConfig (pure).
+
+Every key has a default that works, so a missing file means "all defaults".
+Anything wrong - invalid YAML, an unknown or duplicated key, a bad value -
+raises :class:`~vmcache.errors.ConfigError`, whose ``str()`` is one line
+naming the key (dotted for nested keys: ``metrics.listen``) and the value.
+docs/configuration.md describes every key; hooks/vmcache.yaml is the
+commented default file ``make install`` puts in place.
+
+This module reads one file and imports no libvirt, numpy or socket code:
+the libvirt hook loads it on every domain start.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .model.params import ModelParams
+from .units import parse_duration, parse_size
+
+__all__ = [
+    "DEFAULT_PATH",
+    "CACHE_MODES",
+    "NEVER_ELIGIBLE",
+    "HostConfig",
+    "PinnedCap",
+    "MetricsConfig",
+    "HeatmapConfig",
+    "load_host_config",
+    "parse_host_config",
+]
+
+DEFAULT_PATH = "/etc/vmcache/vmcache.yaml"
+
+#: Cache modes whose image QEMU opens without O_DIRECT (through the page cache).
+CACHE_MODES = ("writethrough", "writeback", "unsafe")
+#: Cache modes that bypass the page cache: vmcache has nothing to keep there.
+NEVER_ELIGIBLE = ("none", "directsync")
+
+
+@dataclass(frozen=True)
+class PinnedCap:
+    """Host-wide cap on bytes pinned by all agents together: a size or a share of RAM."""
+
+    size: int | None = None
+    fraction: float | None = 0.5
+
+    def bytes_for(self, mem_total: int) -> int:
+        """The cap in bytes on a host with ``mem_total`` bytes of RAM."""
+        if self.size is not None:
+            return self.size
+        assert self.fraction is not None
+        return int(mem_total * self.fraction)
+
+    def __str__(self) -> str:
+        if self.size is not None:
+            return str(self.size)
+        return f"{(self.fraction or 0) * 100:g}%"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Where agents serve Prometheus metrics: each agent takes the first free port of the range."""
+
+    listen: str = "127.0.0.1"
+    port_first: int = 9470
+    port_last: int = 9499
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    basic_auth_file: str | None = None
+
+
+@dataclass(frozen=True)
+class HeatmapConfig:
+    """Heat-map pictures: where they go and how they are drawn."""
+
+    dir: str = "/var/lib/vmcache/heatmaps"
+    every: int = 0                      # cycles between pictures; 0: only on request
+    blocks_per_pixel: int | None = None  # None: fit the disk into the picture
+    aspect: float = 2.0                 # width / height of the picture
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Host-wide settings and the defaults of every per-domain parameter.
+
+    Sizes are bytes, durations seconds. ``model`` holds the operator's model
+    parameters as given (already validated); :meth:`model_params` builds the
+    ModelParams a domain uses.
+    """
+
+    budget: int = 1 << 30
+    min_free: int = 1 << 30
+    interval: float = 10.0
+    cache_modes: frozenset[str] = frozenset({"writethrough"})
+    pinned_cap: PinnedCap = PinnedCap()
+    model: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    runtime_dir: str = "/run/vmcache"
+    log_dir: str = "/var/log/vmcache"
+    agent_command: tuple[str, ...] | None = None
+    metrics: MetricsConfig = MetricsConfig()
+    heatmap: HeatmapConfig = HeatmapConfig()
+
+    def model_params(self, overrides: Mapping[str, Any] | None = None) -> ModelParams:
+        """ModelParams from the host's ``model`` section, ``interval`` and a domain's overrides.
+
+        Raises ConfigError naming the key when an override is not acceptable.
+        """
+        merged: dict[str, Any] = {"interval": self.interval, **self.model}
+        params = ModelParams.from_mapping(merged, prefix="model.")
+        if overrides:
+            merged.update(overrides)
+            params = ModelParams.from_mapping(merged, prefix="metadata model.")
+        return params
+
+    @property
+    def agents_dir(self) -> str:
+        """Where agents keep their pidfiles and status files."""
+        return os.path.join(self.runtime_dir, "agents")
+
+    @property
+    def ledger_path(self) -> str:
+        """The shared ledger of pinned bytes (see vmcache.host.ledger)."""
+        return os.path.join(self.runtime_dir, "ledger.json")
+
+
+# --- loading ----------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicated keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: let PyYAML report it
+            break
+        if duplicate:
+            mark = key_node.start_mark
+            raise ConfigError(str(key), None, f"key given twice (line {mark.line + 1})")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_host_config(path: str = DEFAULT_PATH) -> HostConfig:
+    """Read the host config at ``path``; a missing file gives the defaults.
+
+    Raises ConfigError for unreadable files, invalid YAML and bad values.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return HostConfig()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(path, None, f"cannot read: {err}") from err
+    return parse_host_config(text, source=path)
+
+
+def parse_host_config(text: str, *, source: str = DEFAULT_PATH) -> HostConfig:
+    """Parse the YAML text of a host config; ConfigError naming key and value if it is wrong."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+        raise ConfigError(where, line.strip(), f"invalid YAML: {err.problem}") from None
+    except yaml.YAMLError as err:  # e.g. a character YAML does not allow
+        raise ConfigError(source, None, "invalid YAML: " + " ".join(str(err).split())) from None
+    except RecursionError:
+        raise ConfigError(source, None, "invalid YAML: nested too deeply") from None
+    if data is None:
+        return HostConfig()
+    if not isinstance(data, dict):
+        raise ConfigError(source, data, "must be a mapping of keys to values")
+    return _host_config(data)
+
+
+def _host_config(data: dict[Any, Any]) -> HostConfig:
+    _no_unknown(data, _TOP_KEYS, "")
+    values: dict[str, Any] = {}
+    if "budget" in data:
+        values["budget"] = parse_size(data["budget"], key="budget")
+    if "min_free" in data:
+        values["min_free"] = parse_size(data["min_free"], key="min_free")
+    if "interval" in data:
+        values["interval"] = parse_duration(data["interval"], key="interval", minimum=0.1)
+        if values["interval"] > 86400:
+            raise ConfigError("interval", data["interval"], "must be at most 1 day")
+    if "cache_modes" in data:
+        values["cache_modes"] = _cache_modes(data["cache_modes"])
+    if "pinned_cap" in data:
+        values["pinned_cap"] = _pinned_cap(data["pinned_cap"])
+    if "model" in data:
+        values["model"] = _model(data["model"])
+    for key in ("runtime_dir", "log_dir"):
+        if key in data:
+            values[key] = _abs_path(data[key], key)
+    if "agent_command" in data:
+        values["agent_command"] = _command(data["agent_command"])
+    if "metrics" in data:
+        values["metrics"] = _metrics(data["metrics"])
+    if "heatmap" in data:
+        values["heatmap"] = _heatmap(data["heatmap"])
+    config = HostConfig(**values)
+    config.model_params()  # cross-field checks of the model section (e.g. pinned_decay >= decay)
+    return config
+
+
+_TOP_KEYS = ("budget", "min_free", "interval", "cache_modes", "pinned_cap", "model",
+             "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap")
+_METRICS_KEYS = ("listen", "ports", "tls_cert", "tls_key", "basic_auth_file")
+_HEATMAP_KEYS = ("dir", "every", "blocks_per_pixel", "aspect")
+
+
+def _no_unknown(data: Mapping[Any, Any], known: tuple[str, ...], prefix: str) -> None:
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"{prefix}{key}", value, "unknown key (known: " + ", ".join(known) + ")")
+
+
+def _section(value: object, key: str) -> Mapping[Any, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(key, value, "must be a mapping")
+    return value
+
+
+def _cache_modes(value: object) -> frozenset[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ConfigError("cache_modes", value, "must be a list of cache modes, e.g. [writethrough]")
+    modes = set()
+    for mode in value:
+        if mode in NEVER_ELIGIBLE:
+            raise ConfigError("cache_modes", mode, "bypasses the page cache (O_DIRECT), never eligible")
+        if mode not in CACHE_MODES:
+            raise ConfigError("cache_modes", mode, "unknown cache mode (use " + ", ".join(CACHE_MODES) + ")")
+        modes.add(mode)
+    return frozenset(modes)
+
+
+_PERCENT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+
+
+def _pinned_cap(value: object) -> PinnedCap:
+    if isinstance(value, str) and (match := _PERCENT_RE.match(value)):
+        percent = float(match.group(1))
+        if not 0 < percent <= 100:
+            raise ConfigError("pinned_cap", value, "a share of RAM must be in (0%, 100%]")
+        return PinnedCap(size=None, fraction=percent / 100)
+    return PinnedCap(size=parse_size(value, key="pinned_cap"), fraction=None)
+
+
+def _model(value: object) -> Mapping[str, Any]:
+    section = _section(value, "model")
+    if "interval" in section:
+        raise ConfigError("model.interval", section["interval"], "set the top-level interval key instead")
+    ModelParams.from_mapping(section, prefix="model.")
+    return MappingProxyType(dict(section))
+
+
+def _abs_path(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
+        raise ConfigError(key, value, "must be an absolute path")
+    return os.path.normpath(value)
+
+
+def _optional_path(value: object, key: str) -> str | None:
+    return None if value is None else _abs_path(value, key)
+
+
+def _command(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.split()
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(a, str) and a and "\0" not in a for a in value)):
+        raise ConfigError("agent_command", value, "must be a command as a list of strings, or null")
+    if not value[0].startswith("/"):
+        raise ConfigError("agent_command", value, "the program must be an absolute path")
+    return tuple(value)
+
+
+def _ports(value: object) -> tuple[int, int]:
+    key = "metrics.ports"
+    if isinstance(value, bool):
+        raise ConfigError(key, value, "must be a port or a range such as 9470-9499")
+    if isinstance(value, int):
+        first = last = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,5}\s*-\s*[0-9]{1,5}\s*", value):
+        first, last = (int(p) for p in value.split("-"))
+    elif (isinstance(value, list) and len(value) == 2
+          and all(isinstance(p, int) and not isinstance(p, bool) for p in value)):
+        first, last = value
+    else:
+        raise ConfigError(key, value, "must be a port or a range such as 9470-9499")
+    if not 1 <= first <= last <= 65535:
+        raise ConfigError(key, value, "ports must be in 1-65535, first <= last")
+    return first, last
+
+
+def _metrics(value: object) -> MetricsConfig:
+    section = _section(value, "metrics")
+    _no_unknown(section, _METRICS_KEYS, "metrics.")
+    values: dict[str, Any] = {}
+    if "listen" in section:
+        listen = section["listen"]
+        try:
+            values["listen"] = str(ipaddress.ip_address(listen if isinstance(listen, str) else ""))
+        except ValueError:
+            raise ConfigError("metrics.listen", listen, "must be an IP address, e.g. 127.0.0.1 or ::1") from None
+    if "ports" in section:
+        values["port_first"], values["port_last"] = _ports(section["ports"])
+    for key in ("tls_cert", "tls_key", "basic_auth_file"):
+        if key in section:
+            values[key] = _optional_path(section[key], f"metrics.{key}")
+    metrics = MetricsConfig(**values)
+    if (metrics.tls_cert is None) != (metrics.tls_key is None):
+        given = "tls_cert" if metrics.tls_cert else "tls_key"
+        raise ConfigError(f"metrics.{given}", getattr(metrics, given), "tls_cert and tls_key go together")
+    return metrics
+
+
+def _heatmap(value: object) -> HeatmapConfig:
+    section = _section(value, "heatmap")
+    _no_unknown(section, _HEATMAP_KEYS, "heatmap.")
+    values: dict[str, Any] = {}
+    if "dir" in section:
+        values["dir"] = _abs_path(section["dir"], "heatmap.dir")
+    if "every" in section:
+        values["every"] = _whole(section["every"], "heatmap.every", 0)
+    if "blocks_per_pixel" in section and section["blocks_per_pixel"] not in (None, "auto"):
+        values["blocks_per_pixel"] = _whole(section["blocks_per_pixel"], "heatmap.blocks_per_pixel", 1)
+    if "aspect" in section:
+        aspect = section["aspect"]
+        if isinstance(aspect, bool) or not isinstance(aspect, (int, float)) or not 0.01 <= aspect <= 100:
+            raise ConfigError("heatmap.aspect", aspect, "must be a number in [0.01, 100] (width / height)")
+        values["aspect"] = float(aspect)
+    return HeatmapConfig(**values)
+
+
+def _whole(value: object, key: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(key, value, f"must be a whole number >= {minimum}")
+    return value
