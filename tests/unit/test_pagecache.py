@@ -1,0 +1,194 @@
+"""Residency scans of real files in the real page cache.
+
+Pages meant to be resident are written and left dirty (not fsynced): this
+host's kernel reclaims clean page cache proactively (DAMON pageout), but
+not dirty pages, which stay for dirty_expire_centisecs (30 s). Pages meant
+to be absent are written, fsynced and dropped with POSIX_FADV_DONTNEED, or
+never written at all (holes of a sparse file).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vmcache.errors import ConfigError, PageCacheError
+from vmcache.host import pagecache
+from vmcache.host.pagecache import PAGE_SIZE, scan_residency
+
+MiB = 1 << 20
+BLOCK = 1 * MiB
+
+
+def _make_image(path: Path, size: int, resident: list[tuple[int, int]], dropped: list[tuple[int, int]]) -> None:
+    """Sparse file of ``size``; ``dropped`` written then evicted, ``resident`` written and left dirty."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        for off, length in dropped:
+            os.pwrite(fd, b"\x5a" * length, off)
+        os.fsync(fd)
+        for off, length in dropped:
+            os.posix_fadvise(fd, off, length, os.POSIX_FADV_DONTNEED)
+        for off, length in resident:
+            os.pwrite(fd, b"\xa5" * length, off)
+    finally:
+        os.close(fd)
+
+
+def _expected(size: int, block: int, resident: list[tuple[int, int]]) -> np.ndarray:
+    """Reference per-block fractions computed page by page, the slow obvious way."""
+    npages = -(-size // PAGE_SIZE)
+    pages = [False] * npages
+    for off, length in resident:
+        for p in range(off // PAGE_SIZE, -(-(off + length) // PAGE_SIZE)):
+            pages[p] = True
+    ppb = block // PAGE_SIZE
+    out = []
+    for b in range(-(-size // block)):
+        blk = pages[b * ppb : (b + 1) * ppb]
+        out.append(sum(blk) / len(blk))
+    return np.array(out, dtype=np.float32)
+
+
+# 40 MiB + a partial last block of 3 pages and a bit; chunk of 4 MiB in the
+# scans below, so ranges fall fully inside chunks, across chunk borders and
+# in the partial tail.
+SIZE = 40 * MiB + 3 * PAGE_SIZE + 100
+RESIDENT = [
+    (0, 2 * MiB),  # whole blocks 0-1
+    (5 * MiB + 8 * PAGE_SIZE, 64 * PAGE_SIZE),  # a quarter of block 5
+    (11 * MiB, 6 * MiB),  # blocks 11-16, across the 12 MiB and 16 MiB chunk borders
+    (40 * MiB, PAGE_SIZE),  # one of the four pages of the last block
+]
+DROPPED = [(2 * MiB, 3 * MiB), (5 * MiB + 200 * PAGE_SIZE, 10 * PAGE_SIZE), (40 * MiB + PAGE_SIZE, 2 * PAGE_SIZE)]
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> Path:
+    path = tmp_path / "disk.img"
+    _make_image(path, SIZE, RESIDENT, DROPPED)
+    return path
+
+
+@pytest.mark.parametrize("use_cachestat", [None, False])
+def test_per_block_fractions_match_the_resident_ranges(image: Path, use_cachestat: bool | None) -> None:
+    if use_cachestat is None and not pagecache.cachestat_supported():
+        pytest.skip("kernel without cachestat")
+    res = scan_residency(image, BLOCK, chunk=4 * MiB, use_cachestat=use_cachestat)
+    want = _expected(SIZE, BLOCK, RESIDENT)
+    assert res.size_bytes == SIZE
+    assert res.page_size == PAGE_SIZE
+    assert res.nblocks == 41
+    assert res.fraction.dtype == np.float32
+    np.testing.assert_array_equal(res.fraction, want)
+    assert res.fraction[5] == pytest.approx(0.25)
+    assert res.fraction[40] == pytest.approx(0.25)  # 1 of the last block's 4 real pages
+    assert res.resident_pages == sum(-(-n // PAGE_SIZE) for _, n in RESIDENT)
+    assert res.resident_bytes == res.resident_pages * PAGE_SIZE
+
+
+def test_cachestat_and_mincore_agree_for_several_block_sizes(image: Path) -> None:
+    if not pagecache.cachestat_supported():
+        pytest.skip("kernel without cachestat")
+    for block in (PAGE_SIZE, 64 << 10, 3 * MiB):
+        fast = scan_residency(image, block, chunk=2 * MiB)
+        slow = scan_residency(image, block, use_cachestat=False)
+        assert fast.method == "cachestat" and slow.method == "mincore"
+        np.testing.assert_array_equal(fast.fraction, slow.fraction)
+        np.testing.assert_array_equal(fast.fraction, _expected(SIZE, block, RESIDENT))
+        assert fast.resident_pages == slow.resident_pages
+
+
+def test_cachestat_counters_cover_the_whole_file(image: Path) -> None:
+    if not pagecache.cachestat_supported():
+        pytest.skip("kernel without cachestat")
+    res = scan_residency(image, BLOCK)
+    assert res.nr_cache == res.resident_pages
+    assert res.nr_dirty == res.resident_pages  # written, never synced
+    # pages dropped with fadvise leave no shadow entry, only reclaim does: just present
+    assert isinstance(res.nr_evicted, int) and isinstance(res.nr_recently_evicted, int)
+    slow = scan_residency(image, BLOCK, use_cachestat=False)
+    assert slow.nr_dirty is None and slow.nr_evicted is None
+
+
+def test_fully_cached_file_is_all_ones(tmp_path: Path) -> None:
+    path = tmp_path / "full.img"
+    _make_image(path, 9 * MiB + PAGE_SIZE, [(0, 9 * MiB + PAGE_SIZE)], [])
+    res = scan_residency(path, 2 * MiB, chunk=4 * MiB)
+    np.testing.assert_array_equal(res.fraction, np.ones(5, dtype=np.float32))
+    assert res.resident_pages == (9 * MiB + PAGE_SIZE) // PAGE_SIZE
+
+
+def test_sparse_terabyte_with_a_little_resident(tmp_path: Path) -> None:
+    path = tmp_path / "big.img"
+    size = 1 << 40
+    hot = [(5 << 30, 8 * MiB), (size - 4 * MiB, 4 * MiB)]
+    _make_image(path, size, hot, [])
+    res = scan_residency(path, 64 * MiB)
+    assert res.nblocks == size // (64 * MiB)
+    assert res.resident_pages == 12 * MiB // PAGE_SIZE
+    nonzero = np.flatnonzero(res.fraction)
+    assert list(nonzero) == [(5 << 30) // (64 * MiB), res.nblocks - 1]
+    assert res.fraction[nonzero].tolist() == [0.125, 0.0625]
+
+
+def test_fd_is_used_and_left_open(image: Path) -> None:
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        res = scan_residency("named-for-errors", BLOCK, fd=fd)
+        np.testing.assert_array_equal(res.fraction, _expected(SIZE, BLOCK, RESIDENT))
+        os.fstat(fd)  # still open
+    finally:
+        os.close(fd)
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.img"
+    path.touch()
+    for use in (None, False):
+        res = scan_residency(path, BLOCK, use_cachestat=use)
+        assert res.nblocks == 0 and res.resident_pages == 0 and res.resident_percent == 0.0
+
+
+def test_missing_file_raises_page_cache_error(tmp_path: Path) -> None:
+    with pytest.raises(PageCacheError) as info:
+        scan_residency(tmp_path / "nope.img", BLOCK)
+    assert info.value.errno == errno.ENOENT
+    assert info.value.path == str(tmp_path / "nope.img")
+    assert "nope.img" in str(info.value)
+
+
+def test_block_size_must_be_whole_pages(image: Path) -> None:
+    with pytest.raises(ConfigError):
+        scan_residency(image, PAGE_SIZE + 512)
+    with pytest.raises(ConfigError):
+        scan_residency(image, 0)
+
+
+def test_required_cachestat_missing_is_an_error(image: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pagecache, "_supported", False)
+    with pytest.raises(PageCacheError):
+        scan_residency(image, BLOCK, use_cachestat=True)
+    # auto falls back to mincore and still gives the right answer
+    res = scan_residency(image, BLOCK)
+    assert res.method == "mincore"
+    np.testing.assert_array_equal(res.fraction, _expected(SIZE, BLOCK, RESIDENT))
+
+
+def test_cachestat_of_a_range(image: Path) -> None:
+    if not pagecache.cachestat_supported():
+        pytest.skip("kernel without cachestat")
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        assert pagecache.cachestat(fd, 11 * MiB, 6 * MiB).nr_cache == 6 * MiB // PAGE_SIZE
+        assert pagecache.cachestat(fd, 20 * MiB, 10 * MiB).nr_cache == 0
+    finally:
+        os.close(fd)
+    with pytest.raises(PageCacheError) as info:
+        pagecache.cachestat(fd, 0, 0, path="closed")
+    assert info.value.errno == errno.EBADF
