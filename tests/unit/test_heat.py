@@ -193,3 +193,42 @@ def test_zero_blocks_is_allowed() -> None:
     m = HeatModel(ModelParams(), 0)
     res, wr, ours = arrays(0)
     assert m.step(res, wr, ours, 0.0).shape == (0,)
+
+
+def test_our_blocks_count_as_unknown_not_cold_for_their_neighbours() -> None:
+    """The guest-read edges of a pinned region keep full heat (they get pinned too)."""
+    p = ModelParams()
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0  # guest reads all of it; the middle is pinned by us
+    ours[104:196] = True
+    run(m, res, wr, ours, 200)
+    # the edge block is the mean of its known neighbours: half in, half out
+    assert 0.5 * p.read_amplitude < m.heat[100] < 0.7 * p.read_amplitude
+    assert m.heat[103] > 0.85 * p.read_amplitude
+    assert m.heat[97] < 0.25 * p.read_amplitude  # outside: still diluted
+
+
+def test_disk_ends_are_not_halved() -> None:
+    p = ModelParams()
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    res[:50] = 1.0
+    res[-50:] = 1.0
+    run(m, res, wr, ours, 200)
+    assert m.heat[0] == pytest.approx(m.heat[25], rel=1e-3)
+    assert m.heat[-1] == pytest.approx(m.heat[-25], rel=1e-3)
+
+
+def test_changing_ours_is_taken_into_account_every_step() -> None:
+    p = ModelParams()
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    res[100:200] = 1.0
+    run(m, res, wr, ours, 100)
+    ours2 = ours.copy()
+    ours2[100:200] = True  # now we pin all of it: from here on no read signal
+    t = 100 * p.interval
+    for k in range(20):
+        m.step(res, wr, ours2 if k % 2 else ours2.copy(), t + k * p.interval)
+    assert m.heat[150] == pytest.approx(p.read_amplitude * p.pinned_decay**20, rel=0.02)

@@ -1,48 +1,49 @@
 """HeatModel: residency and writes per block -> exponentially decaying heat (pure).
 
-Per cycle, over ``nblocks`` blocks of ``params.block_size`` bytes::
+Per cycle, over ``nblocks`` blocks of ``params.block_size`` bytes, with
+``v = not ours`` (the blocks whose residency tells something about the guest)::
 
-    R = residency, with blocks in ``ours`` set to 0
-    S = a_r * gauss(R, sigma_r) + a_w * gauss(W, sigma_w)
-    H = d * H + (1 - d) * S,              d  = decay ** (dt / interval)
-    H = max(H, dp * H_prev)  on ours,     dp = pinned_decay ** (dt / interval)
+    S = a_r * gauss(R * v) / gauss(v) + a_w * gauss(W)
+    H = d * H + (1 - d) * S                 d  = decay ** (dt / interval)
+    H = max(H, dp * H_prev)  where ours     dp = pinned_decay ** (dt / interval)
 
-``gauss`` is ``scipy.ndimage.gaussian_filter1d`` with ``mode='constant'``
-(nothing beyond the ends of the disk). Its kernel sums to 1, so a wide,
-fully resident region gives ``S == a_r`` in its middle without further
-normalisation, while an isolated resident block is diluted to
+``gauss`` is ``scipy.ndimage.gaussian_filter1d`` (``mode='constant'``). Its
+kernel sums to 1, so a wide, fully resident region gives ``S == a_r`` in its
+middle, while an isolated resident block is diluted to
 ``a_r / (sqrt(2 pi) sigma_r)`` (0.2 a_r at the default sigma of 2): heat
-gathers where activity is dense. The blocks at the very ends of the disk get
-half the smoothed value of an inner block (nothing is assumed beyond them).
+gathers where activity is dense.
 
-Feedback, hold and release (what ``ours``, ``pinned_decay`` and the
-planner's ``keep_factor`` are for):
+Residency vmcache caused (``ours``: pinned now, or loaded by vmcache and not
+yet evicted) is excluded from R, so pinning never feeds back: a pinned
+region's residency cannot heat its neighbours, and the pinned set cannot creep
+over the disk. Excluded means *unknown*, not *cold*: the read term is a
+normalised convolution, the weighted mean of the residency of the nearby
+blocks that are not ours (where less than ``_MIN_KNOWN`` of the kernel weight
+is known, the term is 0). Treating our blocks as cold instead would make the
+guest-read edge blocks of a pinned region look isolated (diluted below the
+threshold), and they would never be pinned. The same normalisation treats
+the outside of the disk as unknown, so the first and last blocks are not
+halved. ``gauss(v)`` changes only when ``ours`` does and is cached.
 
-- Residency that vmcache caused (pinned now, or loaded by vmcache and not yet
-  evicted) is masked to 0 before smoothing. Otherwise a pinned region would
-  stay resident, its smoothed residency would heat its neighbours, they would
-  be pinned, and the pinned set would creep over the whole disk.
-- Masking has a price: while a region is pinned, guest *reads* of it are
-  page-cache hits that leave no trace, so a read-only pinned region cannot be
-  told from an idle one. With the plain update its heat, which had just
-  crossed the threshold when it was pinned, would fall back under it within
-  a few cycles and the region would flap. So blocks in ``ours`` *hold* their
-  heat: it fades at the slower ``pinned_decay`` (no evidence either way),
-  but fresh evidence still raises it at the normal rate (the max of both
-  updates). Held heat never spreads to neighbours (only S is smoothed, and S
-  excludes ``ours`` residency), so the hold cannot feed back.
-- Writes come from the dirty bitmap and are never masked: a region the guest
-  keeps writing keeps its heat and stays pinned; an idle pinned region fades
-  and is released after a bounded time.
-- Hysteresis against flapping at the threshold is in the planner
-  (``keep_factor``, default 2): a pinned region is kept until its heat falls
-  below ``threshold / keep_factor``.
+Hold and release (what ``pinned_decay`` and the planner's ``keep_factor``
+are for): while a region is pinned, guest *reads* of it are page-cache hits
+that leave no trace, so a read-only pinned region cannot be told from an
+idle one. With the plain update its heat, which had just crossed the
+threshold when it was pinned, would fall back under it within a few cycles
+and the region would flap. So blocks in ``ours`` *hold* their heat: it fades
+at the slower ``pinned_decay`` (no evidence either way), while fresh evidence
+(writes, guest reads next to it) still raises it at the normal rate. Writes
+come from the dirty bitmap and are never masked: a region the guest keeps
+writing keeps its heat and stays pinned; an idle pinned region fades and is
+released after a bounded time. The planner adds hysteresis at the threshold
+(``keep_factor``, default 2): a pinned region is kept until its heat falls
+below ``threshold / keep_factor``.
 
 With the defaults (a_r=1, decay 0.9 and pinned_decay 0.98 per 10 s,
 threshold 0.2, keep_factor 2) a region the guest reads is pinned on the 3rd
 cycle (~30 s); once pinned and showing no activity it is released after
-``ln(0.1 / h0) / ln(0.98)`` cycles, 34 (~6 min) for a region pinned as soon
-as it crossed the threshold (h0 = 0.2) up to 114 (~19 min) for one that was
+``ln(0.1 / h0) / ln(0.98)`` cycles: ~34 (~6 min) for a region pinned as soon
+as it crossed the threshold (h0 = 0.2), up to 114 (~19 min) for one that was
 hot for long (h0 = 1). A released region stays ``ours`` while resident; once
 the kernel evicts it and the guest reads it again, the residency signal
 returns and it is pinned again. Without memory pressure it is not evicted,
@@ -61,12 +62,16 @@ from .params import ModelParams
 
 __all__ = ["HeatModel"]
 
+_MIN_KNOWN = 0.1
+"""Least share of the read kernel's weight that must fall on blocks not ours
+for the read term of a block to be estimated (else it is 0)."""
+
 
 class HeatModel:
     """Decaying heat per block of one disk; ``step`` once per cycle.
 
     Arrays are float32 and reused between steps (a 1 TiB image at 1 MiB
-    blocks is 1M blocks, ~4 MiB per array).
+    blocks is 1M blocks, ~4 MiB per array, five arrays).
     """
 
     def __init__(self, params: ModelParams, nblocks: int) -> None:
@@ -95,10 +100,11 @@ class HeatModel:
         """Fold one cycle's sample into the heat and return it (read-only view).
 
         ``residency``/``writes``: fractions in [0, 1] per block; ``ours``: bool
-        per block, residency vmcache caused (masked to 0); ``now``: monotonic
-        seconds. The first step counts as one full ``interval``; a step at or
-        before the previous ``now`` changes nothing. Raises ValueError when an
-        array's shape is not ``(nblocks,)`` or ``now`` is not finite.
+        per block, residency vmcache caused (excluded from the read signal);
+        ``now``: monotonic seconds. The first step counts as one full
+        ``interval``; a step at or before the previous ``now`` changes
+        nothing. Raises ValueError when an array's shape is not
+        ``(nblocks,)`` or ``now`` is not finite.
         """
         if not math.isfinite(now):
             raise ValueError(f"now must be finite, got {now!r}")
@@ -115,24 +121,21 @@ class HeatModel:
             return self.heat
         self._last = now
         d = np.float32(p.decay ** (dt / p.interval))
+        dp = np.float32(p.pinned_decay ** (dt / p.interval))
 
         r, s = self._r, self._s
+        inverse = self._known_inverse(mine)
         np.copyto(r, res, casting="unsafe")
         np.copyto(r, 0.0, where=mine)
-        r *= np.float32(p.read_amplitude)
-        any_writes = bool(p.write_amplitude) and bool(wr.any())
-        if any_writes and p.read_sigma == p.write_sigma:
-            # the filter is linear: one pass over a_r*R + a_w*W (the default)
-            np.multiply(wr, np.float32(p.write_amplitude), out=s, casting="unsafe")
-            r += s
-            any_writes = False
         _smooth(r, p.read_sigma, s)
-        if any_writes:
-            _smooth(wr, p.write_sigma, r)  # r is free again: reuse it
+        s *= inverse  # normalised: mean residency of the known neighbours
+        s *= np.float32(p.read_amplitude)
+        if p.write_amplitude and wr.any():
+            _smooth(wr, p.write_sigma, r)
             r *= np.float32(p.write_amplitude)
             s += r
-        held = self._r  # free again
-        np.multiply(self._heat, np.float32(p.pinned_decay ** (dt / p.interval)), out=held)
+        held = r  # free again
+        np.multiply(self._heat, dp, out=held)
         self._heat *= d
         s *= np.float32(1.0) - d
         self._heat += s
@@ -148,6 +151,19 @@ class HeatModel:
         self._heat.fill(0.0)
         self._last = None
 
+    def _known_inverse(self, mine: NDArray[np.bool_]) -> NDArray[np.float32]:
+        """``1 / gauss(not ours)`` (0 where too little is known), cached per ``ours``."""
+        if self._ours is not None and np.array_equal(self._ours, mine):
+            return self._inverse
+        known = self._inverse
+        np.logical_not(mine, out=self._r, casting="unsafe")
+        _smooth(self._r, self._params.read_sigma, known)
+        enough = known >= _MIN_KNOWN
+        np.divide(np.float32(1.0), known, out=known, where=enough)
+        known[~enough] = 0.0
+        self._ours = mine.copy()
+        return known
+
     def _alloc(self, nblocks: int) -> None:
         if nblocks < 0:
             raise ValueError(f"nblocks must not be negative, got {nblocks}")
@@ -157,6 +173,8 @@ class HeatModel:
         self._heat = heat
         self._r = np.empty(nblocks, dtype=np.float32)
         self._s = np.empty(nblocks, dtype=np.float32)
+        self._inverse = np.empty(nblocks, dtype=np.float32)
+        self._ours: NDArray[np.bool_] | None = None
 
 
 def _vector(values: ArrayLike, n: int, name: str) -> NDArray[np.floating]:
@@ -166,7 +184,7 @@ def _vector(values: ArrayLike, n: int, name: str) -> NDArray[np.floating]:
     return array
 
 
-def _smooth(values: NDArray[np.floating], sigma: float, out: NDArray[np.float32]) -> None:
+def _smooth(values: NDArray[np.generic], sigma: float, out: NDArray[np.float32]) -> None:
     """``out = gauss(values, sigma)``; a plain copy when sigma is 0."""
     if sigma > 0 and values.shape[0]:
         gaussian_filter1d(values, sigma, mode="constant", cval=0.0, output=out)

@@ -1,0 +1,168 @@
+"""Heat per block -> regions to pin under a byte budget, bounded in number (pure).
+
+:func:`plan` works in five vectorised steps (no Python loop over blocks):
+
+1. Hysteresis: heat of blocks inside ``current`` (the regions pinned now) is
+   multiplied by ``keep_factor``; "heat" below means this effective heat.
+   A pinned region is thus released only when its heat falls below
+   ``threshold / keep_factor``, and a newcomer must be that much hotter to
+   take its place in the budget. Blocks outside ``current`` get no bonus, so
+   hysteresis never grows a region.
+2. Runs: maximal runs of blocks with heat > ``threshold``; runs separated by
+   at most ``merge_gap`` cold blocks are merged (the gap is pinned too);
+   runs shorter than ``min_region`` blocks are dropped.
+3. Cap: while there are more than ``max_regions`` runs, neighbours are
+   merged across the smallest gaps first, but only where the gap is no
+   longer than the shorter of the two runs (the merged span stays at least
+   half hot, so little budget goes to cold blocks); if that is not enough,
+   the weakest runs are dropped. Priority = sum of heat over the region.
+4. Budget: regions are taken by priority until the budget is used. A region
+   larger than what is left is trimmed to the hottest window of whole blocks
+   that fits (a remainder smaller than one block stays unused), so a big
+   lukewarm region cannot starve the budget, nor a hot core be lost because
+   its region is too big.
+5. Bytes: ``start = block * block_size``; the end is clipped to the file size
+   rounded up to a page (mlock works on pages; the last page of an unaligned
+   file is partly past EOF but still mappable). Blocks past the file size
+   are ignored.
+
+The result is sorted by priority (highest first, then by offset); its total
+length never exceeds ``budget`` (rounded down to a page) and its count never
+exceeds ``max_regions``. ``Region.priority`` is the effective heat sum, so
+the pinner's "release lowest priority first" agrees with this order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from .params import PAGE_SIZE, ModelParams
+from .region import Region
+
+__all__ = ["plan"]
+
+_Runs = tuple[NDArray[np.intp], NDArray[np.intp]]
+
+
+def plan(
+    heat: ArrayLike,
+    *,
+    params: ModelParams,
+    size_bytes: int,
+    budget: int,
+    current: Iterable[Region] = (),
+) -> list[Region]:
+    """Choose the regions to pin for one disk (see the module docstring).
+
+    ``heat``: heat per block (``HeatModel.heat``); ``size_bytes``: size of the
+    image file; ``budget``: bytes that may be pinned for it; ``current``: the
+    regions pinned now (hysteresis). Raises ValueError for a heat array that
+    is not one-dimensional or a negative size or budget.
+    """
+    values = np.asarray(heat)
+    if values.ndim != 1:
+        raise ValueError(f"heat must be one-dimensional, got shape {values.shape}")
+    if size_bytes < 0 or budget < 0:
+        raise ValueError(f"size_bytes and budget must not be negative, got {size_bytes}, {budget}")
+    bs = params.block_size
+    budget = budget - budget % PAGE_SIZE
+    file_end = -(-size_bytes // PAGE_SIZE) * PAGE_SIZE
+    nblocks = min(values.shape[0], -(-size_bytes // bs))
+    if budget == 0 or nblocks == 0:
+        return []
+    eff = _effective_heat(values[:nblocks], current, params)
+
+    starts, ends = _hot_runs(eff > params.threshold)
+    starts, ends = _merge(starts, ends, (starts[1:] - ends[:-1]) > params.merge_gap)
+    long_enough = (ends - starts) >= params.min_region
+    starts, ends = starts[long_enough], ends[long_enough]
+    if starts.size == 0:
+        return []
+
+    sums = np.zeros(nblocks + 1, dtype=np.float64)
+    np.cumsum(eff, dtype=np.float64, out=sums[1:])
+    starts, ends = _cap(starts, ends, sums, params.max_regions)
+    priority = sums[ends] - sums[starts]
+    order = np.lexsort((starts, -priority))
+    return _fill_budget(starts[order], ends[order], priority[order], sums, bs, file_end, budget)
+
+
+def _effective_heat(heat: NDArray[np.generic], current: Iterable[Region], params: ModelParams) -> NDArray[np.float32]:
+    """Heat as float32, times ``keep_factor`` inside the current regions."""
+    eff = heat.astype(np.float32, copy=True)
+    if params.keep_factor == 1.0:
+        return eff
+    bs = params.block_size
+    inside = np.zeros(eff.shape[0], dtype=bool)
+    for region in current:  # one slice per pinned region, not per block
+        if region.length > 0:
+            inside[max(region.start // bs, 0) : -(-region.end // bs)] = True
+    np.multiply(eff, np.float32(params.keep_factor), out=eff, where=inside)
+    return eff
+
+
+def _hot_runs(hot: NDArray[np.bool_]) -> _Runs:
+    """Maximal runs of True as half-open block ranges [start, end)."""
+    edges = np.flatnonzero(np.diff(hot.view(np.int8), prepend=np.int8(0), append=np.int8(0)))
+    return edges[0::2], edges[1::2]
+
+
+def _merge(starts: NDArray[np.intp], ends: NDArray[np.intp], apart: NDArray[np.bool_]) -> _Runs:
+    """Join consecutive runs; ``apart[i]`` keeps run i and i+1 separate."""
+    if starts.size < 2:
+        return starts, ends
+    cut = np.flatnonzero(apart)
+    return np.concatenate((starts[:1], starts[cut + 1])), np.concatenate((ends[cut], ends[-1:]))
+
+
+def _cap(starts: NDArray[np.intp], ends: NDArray[np.intp], sums: NDArray[np.float64], cap: int) -> _Runs:
+    """At most ``cap`` runs: merge across cheap small gaps, then drop the weakest."""
+    excess = starts.size - cap
+    if excess <= 0:
+        return starts, ends
+    gaps = starts[1:] - ends[:-1]
+    lengths = ends - starts
+    cost = gaps / np.minimum(lengths[:-1], lengths[1:])
+    order = np.argsort(cost, kind="stable")[:excess]
+    order = order[cost[order] <= 1.0]
+    apart = np.ones(gaps.size, dtype=bool)
+    apart[order] = False
+    starts, ends = _merge(starts, ends, apart)
+    if starts.size > cap:
+        priority = sums[ends] - sums[starts]
+        strongest = np.sort(np.argsort(-priority, kind="stable")[:cap])
+        starts, ends = starts[strongest], ends[strongest]
+    return starts, ends
+
+
+def _fill_budget(
+    starts: NDArray[np.intp],
+    ends: NDArray[np.intp],
+    priority: NDArray[np.float64],
+    sums: NDArray[np.float64],
+    bs: int,
+    file_end: int,
+    budget: int,
+) -> list[Region]:
+    """Take regions in the given (priority) order until ``budget`` bytes are used."""
+    chosen: list[Region] = []
+    left = budget
+    for s, e, prio in zip(starts.tolist(), ends.tolist(), priority.tolist()):
+        start, end = s * bs, min(e * bs, file_end)
+        if end - start > left:
+            width = left // bs
+            if width == 0:
+                continue
+            window = sums[s + width : e + 1] - sums[s : e - width + 1]
+            best = int(np.argmax(window))
+            s, prio = s + best, float(window[best])
+            start, end = s * bs, min((s + width) * bs, file_end)
+        chosen.append(Region(start, end - start, prio))
+        left -= end - start
+        if left < PAGE_SIZE:
+            break
+    chosen.sort(key=lambda r: (-r.priority, r.start))
+    return chosen
