@@ -1,0 +1,239 @@
+"""Pinner on real files with real mlock: residency, VmLck, budget, floor, truncation."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vmcache.errors import PinError
+from vmcache.host import pinner as pinner_mod
+from vmcache.host.meminfo import MemInfo
+from vmcache.host.pagecache import PAGE_SIZE, scan_residency
+from vmcache.host.pinner import Pinner
+from vmcache.model.region import Region
+
+MiB = 1 << 20
+GiB = 1 << 30
+BLOCK = 1 * MiB
+SIZE = 32 * MiB
+
+
+def vmlck() -> int:
+    """Bytes locked by this process, from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmLck:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmLck line")
+
+
+def plenty() -> MemInfo:
+    return fake_meminfo(available=64 * GiB)()
+
+
+def fake_meminfo(available: int):  # type: ignore[no-untyped-def]
+    def read() -> MemInfo:
+        return MemInfo(
+            total_bytes=128 * GiB,
+            free_bytes=available,
+            available_bytes=available,
+            cached_bytes=0,
+            dirty_bytes=0,
+            mlocked_bytes=0,
+            unevictable_bytes=0,
+        )
+
+    return read
+
+
+def drop(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> Path:
+    """A 32 MiB image on disk (synced), nothing of it cached."""
+    path = tmp_path / "disk.img"
+    with open(path, "wb") as f:
+        f.write(os.urandom(SIZE))
+        f.flush()
+        os.fsync(f.fileno())
+    drop(path)
+    return path
+
+
+def blocks(path: Path) -> np.ndarray:
+    return scan_residency(path, BLOCK).fraction
+
+
+def test_pinned_ranges_are_resident_locked_and_survive_dontneed(image: Path) -> None:
+    base = vmlck()
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        report = pinner.apply([Region(4 * MiB, 3 * MiB, 2.0), Region(20 * MiB, 1 * MiB, 1.0)], budget=SIZE)
+        assert report.pinned_bytes == 4 * MiB
+        assert vmlck() - base == 4 * MiB
+        frac = blocks(image)
+        assert frac[4:7].tolist() == [1.0, 1.0, 1.0] and frac[20] == 1.0
+        # read everything into the cache, then ask the kernel to drop it all
+        with open(image, "rb") as f:
+            while f.read(4 * MiB):
+                pass
+        assert blocks(image).min() == 1.0
+        drop(image)
+        frac = blocks(image)
+        pinned = np.zeros(32, dtype=bool)
+        pinned[4:7] = pinned[20] = True
+        np.testing.assert_array_equal(frac[pinned], 1.0)
+        np.testing.assert_array_equal(frac[~pinned], 0.0)
+        np.testing.assert_array_equal(pinner.pinned_mask(BLOCK, 32), pinned)
+        # unpinning lowers VmLck and lets the kernel drop the pages
+        report = pinner.apply([Region(20 * MiB, 1 * MiB, 1.0)], budget=SIZE)
+        assert vmlck() - base == 1 * MiB
+        assert [r.span for r in report.removed] == [(4 * MiB, 3 * MiB)]
+        drop(image)
+        frac = blocks(image)
+        assert frac[4:7].tolist() == [0.0, 0.0, 0.0] and frac[20] == 1.0
+    assert vmlck() == base
+
+
+def test_apply_changes_only_the_difference(image: Path, caplog: pytest.LogCaptureFixture) -> None:
+    a, b, c = Region(0, 2 * MiB, 3.0), Region(8 * MiB, 2 * MiB, 2.0), Region(16 * MiB, 2 * MiB, 1.0)
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        first = pinner.apply([a, b], budget=SIZE)
+        assert set(first.added) == {a, b} and first.removed == ()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vmcache.host.pinner"):
+            second = pinner.apply([c, a], budget=SIZE)
+        assert second.added == (c,)
+        assert [r.span for r in second.removed] == [b.span]
+        assert second.kept == 1
+        messages = [r.getMessage() for r in caplog.records]
+        assert [m for m in messages if m.startswith(("pin.add", "pin.remove"))] == [
+            f"pin.remove start={b.start} length={b.length} reason=plan",
+            f"pin.add start={c.start} length={c.length} priority=1",
+        ]
+        # same spans, new priorities: nothing mapped or unmapped
+        third = pinner.apply([Region(0, 2 * MiB, 0.5), Region(16 * MiB, 2 * MiB, 9.0)], budget=SIZE)
+        assert third.added == () and third.removed == () and third.kept == 2
+        assert [r.priority for r in pinner.pinned] == [9.0, 0.5]
+        # a region that changed extent is re-pinned
+        fourth = pinner.apply([Region(0, 3 * MiB, 0.5), Region(16 * MiB, 2 * MiB, 9.0)], budget=SIZE)
+        assert [r.span for r in fourth.added] == [(0, 3 * MiB)]
+        assert [r.span for r in fourth.removed] == [(0, 2 * MiB)]
+        assert pinner.pinned_bytes == 5 * MiB
+
+
+def test_budget_is_never_exceeded(image: Path) -> None:
+    base = vmlck()
+    regions = [Region(i * 4 * MiB, 3 * MiB, float(10 - i)) for i in range(8)]  # 24 MiB wanted
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        report = pinner.apply(regions, budget=10 * MiB)
+        assert report.pinned_bytes == 9 * MiB <= 10 * MiB
+        assert vmlck() - base == 9 * MiB
+        assert [r.priority for r in report.regions] == [10.0, 9.0, 8.0]  # the highest priorities
+        assert report.skipped_for_budget == 15 * MiB
+        # a smaller budget drops the lowest-priority pins
+        report = pinner.apply(regions, budget=4 * MiB)
+        assert [r.priority for r in report.regions] == [10.0]
+        assert vmlck() - base == 3 * MiB
+
+
+def test_floor_limits_new_pins(image: Path) -> None:
+    regions = [Region(i * 4 * MiB, 2 * MiB, float(10 - i)) for i in range(4)]
+    floor = 1 * GiB
+    with Pinner(image, floor_bytes=floor, meminfo=fake_meminfo(floor + 5 * MiB)) as pinner:
+        report = pinner.apply(regions, budget=SIZE)
+        # 5 MiB of headroom: the two highest-priority 2 MiB regions fit, not a third
+        assert [r.priority for r in report.regions] == [10.0, 9.0]
+        assert report.skipped_for_floor == 4 * MiB
+
+
+def test_under_the_floor_nothing_new_and_lowest_priority_released_first(image: Path) -> None:
+    a, b, c = Region(0, 2 * MiB, 3.0), Region(8 * MiB, 2 * MiB, 2.0), Region(16 * MiB, 2 * MiB, 1.0)
+    new = Region(24 * MiB, 2 * MiB, 5.0)
+    floor = 1 * GiB
+    memory = {"available": 8 * GiB}
+    base = vmlck()
+    with Pinner(image, floor_bytes=floor, meminfo=lambda: fake_meminfo(memory["available"])()) as pinner:
+        pinner.apply([a, b, c], budget=SIZE)
+        assert vmlck() - base == 6 * MiB
+        memory["available"] = floor - 3 * MiB  # releasing two 2 MiB pins gets back above
+        report = pinner.apply([new, a, b, c], budget=SIZE)
+        assert report.added == ()
+        assert report.skipped_for_floor == new.length
+        assert [r.span for r in report.removed] == [c.span, b.span]
+        assert report.released_for_pressure == 4 * MiB
+        assert [r.span for r in pinner.pinned] == [a.span]
+        assert vmlck() - base == 2 * MiB
+    assert vmlck() == base
+
+
+def test_truncate_and_grow_while_pinned(image: Path) -> None:
+    base = vmlck()
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        pinner.apply([Region(2 * MiB, 20 * MiB, 1.0)], budget=SIZE)
+        os.truncate(image, 5 * MiB + 100)  # drops pinned pages past the end; must not crash
+        frac = scan_residency(image, BLOCK).fraction
+        assert frac.shape == (6,) and frac[2:].min() == 1.0
+        report = pinner.apply([Region(2 * MiB, 20 * MiB, 1.0)], budget=SIZE)
+        assert [r.span for r in report.regions] == [(2 * MiB, 3 * MiB + PAGE_SIZE)]  # clipped, page rounded
+        assert vmlck() - base == 3 * MiB + PAGE_SIZE
+        # grow back: the clipped pin follows the file
+        os.truncate(image, 40 * MiB)
+        report = pinner.apply([Region(2 * MiB, 20 * MiB, 1.0)], budget=SIZE)
+        assert [r.span for r in report.regions] == [(2 * MiB, 20 * MiB)]
+        assert vmlck() - base == 20 * MiB
+        # a region wholly past the end is simply not pinned
+        os.truncate(image, 1 * MiB)
+        report = pinner.apply([Region(2 * MiB, 20 * MiB, 1.0)], budget=SIZE)
+        assert report.regions == () and vmlck() == base
+
+
+def test_release_all_and_close_restore_vmlck(image: Path) -> None:
+    base = vmlck()
+    pinner = Pinner(image, floor_bytes=0, meminfo=plenty)
+    pinner.apply([Region(0, 8 * MiB, 1.0), Region(16 * MiB, 8 * MiB, 2.0)], budget=SIZE)
+    assert vmlck() - base == 16 * MiB
+    pinner.release_all()
+    assert vmlck() == base and pinner.pinned == [] and pinner.pinned_bytes == 0
+    pinner.apply([Region(0, 8 * MiB, 1.0)], budget=SIZE)
+    pinner.close()
+    assert vmlck() == base
+    with pytest.raises(PinError):
+        pinner.apply([Region(0, 8 * MiB, 1.0)], budget=SIZE)
+
+
+def test_one_failure_does_not_lose_the_others(image: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = pinner_mod._mlock
+
+    def flaky(addr: int, length: int) -> None:
+        if length == 3 * MiB:
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+        real(addr, length)
+
+    monkeypatch.setattr(pinner_mod, "_mlock", flaky)
+    base = vmlck()
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        with pytest.raises(PinError) as info:
+            pinner.apply([Region(0, 2 * MiB, 3.0), Region(4 * MiB, 3 * MiB, 2.0), Region(8 * MiB, 1 * MiB, 1.0)], SIZE)
+        assert info.value.errno == errno.ENOMEM
+        report = info.value.report  # type: ignore[attr-defined]
+        assert [f.start for f in report.failures] == [4 * MiB]
+        assert [r.span for r in pinner.pinned] == [(0, 2 * MiB), (8 * MiB, 1 * MiB)]
+        assert vmlck() - base == 3 * MiB
+    assert vmlck() == base
+
+
+def test_missing_image(tmp_path: Path) -> None:
+    with pytest.raises(PinError) as info:
+        Pinner(tmp_path / "nope.img", floor_bytes=0)
+    assert info.value.errno == errno.ENOENT

@@ -1,0 +1,304 @@
+"""Pin regions of an image in the page cache: one read-only mmap + mlock each.
+
+Each pinned region is its own ``MAP_SHARED``/``PROT_READ`` mapping of the
+image, locked whole with mlock(2): one VMA per region (the count is bounded
+by the plan's region count, far below ``vm.max_map_count``). Python never
+touches the mapped memory, so a file truncated under a pin only loses the
+pages past its new end; it never SIGBUSes. Releasing is munlock + munmap.
+
+``Pinner.apply`` makes the pinned set equal to a plan, changing only the
+difference, within a byte budget and a free-memory floor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import PinError
+from ..logfmt import event
+from ..model.region import Region
+from .meminfo import MemInfo, read_meminfo
+from .pagecache import PAGE_SIZE, _libc, map_readonly, unmap
+
+__all__ = ["Pinner", "PinReport", "PinFailure"]
+
+_LOG = logging.getLogger(__name__)
+
+_libc.mlock.restype = ctypes.c_int
+_libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.munlock.restype = ctypes.c_int
+_libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+Span = tuple[int, int]  # (start, length) in image-file bytes
+
+
+@dataclass(frozen=True)
+class PinFailure:
+    """A region that could not be pinned or released, and why."""
+
+    start: int
+    length: int
+    op: str  # "mmap", "mlock", "munmap"
+    errno: int
+
+
+@dataclass(frozen=True)
+class PinReport:
+    """What one ``apply`` did. Byte counts are in image bytes (page rounded)."""
+
+    pinned_bytes: int
+    regions: tuple[Region, ...]
+    added: tuple[Region, ...] = ()
+    removed: tuple[Region, ...] = ()
+    kept: int = 0
+    skipped_for_budget: int = 0
+    skipped_for_floor: int = 0
+    released_for_pressure: int = 0
+    failures: tuple[PinFailure, ...] = field(default=())
+
+
+@dataclass
+class _Pin:
+    region: Region
+    addr: int
+
+
+def _mlock(addr: int, length: int) -> None:
+    if _libc.mlock(ctypes.c_void_p(addr), length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class Pinner:
+    """Keeps a set of regions of one image locked in memory.
+
+    ``floor_bytes``: never pin new bytes that would take MemAvailable under
+    this, and release pins (lowest priority first) while it is under it.
+    ``meminfo``: reads host memory (production default: /proc/meminfo).
+    The image is opened read-only here and kept open until ``close``.
+    Raises PinError when the image cannot be opened.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        floor_bytes: int,
+        meminfo: Callable[[], MemInfo] = read_meminfo,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.floor_bytes = int(floor_bytes)
+        self._meminfo = meminfo
+        self._log = logger or _LOG
+        self._pins: dict[Span, _Pin] = {}
+        try:
+            self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            raise PinError(f"cannot open image: {os.strerror(err.errno or 0)}", path=self.path, errno=err.errno) from err
+
+    # -- state -----------------------------------------------------------
+
+    @property
+    def pinned(self) -> list[Region]:
+        """The pinned regions, highest priority first."""
+        return sorted((p.region for p in self._pins.values()), key=lambda r: (-r.priority, r.start))
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(length for _, length in self._pins)
+
+    def pinned_mask(self, block_size: int, nblocks: int) -> np.ndarray:
+        """Bool per block: True where any byte of the block is pinned."""
+        mask = np.zeros(nblocks, dtype=bool)
+        for start, length in self._pins:
+            mask[start // block_size : -(-(start + length) // block_size)] = True
+        return mask
+
+    # -- changes ---------------------------------------------------------
+
+    def _clip(self, regions: Sequence[Region], size: int) -> list[Region]:
+        """Regions page aligned and cut to the file size, highest priority first, one per span."""
+        out: dict[Span, Region] = {}
+        for region in sorted(regions, key=lambda r: -r.priority):
+            start = region.start // PAGE_SIZE * PAGE_SIZE
+            end = min(-(-region.end // PAGE_SIZE) * PAGE_SIZE, -(-size // PAGE_SIZE) * PAGE_SIZE)
+            if end > start and (start, end - start) not in out:
+                out[(start, end - start)] = Region(start, end - start, region.priority)
+        return list(out.values())
+
+    def _pin(self, region: Region) -> PinFailure | None:
+        assert self._fd is not None
+        op = "mmap"
+        try:
+            addr = map_readonly(self._fd, region.start, region.length)
+            op = "mlock"
+            try:
+                _mlock(addr, region.length)
+            except OSError:
+                unmap(addr, region.length)
+                raise
+        except OSError as err:
+            self._log.warning(event("pin.fail", op=op, start=region.start, length=region.length, errno=err.errno))
+            return PinFailure(region.start, region.length, op, err.errno or 0)
+        self._pins[region.span] = _Pin(region, addr)
+        self._log.info(event("pin.add", start=region.start, length=region.length, priority=f"{region.priority:g}"))
+        return None
+
+    def _release(self, span: Span, reason: str) -> PinFailure | None:
+        pin = self._pins[span]
+        _libc.munlock(ctypes.c_void_p(pin.addr), span[1])  # munmap unlocks anyway
+        try:
+            unmap(pin.addr, span[1])
+        except OSError as err:
+            self._log.warning(event("pin.fail", op="munmap", start=span[0], length=span[1], errno=err.errno))
+            return PinFailure(span[0], span[1], "munmap", err.errno or 0)
+        del self._pins[span]
+        self._log.info(event("pin.remove", start=span[0], length=span[1], reason=reason))
+        return None
+
+    def apply(self, regions: Sequence[Region], budget: int) -> PinReport:
+        """Make the pinned set equal to ``regions``, touching only the difference.
+
+        Regions are taken by priority (highest first), clipped to the
+        current file size; a region that does not fit the ``budget`` (bytes
+        in total) or the headroom above the floor is skipped and the next
+        one tried. When MemAvailable is already under the floor nothing new
+        is pinned and the lowest-priority pins are released until the
+        estimate (MemAvailable plus the bytes released) is back above it.
+
+        Raises PinError (with ``.report``) when some region could not be
+        pinned or released; every other region is still applied and tracked.
+        """
+        if self._fd is None:
+            raise PinError("pinner is closed", path=self.path)
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError as err:
+            raise PinError(f"fstat: {os.strerror(err.errno or 0)}", path=self.path, errno=err.errno) from err
+        wanted = self._clip(regions, size)
+        available = self._meminfo().available_bytes
+        pressure = available < self.floor_bytes
+        failures: list[PinFailure] = []
+        removed: list[Region] = []
+
+        def release(span: Span, reason: str) -> int:
+            region = self._pins[span].region
+            failure = self._release(span, reason)
+            if failure:
+                failures.append(failure)
+                return 0
+            removed.append(region)
+            return span[1]
+
+        # 1. spans that left the plan (or changed extent) go first: their bytes count as freed.
+        wanted_spans = {r.span for r in wanted}
+        for span in [s for s in self._pins if s not in wanted_spans]:
+            available += release(span, "plan")
+
+        # 2. walk the plan by priority: keep, add, or skip for budget / floor.
+        total = 0
+        headroom = 0 if pressure else max(0, available - self.floor_bytes)
+        to_add: list[Region] = []
+        skipped_budget = skipped_floor = kept = 0
+        for region in wanted:
+            if total + region.length > budget:
+                skipped_budget += region.length
+                if region.span in self._pins:
+                    available += release(region.span, "budget")
+                continue
+            if region.span in self._pins:
+                self._pins[region.span].region = region  # priority may have changed
+                total += region.length
+                kept += 1
+            elif region.length <= headroom:
+                to_add.append(region)
+                headroom -= region.length
+                total += region.length
+            else:
+                skipped_floor += region.length
+        if skipped_floor:
+            self._log.info(event("pin.skip", reason="floor", bytes=skipped_floor, available=available, floor=self.floor_bytes))
+
+        # 3. pin the additions.
+        added: list[Region] = []
+        for region in to_add:
+            failure = self._pin(region)
+            if failure:
+                failures.append(failure)
+            else:
+                added.append(region)
+
+        # 4. under pressure, give back the lowest-priority pins until above the floor.
+        released_for_pressure = 0
+        if pressure:
+            for region in sorted(self._pins.values(), key=lambda p: (p.region.priority, -p.region.start)):
+                if available >= self.floor_bytes:
+                    break
+                freed = release(region.region.span, "pressure")
+                released_for_pressure += freed
+                available += freed
+
+        report = PinReport(
+            pinned_bytes=self.pinned_bytes,
+            regions=tuple(self.pinned),
+            added=tuple(added),
+            removed=tuple(removed),
+            kept=kept,
+            skipped_for_budget=skipped_budget,
+            skipped_for_floor=skipped_floor,
+            released_for_pressure=released_for_pressure,
+            failures=tuple(failures),
+        )
+        self._log.info(
+            event(
+                "pin.apply",
+                regions=len(report.regions),
+                bytes=report.pinned_bytes,
+                added=len(added),
+                removed=len(removed),
+                kept=kept,
+                skipped_budget=skipped_budget,
+                skipped_floor=skipped_floor,
+                released_pressure=released_for_pressure,
+                failures=len(failures),
+            )
+        )
+        if failures:
+            first = failures[0]
+            error = PinError(
+                f"{first.op} failed for {len(failures)} region(s), first at {first.start}+{first.length}: "
+                f"{os.strerror(first.errno)}",
+                path=self.path,
+                errno=first.errno,
+            )
+            error.report = report  # type: ignore[attr-defined]
+            raise error
+        return report
+
+    def release_all(self) -> None:
+        """Unpin everything. Raises PinError if some mapping could not be removed (it stays tracked)."""
+        failures = [f for span in list(self._pins) if (f := self._release(span, "release")) is not None]
+        if failures:
+            raise PinError(f"munmap failed for {len(failures)} region(s)", path=self.path, errno=failures[0].errno)
+
+    def close(self) -> None:
+        """Release every pin and close the image. Raises PinError like ``release_all``."""
+        try:
+            self.release_all()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> Pinner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
