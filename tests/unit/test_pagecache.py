@@ -192,3 +192,38 @@ def test_cachestat_of_a_range(image: Path) -> None:
     with pytest.raises(PageCacheError) as info:
         pagecache.cachestat(fd, 0, 0, path="closed")
     assert info.value.errno == errno.EBADF
+
+
+def test_cli_scan_json(image: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from vmcache.cli import main
+
+    assert main(["scan", str(image), "--json", "--block-size", "1M"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pages = sum(-(-n // PAGE_SIZE) for _, n in RESIDENT)
+    assert out["size_bytes"] == SIZE
+    assert out["page_size"] == PAGE_SIZE
+    assert out["resident_pages"] == pages
+    assert out["resident_bytes"] == pages * PAGE_SIZE
+    assert out["blocks"] == 41
+    assert out["blocks_full"] == 8  # blocks 0-1 and 11-16
+    assert out["blocks_resident"] == 10  # plus block 5 and the last block
+    if out["method"] == "cachestat":
+        assert out["nr_dirty"] == pages and out["nr_cache"] == pages
+    assert main(["scan", str(image), "--json", "--method", "mincore"]) == 0
+    assert json.loads(capsys.readouterr().out)["resident_pages"] == pages
+
+
+def test_cli_scan_human_and_errors(image: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from vmcache.cli import main
+
+    assert main(["scan", str(image)]) == 0
+    out = capsys.readouterr().out
+    pages = sum(-(-n // PAGE_SIZE) for _, n in RESIDENT)
+    assert f"Resident Pages: {pages}/{-(-SIZE // PAGE_SIZE)}" in out
+    assert main(["scan", str(tmp_path / "missing.img")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing.img" in err[0] and "No such file" in err[0]
+    assert main(["scan", str(image), "--block-size", "6000"]) == 2
+    assert "--block-size" in capsys.readouterr().err
