@@ -232,3 +232,22 @@ def test_changing_ours_is_taken_into_account_every_step() -> None:
     for k in range(20):
         m.step(res, wr, ours2 if k % 2 else ours2.copy(), t + k * p.interval)
     assert m.heat[150] == pytest.approx(p.read_amplitude * p.pinned_decay**20, rel=0.02)
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0, 3.7, 16.0])
+def test_smoothing_matches_scipy_gaussian_filter1d(sigma: float) -> None:
+    from scipy.ndimage import gaussian_filter1d
+
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 50, 5000):
+        p = ModelParams(read_sigma=sigma, write_sigma=sigma / 2, decay=0.5, pinned_decay=0.5)
+        m = HeatModel(p, n)
+        res = rng.random(n).astype(np.float32)
+        wr = (rng.random(n) < 0.1).astype(np.float32) * 0.5
+        ours = np.zeros(n, bool)
+        m.step(res, wr, ours, 0.0)
+        # the reference: scipy, normalised by the (here all-known) kernel weight
+        known = gaussian_filter1d(np.ones(n), sigma, mode="constant")
+        s = p.read_amplitude * gaussian_filter1d(res.astype(np.float64), sigma, mode="constant") / known
+        s += p.write_amplitude * gaussian_filter1d(wr.astype(np.float64), sigma / 2, mode="constant")
+        np.testing.assert_allclose(m.heat, 0.5 * s, rtol=1e-5, atol=1e-6)

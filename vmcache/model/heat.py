@@ -7,8 +7,11 @@ Per cycle, over ``nblocks`` blocks of ``params.block_size`` bytes, with
     H = d * H + (1 - d) * S                 d  = decay ** (dt / interval)
     H = max(H, dp * H_prev)  where ours     dp = pinned_decay ** (dt / interval)
 
-``gauss`` is ``scipy.ndimage.gaussian_filter1d`` (``mode='constant'``). Its
-kernel sums to 1, so a wide, fully resident region gives ``S == a_r`` in its
+``gauss`` is the filter of ``scipy.ndimage.gaussian_filter1d`` with
+``mode='constant'`` and ``truncate=4`` (same kernel, same result to float32
+rounding; the tests check it against scipy), computed as symmetric shifted
+adds in float32: 3.6 ms instead of scipy's 17 ms for 1M blocks at sigma 2,
+which matters when one agent runs a model per disk. Its kernel sums to 1, so a wide, fully resident region gives ``S == a_r`` in its
 middle, while an isolated resident block is diluted to
 ``a_r / (sqrt(2 pi) sigma_r)`` (0.2 a_r at the default sigma of 2): heat
 gathers where activity is dense.
@@ -56,15 +59,14 @@ import math
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.ndimage import gaussian_filter1d
-
 from .params import ModelParams
 
 __all__ = ["HeatModel"]
 
 _MIN_KNOWN = 0.1
-"""Least share of the read kernel's weight that must fall on blocks not ours
-for the read term of a block to be estimated (else it is 0)."""
+"""Least share of the read kernel's weight (of what fits on the disk) that
+must fall on blocks not ours for the read term of a block to be estimated
+(else it is 0)."""
 
 
 class HeatModel:
@@ -127,13 +129,11 @@ class HeatModel:
         inverse = self._known_inverse(mine)
         np.copyto(r, res, casting="unsafe")
         np.copyto(r, 0.0, where=mine)
-        _smooth(r, p.read_sigma, s)
+        self._gauss(r, self._read_kernel, s, tmp=r)
         s *= inverse  # normalised: mean residency of the known neighbours
         s *= np.float32(p.read_amplitude)
         if p.write_amplitude and wr.any():
-            _smooth(wr, p.write_sigma, r)
-            r *= np.float32(p.write_amplitude)
-            s += r
+            self._gauss(wr, self._write_kernel, s, tmp=r, scale=p.write_amplitude, add=True)
         held = r  # free again
         np.multiply(self._heat, dp, out=held)
         self._heat *= d
@@ -157,8 +157,8 @@ class HeatModel:
             return self._inverse
         known = self._inverse
         np.logical_not(mine, out=self._r, casting="unsafe")
-        _smooth(self._r, self._params.read_sigma, known)
-        enough = known >= _MIN_KNOWN
+        self._gauss(self._r, self._read_kernel, known, tmp=self._r)
+        enough = known >= self._min_known
         np.divide(np.float32(1.0), known, out=known, where=enough)
         known[~enough] = 0.0
         self._ours = mine.copy()
@@ -175,6 +175,42 @@ class HeatModel:
         self._s = np.empty(nblocks, dtype=np.float32)
         self._inverse = np.empty(nblocks, dtype=np.float32)
         self._ours: NDArray[np.bool_] | None = None
+        self._read_kernel = _half_kernel(self._params.read_sigma)
+        self._write_kernel = _half_kernel(self._params.write_sigma)
+        # a disk shorter than the kernel never sees the whole kernel weight
+        half, mid = self._read_kernel, (nblocks - 1) // 2
+        mass = float(half[0] + half[1 : min(mid, half.size - 1) + 1].sum()
+                     + half[1 : min(nblocks - 1 - mid, half.size - 1) + 1].sum())
+        self._min_known = np.float32(_MIN_KNOWN * mass)
+        margin = max(self._read_kernel.size, self._write_kernel.size) - 1
+        self._pad = np.zeros(nblocks + 2 * margin, dtype=np.float32)
+
+    def _gauss(
+        self,
+        values: NDArray[np.generic],
+        half: NDArray[np.float32],
+        out: NDArray[np.float32],
+        *,
+        tmp: NDArray[np.float32],
+        scale: float = 1.0,
+        add: bool = False,
+    ) -> None:
+        """``out (+)= scale * gauss(values)`` (zeros outside); ``tmp`` may be ``values``."""
+        n, r = values.shape[0], half.size - 1
+        pad = self._pad
+        pad[:r] = 0.0
+        np.copyto(pad[r : r + n], values, casting="unsafe")
+        pad[r + n : 2 * r + n] = 0.0
+        centre = pad[r : r + n]
+        if add:
+            np.multiply(centre, np.float32(half[0] * scale), out=tmp)
+            out += tmp
+        else:
+            np.multiply(centre, np.float32(half[0] * scale), out=out)
+        for k in range(1, r + 1):  # one pass per kernel tap pair, not per block
+            np.add(pad[r - k : r - k + n], pad[r + k : r + k + n], out=tmp)
+            tmp *= np.float32(half[k] * scale)
+            out += tmp
 
 
 def _vector(values: ArrayLike, n: int, name: str) -> NDArray[np.floating]:
@@ -184,9 +220,12 @@ def _vector(values: ArrayLike, n: int, name: str) -> NDArray[np.floating]:
     return array
 
 
-def _smooth(values: NDArray[np.generic], sigma: float, out: NDArray[np.float32]) -> None:
-    """``out = gauss(values, sigma)``; a plain copy when sigma is 0."""
-    if sigma > 0 and values.shape[0]:
-        gaussian_filter1d(values, sigma, mode="constant", cval=0.0, output=out)
-    else:
-        np.copyto(out, values, casting="unsafe")
+def _half_kernel(sigma: float) -> NDArray[np.float32]:
+    """Weights at distance 0..radius of scipy's Gaussian kernel (truncate=4, sum 1)."""
+    if sigma <= 0:
+        return np.ones(1, dtype=np.float32)
+    radius = int(4.0 * sigma + 0.5)
+    x = np.arange(-radius, radius + 1, dtype=np.float64)
+    weights = np.exp(-0.5 / (sigma * sigma) * x * x)
+    weights /= weights.sum()
+    return weights[radius:].astype(np.float32)

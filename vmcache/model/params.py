@@ -31,8 +31,9 @@ PAGE_SIZE = 4096
 """Page size the model aligns to (x86-64 host page)."""
 
 MAX_BLOCK_SIZE = 1 << 30
-MAX_SIGMA = 64.0
-"""Widest Gaussian (blocks): the filter costs O(nblocks * 8 * sigma) per step."""
+MAX_SIGMA = 16.0
+"""Widest Gaussian (blocks): the filter costs O(nblocks * 4 * sigma) per step
+(~25 ms at sigma 16 for 1M blocks)."""
 MAX_REGIONS = 16384
 """Hard cap on max_regions: each pinned region can cost up to two VMAs
 (vm.max_map_count is 65530 by default, shared by the whole agent)."""
@@ -51,12 +52,13 @@ class ModelParams:
       Default 1.0.
     - ``read_sigma`` [blocks] ``sigma_r``: width of the Gaussian smoothing of
       residency; 0 disables smoothing. Isolated resident blocks are diluted,
-      runs of resident blocks keep their height. At most 64. Default 2.0.
+      runs of resident blocks keep their height. At most 16 (cost grows
+      with the width). Default 2.0.
     - ``write_amplitude`` [heat] ``a_w``: weight of the fraction of a block
       written in one cycle. Higher than ``read_amplitude`` so that written
       regions outrank read-only ones of equal residency. Default 4.0.
     - ``write_sigma`` [blocks] ``sigma_w``: Gaussian width for writes; 0
-      disables smoothing; at most 64. Default 2.0.
+      disables smoothing; at most 16. Default 2.0.
     - ``decay`` [per interval] ``d``: fraction of heat kept after one
       reference interval; 0 < decay < 1. A step after ``dt`` seconds uses
       ``decay ** (dt / interval)``. Default 0.9 (heat half-life ~6.6
