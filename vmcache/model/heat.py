@@ -10,7 +10,7 @@ Per cycle, over ``nblocks`` blocks of ``params.block_size`` bytes, with
 ``gauss`` is the filter of ``scipy.ndimage.gaussian_filter1d`` with
 ``mode='constant'`` and ``truncate=4`` (same kernel, same result to float32
 rounding; the tests check it against scipy), computed as symmetric shifted
-adds in float32: 3.6 ms instead of scipy's 17 ms for 1M blocks at sigma 2,
+adds in float32: ~4-5.5 ms instead of scipy's ~17 ms for 1M blocks at sigma 2,
 which matters when one agent runs a model per disk. Its kernel sums to 1, so a wide, fully resident region gives ``S == a_r`` in its
 middle, while an isolated resident block is diluted to
 ``a_r / (sqrt(2 pi) sigma_r)`` (0.2 a_r at the default sigma of 2): heat
