@@ -1,0 +1,293 @@
+"""A real Prometheus server finds vmcache agents through file_sd and reads their metrics.
+
+Starts Debian's /usr/bin/prometheus on a free loopback port with the
+project's docs/prometheus/scrape.yml (glob pointed at a temporary targets
+directory, 1s intervals) and alerts.yml, then agents for fake domains.
+The agents are stand-ins built from the real parts (AgentMetrics fed with
+CycleStats, serve_metrics, TargetsFile); ``start_agent`` is the one place
+to switch to real per-domain agents once they exist.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+import uuid as uuidlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from vmcache.exporter import DEFAULT_PORTS, BasicAuth, MetricsServer, TLSOptions, serve_metrics
+from vmcache.filesd import TargetsFile
+from vmcache.metrics import AgentMetrics
+from vmcache.stats import CycleStats
+
+pytestmark = pytest.mark.live
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+MiB = 1 << 20
+TIMEOUT = 20.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Prometheus:
+    url: str
+    targets_dir: Path
+    tls_targets_dir: Path
+    log: Path
+
+    def api(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=5) as resp:
+            body = json.load(resp)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return self.api("query", query=expr)["result"]  # type: ignore[no-any-return]
+
+    def wait(self, what: str, check: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(0.25)
+        tail = self.log.read_text(errors="replace")[-3000:]
+        raise AssertionError(f"timed out waiting for {what}; last: {last!r}\nprometheus log:\n{tail}")
+
+
+def _config(targets: Path, tls_targets: Path, ca: Path, password_file: Path) -> dict[str, Any]:
+    """docs/prometheus/scrape.yml with test paths and intervals, plus its commented HTTPS job."""
+    config = yaml.safe_load((DOCS / "prometheus" / "scrape.yml").read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["rule_files"] = [str(DOCS / "prometheus" / "alerts.yml")]
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "vmcache"]
+    assert job["file_sd_configs"][0]["files"] == ["/run/vmcache/prometheus/*.json"]
+    job["file_sd_configs"] = [{"files": [str(targets / "*.json")], "refresh_interval": "1s"}]
+    tls_job = {
+        **job,
+        "job_name": "vmcache-tls",
+        "scheme": "https",
+        "tls_config": {"ca_file": str(ca)},
+        "basic_auth": {"username": "prometheus", "password_file": str(password_file)},
+        "file_sd_configs": [{"files": [str(tls_targets / "*.json")], "refresh_interval": "1s"}],
+    }
+    config["scrape_configs"].append(tls_job)
+    return config
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("secrets")
+    key, crt, pw = d / "key.pem", d / "cert.pem", d / "metrics.password"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=vmcache",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    pw.write_text("correct horse battery\n")
+    return {"key": key, "cert": crt, "password": pw}
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory, secrets: dict[str, Path]) -> Iterator[Prometheus]:
+    if not Path(PROMETHEUS).exists():
+        pytest.fail(f"{PROMETHEUS} missing: install the Debian package prometheus (scripts/setup.sh)")
+    d = tmp_path_factory.mktemp("prometheus")
+    targets, tls_targets = d / "targets", d / "tls-targets"
+    targets.mkdir()
+    tls_targets.mkdir()
+    (d / "prometheus.yml").write_text(yaml.safe_dump(_config(targets, tls_targets, secrets["cert"], secrets["password"])))
+    port = _free_port()
+    log = d / "prometheus.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=info"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        server = Prometheus(f"http://127.0.0.1:{port}", targets, tls_targets, log)
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"prometheus exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{server.url}/-/ready", timeout=1) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+
+        server.wait("prometheus ready", ready)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class StandInAgent:
+    """What a per-domain agent does for observability, without libvirt."""
+
+    domain: str
+    uuid: str
+    pinned_bytes: int
+    metrics: AgentMetrics
+    server: MetricsServer
+    targets: TargetsFile
+    stopped: bool = field(default=False)
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.targets.remove()
+            self.server.close()
+
+
+@pytest.fixture
+def start_agent(prometheus: Prometheus) -> Iterator[Callable[..., StandInAgent]]:
+    agents: list[StandInAgent] = []
+
+    def start(domain: str, pinned_mib: int, *, tls: TLSOptions | None = None,
+              basic_auth: BasicAuth | None = None) -> StandInAgent:
+        uuid = str(uuidlib.uuid4())
+        metrics = AgentMetrics(domain, uuid, registry=CollectorRegistry(), version="0.0.0-live")
+        disk = metrics.disk("vda", f"/var/lib/libvirt/images/{domain}.raw")
+        for i in range(3):
+            disk.observe(CycleStats(
+                now=float(i), duration_seconds=0.02, size_bytes=2048 * MiB, budget_bytes=512 * MiB,
+                pinned_bytes=pinned_mib * MiB, pinned_regions=3, resident_bytes=(pinned_mib + 40) * MiB,
+                guest_written_bytes=MiB, guest_read_miss_bytes=2 * MiB, recently_evicted_pages=10,
+                bitmap_read="ok", mem_available_bytes=8192 * MiB, backing_off=False))
+        server = serve_metrics(metrics.registry, ports=DEFAULT_PORTS, tls=tls, basic_auth=basic_auth)
+        directory = prometheus.tls_targets_dir if tls else prometheus.targets_dir
+        targets = TargetsFile(domain, uuid, server.target, directory=directory)
+        agent = StandInAgent(domain, uuid, pinned_mib * MiB, metrics, server, targets)
+        agents.append(agent)
+        targets.write()
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent in agents:
+            agent.stop()
+
+
+def _by_domain(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["metric"].get("domain", ""): r for r in results}
+
+
+def test_two_domains_are_discovered_and_queried_through_prometheus(prometheus: Prometheus,
+                                                                   start_agent: Callable[..., StandInAgent]) -> None:
+    a = start_agent("live-web", 192)
+    b = start_agent("live-db", 320)
+    assert a.server.port != b.server.port
+
+    def both() -> dict[str, dict[str, Any]]:
+        got = _by_domain(prometheus.query('vmcache_pinned_bytes{domain=~"live-web|live-db"}'))
+        return got if set(got) == {"live-web", "live-db"} else {}
+
+    got = prometheus.wait("both domains' vmcache_pinned_bytes", both)
+    for agent in (a, b):
+        series = got[agent.domain]
+        assert float(series["value"][1]) == agent.pinned_bytes
+        labels = series["metric"]
+        assert labels["uuid"] == agent.uuid
+        assert labels["disk"] == "vda"
+        assert labels["image"] == f"/var/lib/libvirt/images/{agent.domain}.raw"
+        assert labels["job"] == "vmcache"
+        assert labels["instance"] == agent.server.target
+        assert not any(k.startswith("exported_") for k in labels)
+
+    up = _by_domain(prometheus.query('up{job="vmcache", domain=~"live-web|live-db"}'))
+    assert {d: float(r["value"][1]) for d, r in up.items()} == {"live-web": 1.0, "live-db": 1.0}
+    assert up["live-db"]["metric"]["uuid"] == b.uuid
+    rate = prometheus.query('vmcache_guest_read_miss_bytes_total{domain="live-web"}')
+    assert float(rate[0]["value"][1]) == 6 * MiB
+
+
+def test_a_stopped_agent_leaves_prometheus_targets(prometheus: Prometheus,
+                                                   start_agent: Callable[..., StandInAgent]) -> None:
+    keep = start_agent("live-keep", 64)
+    gone = start_agent("live-gone", 64)
+
+    def active() -> set[str]:
+        data = prometheus.api("targets", state="active")
+        return {t["labels"].get("domain", "") for t in data["activeTargets"] if t["labels"]["job"] == "vmcache"}
+
+    prometheus.wait("both targets", lambda: {"live-keep", "live-gone"} <= active())
+    gone.stop()
+    assert not gone.targets.path.exists()
+    prometheus.wait("the stopped agent's target to go", lambda: "live-gone" not in active())
+    assert keep.domain in active()
+
+
+def test_https_agent_with_basic_auth_is_scraped(prometheus: Prometheus, secrets: dict[str, Path],
+                                                start_agent: Callable[..., StandInAgent]) -> None:
+    agent = start_agent("live-tls", 128, tls=TLSOptions(str(secrets["cert"]), str(secrets["key"])),
+                        basic_auth=BasicAuth("prometheus", str(secrets["password"])))
+    assert agent.server.scheme == "https"
+    got = prometheus.wait("the TLS agent's pinned bytes",
+                          lambda: prometheus.query('vmcache_pinned_bytes{domain="live-tls", job="vmcache-tls"}'))
+    assert float(got[0]["value"][1]) == 128 * MiB
+
+
+def test_alert_rules_load_and_evaluate(prometheus: Prometheus) -> None:
+    expected = {r["alert"] for g in yaml.safe_load((DOCS / "prometheus" / "alerts.yml").read_text())["groups"]
+                for r in g["rules"]}
+
+    def evaluated() -> dict[str, str]:
+        rules = {r["name"]: r["health"] for g in prometheus.api("rules")["groups"] for r in g["rules"]}
+        return rules if rules and all(h != "unknown" for h in rules.values()) else {}
+
+    health = prometheus.wait("rules evaluated", evaluated)
+    assert set(health) == expected
+    assert set(health.values()) == {"ok"}
+
+
+def test_grafana_dashboard_queries_run_and_find_data(prometheus: Prometheus,
+                                                      start_agent: Callable[..., StandInAgent]) -> None:
+    start_agent("live-dash", 32)
+    prometheus.wait("the dashboard agent", lambda: prometheus.query('vmcache_agent_info{domain="live-dash"}'))
+    dashboard = json.loads((DOCS / "grafana" / "vmcache-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 10
+    concrete = [e.replace("$__rate_interval", "1m").replace("$domain", "live-dash")
+                .replace("$disk", ".*").replace("$job", "vmcache") for e in exprs]
+    # Every panel shows data for a running agent, except errors (only those that happened).
+    wanted = [e for e in concrete if "vmcache_errors_total" not in e]
+
+    def without_data() -> list[str]:
+        return [e for e in wanted if not prometheus.query(e)]
+
+    missing = without_data()
+    deadline = time.monotonic() + TIMEOUT
+    while missing and time.monotonic() < deadline:  # rates need two scrapes
+        time.sleep(0.5)
+        missing = without_data()
+    assert missing == []
+    errors = [e for e in concrete if "vmcache_errors_total" in e]
+    assert errors and all(prometheus.query(e) == [] for e in errors)
