@@ -8,7 +8,9 @@ docs/configuration.md describes every key; hooks/vmcache.yaml is the
 commented default file ``make install`` puts in place.
 
 This module reads one file and imports no libvirt, numpy or socket code:
-the libvirt hook loads it on every domain start.
+the libvirt hook loads it on every domain start, with ``check_model=False``
+(vmcache.model's package imports numpy; the hook needs no model, and the
+agent it starts checks the ``model`` section and reports it).
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from .errors import ConfigError
-from .model.params import ModelParams
 from .units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from .model.params import ModelParams
 
 __all__ = [
     "DEFAULT_PATH",
@@ -115,6 +119,7 @@ class HostConfig:
 
         Raises ConfigError naming the key when an override is not acceptable.
         """
+        from .model.params import ModelParams  # numpy comes with the package: not at import time
         merged: dict[str, Any] = {"interval": self.interval, **self.model}
         params = ModelParams.from_mapping(merged, prefix="model.")
         if overrides:
@@ -158,10 +163,12 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_host_config(path: str = DEFAULT_PATH) -> HostConfig:
+def load_host_config(path: str = DEFAULT_PATH, *, check_model: bool = True) -> HostConfig:
     """Read the host config at ``path``; a missing file gives the defaults.
 
     Raises ConfigError for unreadable files, invalid YAML and bad values.
+    ``check_model=False`` leaves the ``model`` section's values unchecked
+    (for the hook, which must not import numpy).
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -170,10 +177,10 @@ def load_host_config(path: str = DEFAULT_PATH) -> HostConfig:
         return HostConfig()
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(path, None, f"cannot read: {err}") from err
-    return parse_host_config(text, source=path)
+    return parse_host_config(text, source=path, check_model=check_model)
 
 
-def parse_host_config(text: str, *, source: str = DEFAULT_PATH) -> HostConfig:
+def parse_host_config(text: str, *, source: str = DEFAULT_PATH, check_model: bool = True) -> HostConfig:
     """Parse the YAML text of a host config; ConfigError naming key and value if it is wrong."""
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
@@ -190,10 +197,10 @@ def parse_host_config(text: str, *, source: str = DEFAULT_PATH) -> HostConfig:
         return HostConfig()
     if not isinstance(data, dict):
         raise ConfigError(source, data, "must be a mapping of keys to values")
-    return _host_config(data)
+    return _host_config(data, check_model)
 
 
-def _host_config(data: dict[Any, Any]) -> HostConfig:
+def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     _no_unknown(data, _TOP_KEYS, "")
     values: dict[str, Any] = {}
     if "budget" in data:
@@ -220,7 +227,8 @@ def _host_config(data: dict[Any, Any]) -> HostConfig:
     if "heatmap" in data:
         values["heatmap"] = _heatmap(data["heatmap"])
     config = HostConfig(**values)
-    config.model_params()  # cross-field checks of the model section (e.g. pinned_decay >= decay)
+    if check_model:
+        config.model_params()  # every value and cross-field checks (e.g. pinned_decay >= decay)
     return config
 
 
@@ -275,7 +283,6 @@ def _model(value: object) -> Mapping[str, Any]:
     section = _section(value, "model")
     if "interval" in section:
         raise ConfigError("model.interval", section["interval"], "set the top-level interval key instead")
-    ModelParams.from_mapping(section, prefix="model.")
     return MappingProxyType(dict(section))
 
 

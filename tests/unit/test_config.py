@@ -197,3 +197,15 @@ def test_fuzz_structured_values(data):
         assert "\n" not in str(err)
     else:
         assert isinstance(result, HostConfig)
+
+
+def test_hook_mode_leaves_model_values_to_the_agent():
+    """The hook loads the config without vmcache.model (numpy); everything else is still checked."""
+    config = parse_host_config("model: {decay: 7}\nruntime_dir: /r", check_model=False)
+    assert config.runtime_dir == "/r"
+    with pytest.raises(ConfigError, match="model.decay: 7"):
+        config.model_params()
+    with pytest.raises(ConfigError, match="budget"):
+        parse_host_config("model: {decay: 7}\nbudget: x", check_model=False)
+    with pytest.raises(ConfigError, match="model: 3: must be a mapping"):
+        parse_host_config("model: 3", check_model=False)
