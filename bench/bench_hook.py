@@ -1,0 +1,124 @@
+"""Latency of the libvirt hook as libvirtd runs it: hooks/qemu -> python -m vmcache.hook.
+
+    .venv/bin/python bench/bench_hook.py [--runs 100]
+
+Installs nothing: it runs a copy of hooks/qemu pointed at this Python and
+a temporary host config whose agent is tests/standin_agent.py, and times
+each call from fork to exit (what libvirtd waits for). Scenarios:
+
+- ``ignore``: ``started`` of a domain without vmcache metadata (most domains);
+- ``start``: ``started`` of an opted-in domain, spawning its agent;
+- ``running``: ``started``/``reconnect`` when its agent already runs;
+- ``stop``: ``stopped`` of an opted-in domain (SIGTERM, no wait);
+- ``migrate``: the XML filter (echo).
+
+Prints median, 90th percentile and max per scenario, and exits 1 when a
+median is over the 100 ms goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vmcache.metadata import NAMESPACE  # noqa: E402
+
+GOAL_SECONDS = 0.100
+
+
+def xml(name: str, opted_in: bool) -> bytes:
+    meta = f"<vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='1G'/>" if opted_in else ""
+    disks = "".join(
+        f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
+        f"<source file='/var/lib/libvirt/images/{name}-{i}.img'/><target dev='vd{chr(97 + i)}' bus='virtio'/></disk>"
+        for i in range(4)
+    )
+    return (f"<domain type='kvm'><name>{name}</name><uuid>1b4e28ba-2fa1-11d2-883f-0016d3cca427</uuid>"
+            f"<memory unit='KiB'>1048576</memory><metadata>{meta}</metadata><devices>{disks}</devices></domain>").encode()
+
+
+def timed(hook: str, args: list[str], stdin: bytes) -> float:
+    t0 = time.perf_counter()
+    done = subprocess.run([hook, *args], input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0 or done.stderr:
+        raise SystemExit(f"hook failed: {done.returncode} {done.stderr!r}")
+    return seconds
+
+
+def wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100)
+    runs = parser.parse_args().runs
+    with tempfile.TemporaryDirectory(prefix="vmcache-bench-hook-") as tmp:
+        markers = Path(tmp, "markers")
+        markers.mkdir()
+        config = Path(tmp, "vmcache.yaml")
+        config.write_text(f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\n"
+                          f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n")
+        hook = Path(tmp, "qemu")
+        text = (REPO / "hooks" / "qemu").read_text()
+        text = text.replace("VMCACHE_PYTHON=/opt/vmcache/venv/bin/python", f"VMCACHE_PYTHON={sys.executable}")
+        text = text.replace("VMCACHE_CONFIG=/etc/vmcache/vmcache.yaml", f"VMCACHE_CONFIG={config}")
+        hook.write_text(text)
+        hook.chmod(0o755)
+        on, off = xml("bench-on", True), xml("bench-off", False)
+        results: dict[str, list[float]] = {k: [] for k in ("ignore", "start", "running", "stop", "migrate")}
+        started = markers / "bench-on.started"
+        try:
+            for _ in range(runs):
+                results["ignore"].append(timed(str(hook), ["bench-off", "started", "begin", "-"], off))
+                results["migrate"].append(timed(str(hook), ["bench-on", "migrate", "begin", "-"], on))
+                results["start"].append(timed(str(hook), ["bench-on", "started", "begin", "-"], on))
+                results["running"].append(timed(str(hook), ["bench-on", "reconnect", "begin", "-"], on))
+                # the stand-in must be up (its pid recorded) before it can be stopped
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and not (started.exists() and started.read_text().strip()):
+                    time.sleep(0.005)
+                pid = json.loads(started.read_text().splitlines()[-1])["pid"]
+                results["stop"].append(timed(str(hook), ["bench-on", "stopped", "end", "-"], on))
+                wait_gone(pid)
+                started.unlink()
+        finally:
+            for f in markers.glob("*.started"):
+                for line in f.read_text().splitlines():
+                    try:
+                        os.kill(json.loads(line)["pid"], signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+    worst = 0.0
+    print(f"hook latency over {runs} runs each (ms): median p90 max")
+    for name, values in results.items():
+        values.sort()
+        median = statistics.median(values)
+        worst = max(worst, median)
+        p90 = values[int(len(values) * 0.9) - 1]
+        print(f"  {name:8s} {median * 1000:7.1f} {p90 * 1000:7.1f} {values[-1] * 1000:7.1f}")
+    print(f"goal: median < {GOAL_SECONDS * 1000:.0f} ms: {'met' if worst < GOAL_SECONDS else 'MISSED'}")
+    return 0 if worst < GOAL_SECONDS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

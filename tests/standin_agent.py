@@ -1,0 +1,77 @@
+"""Stand-in for ``vmcache agent --config PATH --domain NAME`` in launcher and hook tests.
+
+Run as ``python tests/standin_agent.py MARKER_DIR --config PATH --domain NAME``:
+records in MARKER_DIR that it started (pid, argv), writes the agent status
+file where the host config says, and waits for SIGTERM, which it records too.
+It does what the launcher expects of the real agent and nothing else, so
+tests of the hook keep meaning the same thing whatever the real agent does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from vmcache.config import load_host_config
+from vmcache.status import AgentStatus, file_stem, status_path, write_status
+
+MAX_LIFETIME = 300.0  # never outlive a test run by long, even if nobody stops it
+
+
+def kill_agents(agents_dir: str) -> list[int]:
+    """Test cleanup: SIGKILL every agent holding a pidfile lock in ``agents_dir``; their pids."""
+    from vmcache.launcher import pidfile_holder
+
+    killed = []
+    try:
+        names = [n for n in os.listdir(agents_dir) if n.endswith(".pid")]
+    except FileNotFoundError:
+        return killed
+    for name in names:
+        deadline = time.monotonic() + 5
+        while (pid := pidfile_holder(os.path.join(agents_dir, name))) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # being started: it records its pid just before its exec
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def main() -> int:
+    marker_dir = sys.argv[1]
+    config_path = sys.argv[sys.argv.index("--config") + 1]
+    domain = sys.argv[sys.argv.index("--domain") + 1]
+    config = load_host_config(config_path, check_model=False)
+    stem = file_stem(domain)
+    record = {"pid": os.getpid(), "argv": sys.argv, "ppid": os.getppid(), "sid": os.getsid(0)}
+    with open(os.path.join(marker_dir, stem + ".started"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    path = status_path(config.agents_dir, domain)
+    write_status(path, AgentStatus(domain=domain, pid=os.getpid(), state="running", started_at=time.time()))
+    stopped = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stopped
+        stopped = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    deadline = time.monotonic() + MAX_LIFETIME
+    while not stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(os.path.join(marker_dir, stem + ".stopped"), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"pid": os.getpid(), "signal": "TERM" if stopped else "timeout"}) + "\n")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

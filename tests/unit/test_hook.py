@@ -1,0 +1,231 @@
+"""The libvirt hook: decisions, filters echoed byte for byte, exit 0 on anything, light imports."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vmcache.errors import HostError
+from vmcache.hook import Action, decide, run
+from vmcache.launcher import LaunchResult
+from vmcache.metadata import NAMESPACE
+
+from tests.standin_agent import kill_agents
+
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = str(REPO / "tests" / "standin_agent.py")
+
+
+def domain_xml(name="web-1", metadata=f"<vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='1G'/>"):
+    return (f"<domain type='qemu'><name>{name}</name><uuid>1b4e28ba-2fa1-11d2-883f-0016d3cca427</uuid>"
+            f"<metadata>{metadata}</metadata><devices><disk type='file' device='disk'>"
+            "<driver name='qemu' type='raw' cache='writethrough'/><source file='/img/a.raw'/>"
+            "<target dev='vda' bus='virtio'/></disk></devices></domain>").encode()
+
+
+class FakeLauncher:
+    def __init__(self, fail: bool = False):
+        self.calls: list[tuple[str, str]] = []
+        self.fail = fail
+        self.config_path = None
+
+    def __call__(self, config, *, config_path):
+        self.config_path = config_path
+        return self
+
+    def start(self, domain):
+        self.calls.append(("start", domain))
+        if self.fail:
+            raise HostError("cannot run agent /x: No such file or directory")
+        return LaunchResult("started", domain, pid=42)
+
+    def stop(self, domain):
+        self.calls.append(("stop", domain))
+        return LaunchResult("stopping", domain, pid=42)
+
+
+@pytest.mark.parametrize(
+    ("argv", "xml", "action", "reason"),
+    [
+        (["web-1", "started", "begin", "-"], domain_xml(), Action.START, "opted in"),
+        (["web-1", "reconnect", "begin", "-"], domain_xml(), Action.START, "opted in"),
+        (["web-1", "attach", "begin", "-"], domain_xml(), Action.START, "opted in"),
+        (["web-1", "stopped", "end", "-"], domain_xml(), Action.STOP, "domain stopped"),
+        (["web-1", "release", "end", "-"], b"", Action.STOP, "domain stopped"),
+        (["web-1", "migrate", "begin", "-"], domain_xml(), Action.FILTER, "XML filter: written back unchanged"),
+        (["web-1", "restore", "begin", "-"], b"junk", Action.FILTER, "XML filter: written back unchanged"),
+        (["web-1", "prepare", "begin", "-"], domain_xml(), Action.IGNORE, "not an operation vmcache acts on"),
+        (["web-1", "start", "begin", "-"], domain_xml(), Action.IGNORE, "not an operation vmcache acts on"),
+        (["web-1", "started", "begin", "-"], domain_xml(metadata=""), Action.IGNORE, "no vmcache metadata"),
+        (["web-1", "started", "begin", "-"],
+         domain_xml(metadata=f"<vmcache:cache xmlns:vmcache='{NAMESPACE}' enabled='no'/>"),
+         Action.IGNORE, "vmcache metadata says enabled=no"),
+        (["web-1", "started", "begin", "-"],
+         domain_xml(metadata=f"<vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='lots'/>"),
+         Action.IGNORE, "unusable XML or metadata: metadata budget: 'lots': not a size"),
+        (["web-1", "started", "begin", "-"], b"<domain", Action.IGNORE, "unusable XML or metadata: domain XML"),
+        (["web-1", "started", "begin", "-"], domain_xml(name="other"), Action.IGNORE, "XML is for domain 'other'"),
+        (["web-1"], b"", Action.IGNORE, "usage: DOMAIN OP SUBOP EXTRA"),
+        ([], b"", Action.IGNORE, "usage: DOMAIN OP SUBOP EXTRA"),
+    ],
+)
+def test_decide(argv, xml, action, reason):
+    decision = decide(argv, xml)
+    assert decision.action is action
+    assert decision.reason.startswith(reason), decision.reason
+
+
+def run_hook(args, data, *, config_path="/nonexistent.yaml", launcher=None):
+    out = io.BytesIO()
+    launcher = launcher or FakeLauncher()
+    decision = run(args, io.BytesIO(data), out, config_path=config_path, launcher_for=launcher,
+                   setup_logging=None)
+    return decision, out.getvalue(), launcher
+
+
+@pytest.mark.parametrize("op", ["migrate", "restore"])
+def test_filters_echo_the_xml_unchanged(op, tmp_path):
+    xml = domain_xml() + b"\n<!-- \xc3\xbc trailing -->\n"
+    bad_config = tmp_path / "bad.yaml"
+    bad_config.write_text("budget: [")
+    for config in ("/nonexistent.yaml", str(bad_config)):
+        _, out, launcher = run_hook(["web-1", op, "begin", "-"], xml, config_path=config)
+        assert out == xml
+        assert launcher.calls == []
+
+
+def test_other_ops_write_nothing():
+    for op in ("started", "stopped", "prepare"):
+        _, out, _ = run_hook(["web-1", op, "begin", "-"], domain_xml())
+        assert out == b""
+
+
+def test_start_and_stop_use_the_launcher(caplog):
+    caplog.set_level("INFO", logger="vmcache.hook")
+    _, _, launcher = run_hook(["web-1", "started", "begin", "-"], domain_xml())
+    assert launcher.calls == [("start", "web-1")]
+    assert launcher.config_path == "/nonexistent.yaml"
+    assert "hook.start domain=web-1 op=started" in caplog.text
+    _, _, launcher = run_hook(["web-1", "stopped", "end", "-"], domain_xml())
+    assert launcher.calls == [("stop", "web-1")]
+
+
+def test_no_metadata_means_no_agent_and_a_logged_reason(caplog):
+    caplog.set_level("INFO", logger="vmcache.hook")
+    _, _, launcher = run_hook(["plain", "started", "begin", "-"], domain_xml(name="plain", metadata=""))
+    assert launcher.calls == []
+    assert 'hook.ignore domain=plain op=started reason="no vmcache metadata"' in caplog.text
+
+
+def test_bad_host_config_skips_start_but_still_stops(tmp_path, caplog):
+    caplog.set_level("INFO", logger="vmcache.hook")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("budget: lots\n")
+    decision, _, launcher = run_hook(["web-1", "started", "begin", "-"], domain_xml(), config_path=str(bad))
+    assert decision.action is Action.IGNORE and launcher.calls == []
+    assert "host config: budget: 'lots': not a size" in caplog.text
+    _, _, launcher = run_hook(["web-1", "stopped", "end", "-"], domain_xml(), config_path=str(bad))
+    assert launcher.calls == [("stop", "web-1")]
+
+
+def test_launcher_failure_is_logged_not_raised(caplog):
+    caplog.set_level("INFO", logger="vmcache.hook")
+    _, _, launcher = run_hook(["web-1", "started", "begin", "-"], domain_xml(), launcher=FakeLauncher(fail=True))
+    assert launcher.calls == [("start", "web-1")]
+    assert "hook.failed domain=web-1 op=started action=start" in caplog.text
+
+
+# --- the real entry point, as libvirt runs it ------------------------------------
+
+
+@pytest.fixture
+def host(tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    config = tmp_path / "vmcache.yaml"
+    config.write_text(f"runtime_dir: {tmp_path}/run\nlog_dir: {tmp_path}/log\n"
+                      f"agent_command: [{sys.executable}, {STANDIN}, {markers}]\n")
+    yield tmp_path, str(config), markers
+    kill_agents(f"{tmp_path}/run/agents")
+
+
+def hook_process(config, args, stdin):
+    """Run hooks/qemu's command line; returns (exit code, stdout, stderr, seconds)."""
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-I", "-m", "vmcache.hook", "--config", config, *args],
+                          input=stdin, capture_output=True, timeout=30, cwd="/")
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - t0
+
+
+def test_entry_point_starts_and_stops_the_agent(host):
+    tmp_path, config, markers = host
+    code, out, err, seconds = hook_process(config, ["web-1", "started", "begin", "-"], domain_xml())
+    assert (code, out, err) == (0, b"", b"")
+    started = markers / "web-1.started"
+    deadline = time.monotonic() + 10
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = json.loads(started.read_text())["pid"]
+    code, _, _, _ = hook_process(config, ["web-1", "stopped", "end", "-"], domain_xml())
+    assert code == 0
+    while not (markers / "web-1.stopped").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert json.loads((markers / "web-1.stopped").read_text()) == {"pid": pid, "signal": "TERM"}
+    if not os.path.exists("/dev/log"):
+        log = (tmp_path / "log" / "hook.log").read_text()
+        assert "hook.start domain=web-1 op=started result=\"agent.started domain=web-1 pid=" in log
+        assert "hook.stop domain=web-1 op=stopped result=\"agent.stopping domain=web-1 pid=" in log
+
+
+@pytest.mark.parametrize(
+    "args,stdin",
+    [
+        (["web-1", "started", "begin", "-"], b"\x00\xff garbage"),
+        (["web-1", "started", "begin", "-"], domain_xml(metadata="<vmcache:cache xmlns:vmcache='urn:x' />")),
+        ([], b""),
+        (["web-1", "migrate", "begin", "-"], b"\xff\xfe not xml"),
+    ],
+)
+def test_entry_point_exits_0_on_anything(host, args, stdin):
+    _, config, markers = host
+    code, out, _, _ = hook_process(config, args, stdin)
+    assert code == 0
+    assert out == (stdin if "migrate" in args else b"")
+    assert list(markers.iterdir()) == []
+
+
+def test_entry_point_exits_0_when_the_hook_itself_crashes(host, tmp_path):
+    """Even an error vmcache did not foresee (here: an unreadable log dir and runtime dir) ends in exit 0."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    config = tmp_path / "crash.yaml"
+    config.write_text(f"runtime_dir: {blocker}/run\nlog_dir: {blocker}/log\n")
+    code, out, _, _ = hook_process(str(config), ["web-1", "started", "begin", "-"], domain_xml())
+    assert (code, out) == (0, b"")
+
+
+HEAVY = ("numpy", "scipy", "libvirt", "prometheus_client", "PIL", "qemu", "nbd")
+
+
+def test_hook_imports_nothing_heavy(host, tmp_path):
+    """The hook must answer libvirt within 100 ms: no numpy/scipy/libvirt/prometheus on its path."""
+    _, config, markers = host
+    dump = tmp_path / "modules.json"
+    code = (
+        "import atexit, json, runpy, sys\n"
+        f"atexit.register(lambda: open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules))))\n"
+        f"sys.argv = ['hook', '--config', {config!r}, 'web-1', 'started', 'begin', '-']\n"
+        "runpy.run_module('vmcache.hook', run_name='__main__')\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", code], input=domain_xml(), capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(dump.read_text())
+    assert "vmcache.launcher" in modules and "defusedxml" in modules  # it did run the start path
+    assert [m for m in modules if m.split(".")[0] in HEAVY] == []

@@ -1,0 +1,116 @@
+"""Host-wide cap on pinned bytes: one ledger, several real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vmcache.host.ledger import Ledger, LedgerEntry
+
+MiB = 1 << 20
+
+
+def test_reserve_grants_up_to_the_cap_and_counts_other_domains(tmp_path):
+    path = str(tmp_path / "ledger.json")
+    a = Ledger(path, cap=100 * MiB)
+    assert a.reserve("a", 60 * MiB) == 60 * MiB
+    assert a.reserve("b", 60 * MiB) == 40 * MiB  # only what a left
+    assert a.reserve("a", 10 * MiB) == 10 * MiB  # a's reservation is a total, not an increment
+    assert a.reserve("b", 90 * MiB) == 90 * MiB
+    assert a.reserve("c", 5 * MiB) == 0
+    assert {d: e.bytes for d, e in a.entries().items()} == {"a": 10 * MiB, "b": 90 * MiB, "c": 0}
+    a.release("b")
+    assert a.reserve("c", 5 * MiB) == 5 * MiB
+    on_disk = json.loads(open(path).read())["domains"]
+    assert on_disk["a"]["pid"] == os.getpid() and on_disk["a"]["bytes"] == 10 * MiB
+
+
+def test_no_cap_grants_everything(tmp_path):
+    ledger = Ledger(str(tmp_path / "l.json"), cap=None)
+    assert ledger.reserve("a", 1 << 50) == 1 << 50
+
+
+def test_dead_agents_do_not_hold_their_share(tmp_path):
+    path = str(tmp_path / "ledger.json")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    Ledger(path, cap=100 * MiB, pid=dead.pid).reserve("gone", 80 * MiB)
+    # the dead pid's entry is dropped: the whole cap is free again
+    assert Ledger(path, cap=100 * MiB).reserve("live", 100 * MiB) == 100 * MiB
+    assert set(Ledger(path, cap=100 * MiB).entries()) == {"live"}
+
+
+def test_reused_pid_is_not_the_agent_that_reserved(tmp_path):
+    path = tmp_path / "ledger.json"
+    # our own pid, but with a start time that is not ours: another process now
+    path.write_text(json.dumps({"domains": {"old": {"pid": os.getppid(), "pid_start_time": 1, "bytes": 90 * MiB}}}))
+    assert Ledger(str(path), cap=100 * MiB).reserve("new", 100 * MiB) == 100 * MiB
+
+
+def test_damaged_ledger_is_rebuilt(tmp_path):
+    path = tmp_path / "ledger.json"
+    path.write_text("{not json")
+    assert Ledger(str(path), cap=10).reserve("a", 10) == 10
+    path.write_text(json.dumps({"domains": {"x": {"pid": "nope"}, "y": 3}}))
+    assert Ledger(str(path), cap=10).reserve("a", 10) == 10
+
+
+def test_negative_want_is_refused(tmp_path):
+    with pytest.raises(ValueError):
+        Ledger(str(tmp_path / "l.json"), cap=10).reserve("a", -1)
+
+
+AGENT = r"""
+import sys, time
+from vmcache.host.ledger import Ledger
+path, domain, cap, want, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+ledger = Ledger(path, cap)
+granted, over = [], 0
+for i in range(rounds):
+    # ask for a varying amount, as an agent does from cycle to cycle
+    granted.append(ledger.reserve(domain, want if i % 2 else want // 2))
+    # a consistent snapshot (taken under the lock) never sums over the cap
+    over += sum(e.bytes for e in ledger.entries().values()) > cap
+print(max(granted), over)
+sys.stdout.flush()
+sys.stdin.read()          # hold the reservation until told to go
+ledger.release(domain)
+"""
+
+
+def test_several_processes_never_exceed_the_cap(tmp_path):
+    path = str(tmp_path / "ledger.json")
+    cap = 100 * MiB
+    procs = [
+        subprocess.Popen([sys.executable, "-c", AGENT, path, f"dom{i}", str(cap), str(40 * MiB), "200"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for i in range(4)
+    ]
+    try:
+        results = [p.stdout.readline().split() for p in procs]
+        maxima = [int(r[0]) for r in results]
+        assert [int(r[1]) for r in results] == [0, 0, 0, 0]  # no snapshot over the cap, ever
+        # while all four hold their last grant, the ledger is within the cap
+        entries = Ledger(path, cap).entries()
+        assert set(entries) == {f"dom{i}" for i in range(4)}
+        assert sum(e.bytes for e in entries.values()) <= cap
+        assert all(isinstance(e, LedgerEntry) and e.pid in {p.pid for p in procs} for e in entries.values())
+        assert max(maxima) == 40 * MiB  # someone got a full grant: the cap is shared, not split blindly
+        # a process killed without releasing: its share comes back
+        procs[0].kill()
+        procs[0].wait()
+        time.sleep(0.05)
+        held = sum(e.bytes for d, e in Ledger(path, cap).entries().items())
+        assert "dom0" not in Ledger(path, cap).entries()
+        assert Ledger(path, cap).reserve("late", cap) == cap - held
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.stdin.close()
+                p.wait(timeout=30)
+    assert set(Ledger(path, cap).entries()) == {"late"}  # the others released on exit

@@ -1,0 +1,120 @@
+"""Status files: schema round trip, atomic write, dead agents shown as not running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vmcache.errors import HostError
+from vmcache.stats import CycleStats
+from vmcache.status import (
+    AgentStatus,
+    DiskStatus,
+    file_stem,
+    read_status,
+    read_statuses,
+    status_path,
+    write_status,
+)
+
+
+def sample(domain="web-1", pid=None) -> AgentStatus:
+    return AgentStatus(
+        domain=domain, pid=os.getpid() if pid is None else pid, uuid="u-1", state="running",
+        started_at=100.0, interval=10.0, budget_bytes=2 << 30, granted_bytes=1 << 30,
+        metrics_url="http://127.0.0.1:9470/metrics",
+        disks=[
+            DiskStatus("vda", "/img/a.raw", "writethrough", True, budget_bytes=1 << 30, pinned_bytes=4096,
+                       resident_bytes=8192, write_bytes_per_second=512.0, last_cycle_seconds=0.01,
+                       last_cycle_at=110.0),
+            DiskStatus("vdb", "/img/b.raw", "none", False, reason="cache=none bypasses the page cache"),
+        ],
+    )
+
+
+def test_file_stem_is_safe_and_distinct():
+    assert file_stem("web-1") == "web-1"
+    assert file_stem("a b/c") == "a%20b%2Fc"
+    assert file_stem(".x") == "%2Ex"
+    assert file_stem("ü") == "%C3%BC"
+    assert file_stem("a%20b") != file_stem("a b")
+    long = file_stem("x" * 1000)
+    assert len(long) <= 200 and long != file_stem("x" * 999)
+    for name in ["..", ".", "a/../b", "\n"]:
+        assert "/" not in file_stem(name) and file_stem(name) not in (".", "..")
+
+
+def test_write_then_read_round_trip(tmp_path):
+    path = status_path(str(tmp_path / "agents"), "web-1")
+    original = sample()
+    write_status(path, original, now=123.0)
+    loaded = read_status(path)
+    assert loaded == original
+    assert loaded.updated_at == 123.0
+    assert loaded.pid_start_time is not None  # filled from /proc
+    assert loaded.pinned_bytes == 4096 and loaded.resident_bytes == 8192
+    data = json.loads(open(path).read())
+    assert data["version"] == 1 and data["disks"][1]["reason"] == "cache=none bypasses the page cache"
+    assert [p for p in os.listdir(tmp_path / "agents") if p.startswith(".")] == []  # no temp file left
+
+
+def test_unknown_keys_are_ignored_wrong_version_refused(tmp_path):
+    path = tmp_path / "x.json"
+    data = sample().to_json()
+    data["future_field"] = 1
+    data["disks"][0]["future"] = 2
+    path.write_text(json.dumps(data))
+    assert read_status(str(path)).domain == "web-1"
+    data["version"] = 2
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="schema version 2"):
+        read_status(str(path))
+
+
+def test_disk_update_from_cycle_stats():
+    disk = DiskStatus("vda", "/img", "writethrough", True)
+    stats = CycleStats(
+        now=5.0, duration_seconds=0.02, size_bytes=1 << 30, budget_bytes=1 << 29, pinned_bytes=1 << 20,
+        pinned_regions=3, resident_bytes=1 << 21, guest_written_bytes=10 << 20, guest_read_miss_bytes=0,
+        recently_evicted_pages=None, bitmap_read="ok", mem_available_bytes=1 << 33, backing_off=False,
+        error="BitmapReadError: x")
+    disk.update(stats, elapsed=10.0, wall_time=1000.0)
+    assert (disk.budget_bytes, disk.pinned_bytes, disk.resident_bytes) == (1 << 29, 1 << 20, 1 << 21)
+    assert disk.write_bytes_per_second == 1 << 20
+    assert (disk.last_cycle_seconds, disk.last_cycle_at, disk.error) == (0.02, 1000.0, "BitmapReadError: x")
+
+
+def test_read_statuses_marks_dead_agents_and_bad_files(tmp_path):
+    agents = str(tmp_path / "agents")
+    write_status(status_path(agents, "live"), sample("live"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_status(status_path(agents, "dead"), sample("dead", pid=dead.pid))
+    # our pid, but recorded with another start time: pid reused -> not running
+    reused = sample("reused")
+    reused.pid_start_time = 1
+    write_status(status_path(agents, "reused"), reused)
+    (tmp_path / "agents" / "broken.json").write_text("{")
+    (tmp_path / "agents" / "live.pid").write_text("1")  # not a status file
+    entries = read_statuses(agents)
+    by_name = {(e.status.domain if e.status else os.path.basename(e.path)): e for e in entries}
+    assert set(by_name) == {"live", "dead", "reused", "broken.json"}
+    assert by_name["live"].running is True
+    assert by_name["dead"].running is False
+    assert by_name["reused"].running is False
+    assert by_name["broken.json"].status is None and "not JSON" in by_name["broken.json"].problem
+
+
+def test_absent_dir_is_empty(tmp_path):
+    assert read_statuses(str(tmp_path / "none")) == []
+
+
+def test_write_failure_is_a_host_error(tmp_path):
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    with pytest.raises(HostError, match="cannot write status"):
+        write_status(str(blocker / "x.json"), sample())

@@ -1,0 +1,168 @@
+"""The libvirt qemu hook: decide from argv and the domain XML, start or stop the agent.
+
+libvirt runs ``/etc/libvirt/hooks/qemu DOMAIN OP SUBOP EXTRA`` with the
+domain XML on stdin (hooks/qemu runs ``python -m vmcache.hook``):
+
+- ``started``, ``reconnect``, ``attach`` of a domain whose vmcache metadata
+  says enabled: make sure its agent runs (:mod:`vmcache.launcher`);
+- ``stopped``, ``release``: stop its agent (a no-op when none runs);
+- ``migrate``, ``restore``: XML filters; the XML is written back unchanged;
+- anything else: nothing.
+
+The hook never calls libvirt (libvirtd waits for it: deadlock), returns
+at once, and exits 0 whatever happens - vmcache must never make a domain
+fail to start - logging why it did nothing to syslog (``/dev/log``) or
+``<log_dir>/hook.log``. It imports no numpy, scipy, libvirt or
+prometheus_client: tests/unit/test_hook.py checks that.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from .config import DEFAULT_PATH, HostConfig, load_host_config
+from .errors import ConfigError, VmcacheError
+from .launcher import Launcher, make_launcher
+from .logfmt import event
+from .metadata import parse_domain
+
+__all__ = ["Action", "Decision", "decide", "main", "START_OPS", "STOP_OPS", "FILTER_OPS"]
+
+START_OPS = frozenset({"started", "reconnect", "attach"})
+STOP_OPS = frozenset({"stopped", "release"})
+FILTER_OPS = frozenset({"migrate", "restore"})
+SYSLOG_SOCKET = "/dev/log"
+
+log = logging.getLogger("vmcache.hook")
+
+
+class Action(enum.Enum):
+    START = "start"
+    STOP = "stop"
+    FILTER = "filter"
+    IGNORE = "ignore"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the hook does for one call, and why (logged)."""
+
+    action: Action
+    domain: str
+    op: str
+    reason: str
+
+
+def decide(argv: Sequence[str], xml: bytes | str) -> Decision:
+    """Decide from the hook's arguments (DOMAIN OP SUBOP EXTRA) and the domain XML (pure)."""
+    if len(argv) < 2:
+        return Decision(Action.IGNORE, argv[0] if argv else "", "", "usage: DOMAIN OP SUBOP EXTRA")
+    domain, op = argv[0], argv[1]
+    if op in FILTER_OPS:
+        return Decision(Action.FILTER, domain, op, "XML filter: written back unchanged")
+    if op in STOP_OPS:
+        return Decision(Action.STOP, domain, op, "domain stopped")
+    if op not in START_OPS:
+        return Decision(Action.IGNORE, domain, op, "not an operation vmcache acts on")
+    try:
+        info = parse_domain(xml)
+    except ConfigError as err:
+        return Decision(Action.IGNORE, domain, op, f"unusable XML or metadata: {err}")
+    if info.name != domain:
+        return Decision(Action.IGNORE, domain, op, f"XML is for domain {info.name!r}")
+    if info.settings is None:
+        return Decision(Action.IGNORE, domain, op, "no vmcache metadata")
+    if not info.settings.enabled:
+        return Decision(Action.IGNORE, domain, op, "vmcache metadata says enabled=no")
+    return Decision(Action.START, domain, op, "opted in")
+
+
+def _setup_logging(log_dir: str) -> None:
+    """Log to syslog when /dev/log exists, else append to ``<log_dir>/hook.log``; never raise."""
+    handler: logging.Handler
+    try:
+        if os.path.exists(SYSLOG_SOCKET):
+            from logging.handlers import SysLogHandler
+
+            handler = SysLogHandler(address=SYSLOG_SOCKET, facility=SysLogHandler.LOG_DAEMON)
+            handler.setFormatter(logging.Formatter(f"vmcache-hook[{os.getpid()}]: %(message)s"))
+        else:
+            os.makedirs(log_dir, mode=0o755, exist_ok=True)
+            handler = logging.FileHandler(os.path.join(log_dir, "hook.log"), encoding="utf-8")
+            handler.setFormatter(logging.Formatter(f"%(asctime)s vmcache-hook[{os.getpid()}] %(levelname)s %(message)s"))
+    except OSError:
+        handler = logging.NullHandler()
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _parse_args(argv: Sequence[str]) -> tuple[str, list[str]]:
+    args = list(argv)
+    config_path = DEFAULT_PATH
+    if len(args) >= 2 and args[0] == "--config":
+        config_path, args = args[1], args[2:]
+    return config_path, args
+
+
+def run(
+    args: Sequence[str],
+    stdin: BinaryIO,
+    stdout: BinaryIO,
+    *,
+    config_path: str = DEFAULT_PATH,
+    launcher_for: Callable[..., Launcher] = make_launcher,
+    setup_logging: Callable[[str], None] | None = _setup_logging,
+) -> Decision:
+    """One hook call: echo filters, decide, act; returns the decision. Raises nothing vmcache-made."""
+    data = stdin.read()
+    op = args[1] if len(args) > 1 else ""
+    if op in FILTER_OPS:
+        stdout.write(data)
+        stdout.flush()
+    config_error = None
+    try:
+        config = load_host_config(config_path, check_model=False)
+    except ConfigError as err:
+        config, config_error = HostConfig(), err
+    if setup_logging is not None:
+        setup_logging(config.log_dir)
+    decision = decide(args, data)
+    fields = {"domain": decision.domain, "op": decision.op}
+    if config_error is not None and decision.action in (Action.START, Action.STOP):
+        if decision.action is Action.START:
+            log.error(event("hook.ignore", **fields, reason=f"host config: {config_error}"))
+            return Decision(Action.IGNORE, decision.domain, decision.op, f"host config: {config_error}")
+        log.warning(event("hook.config_error", **fields, error=str(config_error), using="defaults"))
+    if decision.action is Action.START or decision.action is Action.STOP:
+        launcher = launcher_for(config, config_path=config_path)
+        act = launcher.start if decision.action is Action.START else launcher.stop
+        try:
+            result = act(decision.domain)
+        except VmcacheError as err:
+            log.error(event("hook.failed", **fields, action=decision.action.value, error=str(err)))
+        else:
+            log.info(event("hook." + decision.action.value, **fields, result=str(result)))
+    elif decision.action is Action.IGNORE and decision.op in START_OPS:
+        log.info(event("hook.ignore", **fields, reason=decision.reason))
+    return decision
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of hooks/qemu: ``python -m vmcache.hook [--config PATH] DOMAIN OP SUBOP EXTRA``. Always 0."""
+    config_path, args = _parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        run(args, sys.stdin.buffer, sys.stdout.buffer, config_path=config_path)
+    except Exception:  # noqa: BLE001 - the hook must never fail a domain: log anything and exit 0
+        log.exception(event("hook.crashed", args=" ".join(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

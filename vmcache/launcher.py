@@ -1,0 +1,331 @@
+"""Start and stop the per-domain agent, and return at once.
+
+Two ways, chosen by :func:`make_launcher`:
+
+- **systemd** (``/run/systemd/system`` exists): ``systemctl --no-block
+  start vmcache-agent@<escaped name>.service``; the unit
+  (hooks/vmcache-agent@.service) sets ``LimitMEMLOCK=infinity`` and
+  restarts the agent on failure.
+- **detached** (no systemd, as on these sandboxes): double fork, setsid,
+  stdio to /dev/null (stdout/stderr appended to ``<log_dir>/agent-<stem>.log``
+  when it can be opened), then exec ``<command> --config PATH --domain NAME``. The
+  agent inherits an open, ``flock``-ed ``<agents_dir>/<stem>.pid`` that
+  holds its pid: the lock lives exactly as long as the agent, so a second
+  start is a no-op and a stale pidfile is never mistaken for a live agent.
+  Stop sends SIGTERM to that pid if the lock is held and /proc/PID/cmdline
+  ends with ``--domain NAME``, and does not wait.
+
+Used by the libvirt hook: imports nothing heavy, never calls libvirt.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .config import DEFAULT_PATH, HostConfig
+from .errors import HostError
+from .host.procs import cmdline
+from .logfmt import event
+from .status import file_stem
+
+__all__ = [
+    "LaunchResult",
+    "Launcher",
+    "SystemdLauncher",
+    "DetachedLauncher",
+    "make_launcher",
+    "systemd_escape",
+    "pidfile_holder",
+    "default_agent_command",
+    "UNIT_TEMPLATE",
+    "SYSTEMD_RUN_DIR",
+]
+
+SYSTEMD_RUN_DIR = "/run/systemd/system"
+UNIT_TEMPLATE = "vmcache-agent@{}.service"
+SYSTEMCTL_TIMEOUT = 10.0
+_LOCK_ATTEMPTS = 5
+_LOCK_RETRY_SECONDS = 0.01
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """What a start/stop did: ``action`` is one of started, already-running,
+    start-requested, stopping, starting, not-running, stop-requested, not-ours."""
+
+    action: str
+    domain: str
+    pid: int | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        fields: dict[str, object] = {"domain": self.domain}
+        if self.pid is not None:
+            fields["pid"] = self.pid
+        if self.detail:
+            fields["detail"] = self.detail
+        return event("agent." + self.action, **fields)
+
+
+class Launcher(Protocol):
+    def start(self, domain: str) -> LaunchResult: ...
+    def stop(self, domain: str) -> LaunchResult: ...
+
+
+def systemd_escape(name: str) -> str:
+    """The unit-name escaping of ``systemd-escape NAME`` (``/`` -> ``-``, others ``\\xNN``)."""
+    out = []
+    for i, ch in enumerate(name):
+        if ch == "/":
+            out.append("-")
+        elif (ch.isascii() and (ch.isalnum() or ch in ":_.")) and not (i == 0 and ch == "."):
+            out.append(ch)
+        else:
+            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+    return "".join(out)
+
+
+def default_agent_command(python: str = sys.executable) -> tuple[str, ...]:
+    """``<python> -m vmcache.cli agent``: the agent of the vmcache that runs this code."""
+    return (python, "-m", "vmcache.cli", "agent")
+
+
+class SystemdLauncher:
+    """Starts agents as instances of the vmcache-agent@ template unit."""
+
+    def __init__(self, *, systemctl: str = "systemctl", run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> None:
+        self.systemctl = systemctl
+        self._run = run
+
+    def unit(self, domain: str) -> str:
+        return UNIT_TEMPLATE.format(systemd_escape(domain))
+
+    def _systemctl(self, verb: str, domain: str) -> None:
+        argv = [self.systemctl, "--no-block", verb, self.unit(domain)]
+        try:
+            done = self._run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             timeout=SYSTEMCTL_TIMEOUT, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise HostError(f"systemctl {verb} {self.unit(domain)}: {err}") from err
+        if done.returncode != 0:
+            message = (done.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+            raise HostError(f"systemctl {verb} {self.unit(domain)} failed ({done.returncode}): "
+                            + (message[-1] if message else "no message"))
+
+    def start(self, domain: str) -> LaunchResult:
+        """Ask systemd to start the unit (no-op if active). Raises HostError."""
+        self._systemctl("start", domain)
+        return LaunchResult("start-requested", domain, detail=self.unit(domain))
+
+    def stop(self, domain: str) -> LaunchResult:
+        """Ask systemd to stop the unit. Raises HostError."""
+        self._systemctl("stop", domain)
+        return LaunchResult("stop-requested", domain, detail=self.unit(domain))
+
+
+class DetachedLauncher:
+    """Starts agents as detached processes guarded by flock-ed pidfiles in ``agents_dir``."""
+
+    def __init__(self, command: Sequence[str], agents_dir: str, *, log_dir: str | None = None,
+                 proc: str = "/proc") -> None:
+        if not command:
+            raise ValueError("empty agent command")
+        self.command = tuple(command)
+        self.agents_dir = agents_dir
+        self.log_dir = log_dir
+        self._proc = proc
+
+    def pidfile(self, domain: str) -> str:
+        return os.path.join(self.agents_dir, file_stem(domain) + ".pid")
+
+    def argv(self, domain: str) -> list[str]:
+        return [*self.command, "--domain", domain]
+
+    def running(self, domain: str) -> int | None:
+        """The pid of the domain's agent if one runs (holds the pidfile lock), else None.
+
+        0 means an agent is being started and has not recorded its pid yet.
+        """
+        return pidfile_holder(self.pidfile(domain))
+
+    def start(self, domain: str) -> LaunchResult:
+        """Start the agent unless one runs; returns once it is exec'd. Raises HostError."""
+        path = self.pidfile(domain)
+        try:
+            os.makedirs(self.agents_dir, mode=0o755, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise HostError(f"cannot open pidfile: {err.strerror}", path=path, errno=err.errno) from err
+        try:
+            for attempt in range(_LOCK_ATTEMPTS):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    pid = _read_pid(fd)
+                    # An agent holds it - or a reader (running()) for a moment: look again.
+                    if (pid and self._is_agent(pid, domain)) or attempt == _LOCK_ATTEMPTS - 1:
+                        return LaunchResult("already-running", domain, pid=pid)
+                    time.sleep(_LOCK_RETRY_SECONDS)
+            pid = self._spawn(self.argv(domain), fd, self._log_path(domain))
+            return LaunchResult("started", domain, pid=pid)
+        finally:
+            os.close(fd)  # the agent keeps its own copy of the locked description
+
+    def _is_agent(self, pid: int, domain: str) -> bool:
+        argv = cmdline(pid, proc=self._proc)
+        return argv is not None and argv[-2:] == ["--domain", domain]
+
+    def stop(self, domain: str) -> LaunchResult:
+        """SIGTERM the domain's agent if it runs and is ours; does not wait. Raises HostError."""
+        pid = self.running(domain)
+        if pid is None:
+            return LaunchResult("not-running", domain)
+        if pid == 0:
+            return LaunchResult("starting", domain, detail="pid not recorded yet")
+        argv = cmdline(pid, proc=self._proc)
+        if argv is None:
+            return LaunchResult("not-running", domain, pid=pid)
+        if argv[-2:] != ["--domain", domain]:
+            return LaunchResult("not-ours", domain, pid=pid, detail=" ".join(argv)[:200])
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return LaunchResult("not-running", domain, pid=pid)
+        except OSError as err:
+            raise HostError(f"cannot signal agent {pid}: {err.strerror}", errno=err.errno) from err
+        return LaunchResult("stopping", domain, pid=pid)
+
+    def _log_path(self, domain: str) -> str | None:
+        if self.log_dir is None:
+            return None
+        return os.path.join(self.log_dir, f"agent-{file_stem(domain)}.log")
+
+    def _spawn(self, argv: list[str], lock_fd: int, log_path: str | None) -> int:
+        """Double fork + setsid + exec ``argv``; the grandchild inherits ``lock_fd`` and writes its pid there."""
+        log_fd = -1
+        if log_path is not None:
+            try:
+                os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
+                log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            except OSError:
+                log_fd = -1  # the agent's output goes to /dev/null then
+        null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            child = os.fork()
+            if child == 0:  # pragma: no cover - runs in the forked process, tested through its effects
+                _detached_child(argv, lock_fd, null_fd, log_fd if log_fd >= 0 else null_fd, report_w)
+            os.close(report_w)
+            report_w = -1
+            os.waitpid(child, 0)  # the intermediate exits at once
+            report = _read_all(report_r)
+        finally:
+            for fd in (report_r, report_w, null_fd, log_fd):
+                if fd >= 0:
+                    os.close(fd)
+        lines = dict(line.partition(" ")[::2] for line in report.decode("ascii", "replace").splitlines())
+        if "exec-error" in lines:
+            err_no = int(lines["exec-error"])
+            raise HostError(f"cannot run agent {argv[0]}: {os.strerror(err_no)}", path=argv[0], errno=err_no)
+        if "pid" not in lines:
+            raise HostError(f"agent did not start: {report!r}", path=argv[0])
+        return int(lines["pid"])
+
+
+def _detached_child(argv: list[str], lock_fd: int, null_fd: int, out_fd: int, report_w: int) -> None:  # pragma: no cover
+    """In the first child: setsid, fork again, and exec ``argv`` in the grandchild. Never returns."""
+    code = 0
+    try:
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        os.chdir("/")
+        os.umask(0o022)
+        os.dup2(null_fd, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.set_inheritable(lock_fd, True)
+        low = 3
+        for keep in sorted((lock_fd, report_w)):
+            os.closerange(low, keep)
+            low = keep + 1
+        os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        pid = os.getpid()
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, f"{pid}\n".encode(), 0)
+        os.write(report_w, f"pid {pid}".encode())
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as err:
+            os.ftruncate(lock_fd, 0)
+            os.write(report_w, f"\nexec-error {err.errno}".encode())
+            code = 127
+    except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
+        code = 126
+    os._exit(code)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        return int(text) if text else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def pidfile_holder(path: str) -> int | None:
+    """If a process holds the flock on pidfile ``path``: its recorded pid (0: not recorded yet).
+
+    None when no process holds it (no agent, or a stale pidfile). Raises HostError.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise HostError(f"cannot open pidfile: {err.strerror}", path=path, errno=err.errno) from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_pid(fd) or 0
+    except OSError as err:
+        raise HostError(f"cannot lock pidfile: {err.strerror}", path=path, errno=err.errno) from err
+    finally:
+        os.close(fd)  # also drops our shared lock, if we got it
+    return None
+
+
+def make_launcher(config: HostConfig, *, config_path: str = DEFAULT_PATH, systemd_dir: str = SYSTEMD_RUN_DIR,
+                  python: str = sys.executable) -> Launcher:
+    """The launcher for this host: systemd where it runs, detached processes otherwise.
+
+    A detached agent runs ``<agent_command> --config CONFIG_PATH --domain NAME``
+    (agent_command defaults to this Python's ``-m vmcache.cli agent``).
+    """
+    if os.path.isdir(systemd_dir):
+        return SystemdLauncher()
+    command = (*(config.agent_command or default_agent_command(python)), "--config", config_path)
+    return DetachedLauncher(command, config.agents_dir, log_dir=config.log_dir)

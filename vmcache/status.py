@@ -1,0 +1,243 @@
+"""Per-agent status files: what `vmcache status` shows (schema, atomic write, read).
+
+Each agent keeps ``<runtime_dir>/agents/<stem>.json`` up to date (after
+every cycle and on every state change), where ``<stem>`` is
+:func:`file_stem` of the domain name; the launcher's pidfile is
+``<stem>.pid`` beside it. The file is replaced atomically (write to a
+temporary file, fsync, rename), so a reader never sees half of one.
+
+Schema (version 1), all sizes in bytes, times in seconds since the epoch::
+
+    {"version": 1, "domain": "web-1", "uuid": "...", "pid": 1234,
+     "pid_start_time": 5678,          # /proc/PID/stat starttime (pid reuse check)
+     "state": "running",              # starting | running | backing-off | stopping | disabled
+     "started_at": 1700000000.0, "updated_at": 1700000100.0,
+     "interval": 10.0, "budget_bytes": 2147483648, "granted_bytes": 2147483648,
+     "metrics_url": "http://127.0.0.1:9470/metrics", "last_error": null,
+     "disks": [{"target": "vda", "source": "/var/lib/libvirt/images/web-1.img",
+                "cache": "writethrough", "eligible": true, "reason": null,
+                "budget_bytes": 2147483648, "pinned_bytes": 0, "resident_bytes": 0,
+                "write_bytes_per_second": 0.0, "last_cycle_seconds": 0.012,
+                "last_cycle_at": 1700000100.0, "error": null}]}
+
+Unknown keys are ignored on reading (newer agents may add some).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .errors import HostError
+from .host.procs import is_alive, start_time
+from .stats import CycleStats
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "STATES",
+    "DiskStatus",
+    "AgentStatus",
+    "AgentEntry",
+    "file_stem",
+    "status_path",
+    "write_status",
+    "read_status",
+    "read_statuses",
+]
+
+SCHEMA_VERSION = 1
+STATES = ("starting", "running", "backing-off", "stopping", "disabled")
+
+_SAFE = re.compile(r"[A-Za-z0-9_.+-]")
+_MAX_STEM = 200
+
+
+def file_stem(domain: str) -> str:
+    """A file name for ``domain`` (libvirt names may hold any character but '/').
+
+    Letters, digits and ``_.+-`` are kept; other bytes become ``%XX``, as
+    does a leading dot; very long names are cut and end in a hash.
+    """
+    out = []
+    for i, ch in enumerate(domain):
+        if _SAFE.match(ch) and not (i == 0 and ch == "."):
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+    stem = "".join(out) or "%00"
+    if len(stem) > _MAX_STEM:
+        digest = hashlib.sha256(domain.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        stem = f"{stem[:_MAX_STEM - 17]}~{digest}"
+    return stem
+
+
+def status_path(agents_dir: str, domain: str) -> str:
+    """Where the agent of ``domain`` writes its status."""
+    return os.path.join(agents_dir, file_stem(domain) + ".json")
+
+
+@dataclass
+class DiskStatus:
+    """One disk of an agent: managed (``eligible``) or skipped with a ``reason``."""
+
+    target: str
+    source: str | None
+    cache: str
+    eligible: bool
+    reason: str | None = None
+    budget_bytes: int = 0
+    pinned_bytes: int = 0
+    resident_bytes: int = 0
+    write_bytes_per_second: float = 0.0
+    last_cycle_seconds: float | None = None
+    last_cycle_at: float | None = None
+    error: str | None = None
+
+    def update(self, stats: CycleStats, *, elapsed: float, wall_time: float) -> None:
+        """Take the figures of one engine cycle; ``elapsed`` seconds since the previous one."""
+        self.budget_bytes = stats.budget_bytes
+        self.pinned_bytes = stats.pinned_bytes
+        self.resident_bytes = stats.resident_bytes
+        self.write_bytes_per_second = stats.guest_written_bytes / elapsed if elapsed > 0 else 0.0
+        self.last_cycle_seconds = stats.duration_seconds
+        self.last_cycle_at = wall_time
+        self.error = stats.error
+
+
+@dataclass
+class AgentStatus:
+    """What one agent says about itself."""
+
+    domain: str
+    pid: int
+    uuid: str = ""
+    state: str = "starting"
+    pid_start_time: int | None = None
+    started_at: float = 0.0
+    updated_at: float = 0.0
+    interval: float | None = None
+    budget_bytes: int = 0
+    granted_bytes: int = 0
+    metrics_url: str | None = None
+    last_error: str | None = None
+    disks: list[DiskStatus] = field(default_factory=list)
+    version: int = SCHEMA_VERSION
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(d.pinned_bytes for d in self.disks)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(d.resident_bytes for d in self.disks)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> AgentStatus:
+        """Build from a decoded status file; ValueError if it does not fit the schema."""
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        if data.get("version") != SCHEMA_VERSION:
+            raise ValueError(f"schema version {data.get('version')!r}, expected {SCHEMA_VERSION}")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        disk_known = {f.name for f in fields(DiskStatus)}
+        disks = values.get("disks", [])
+        if not isinstance(disks, list) or not all(isinstance(d, dict) for d in disks):
+            raise ValueError("disks is not a list of objects")
+        try:
+            values["disks"] = [DiskStatus(**{k: v for k, v in d.items() if k in disk_known}) for d in disks]
+            status = cls(**values)
+        except TypeError as err:  # a required field is missing
+            raise ValueError(str(err)) from None
+        if not isinstance(status.domain, str) or not isinstance(status.pid, int):
+            raise ValueError("domain or pid has the wrong type")
+        return status
+
+
+def write_status(path: str, status: AgentStatus, *, now: float | None = None) -> None:
+    """Replace the status file at ``path`` atomically.
+
+    Fills ``updated_at`` (``now``, default the wall clock) and, when unset,
+    ``pid_start_time`` from /proc. Raises HostError if it cannot be written.
+    """
+    status.updated_at = time.time() if now is None else now
+    if status.pid_start_time is None:
+        status.pid_start_time = start_time(status.pid)
+    directory = os.path.dirname(path) or "."
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".status-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(status.to_json(), f, indent=1, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as err:
+        raise HostError(f"cannot write status: {err.strerror}", path=path, errno=err.errno) from err
+
+
+@dataclass(frozen=True)
+class AgentEntry:
+    """A status file as `vmcache status` shows it: ``running`` is checked against /proc now."""
+
+    path: str
+    status: AgentStatus | None
+    running: bool
+    problem: str | None = None
+
+
+def read_status(path: str) -> AgentStatus:
+    """Read one status file; HostError if it cannot be read, ValueError if it does not fit the schema."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise HostError(f"cannot read status: {err.strerror}", path=path, errno=err.errno) from err
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"not JSON: {err}") from None
+    return AgentStatus.from_json(data)
+
+
+def read_statuses(agents_dir: str, *, proc: str = "/proc") -> list[AgentEntry]:
+    """Every status file under ``agents_dir``, sorted by domain; an absent directory is empty.
+
+    An agent whose pid is gone (or was reused) has ``running=False``; a
+    file that cannot be read or decoded is listed with ``problem`` set.
+    """
+    try:
+        names = sorted(n for n in os.listdir(agents_dir) if n.endswith(".json") and not n.startswith("."))
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise HostError(f"cannot list agents: {err.strerror}", path=agents_dir, errno=err.errno) from err
+    entries = []
+    for name in names:
+        path = os.path.join(agents_dir, name)
+        try:
+            status = read_status(path)
+        except FileNotFoundError:
+            continue  # the agent removed it meanwhile
+        except (HostError, ValueError) as err:
+            entries.append(AgentEntry(path=path, status=None, running=False, problem=str(err)))
+            continue
+        running = is_alive(status.pid, status.pid_start_time, proc=proc)
+        entries.append(AgentEntry(path=path, status=status, running=running))
+    entries.sort(key=lambda e: e.status.domain if e.status else os.path.basename(e.path))
+    return entries
