@@ -33,3 +33,12 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# Install on this host: /opt/vmcache venv, /usr/local/bin/vmcache, the libvirt
+# hook (never over a foreign one), /etc/vmcache/vmcache.yaml if absent, and
+# the systemd unit where systemd runs (docs/install.md).
+install:
+	scripts/install.sh
+
+uninstall:
+	scripts/install.sh --uninstall
