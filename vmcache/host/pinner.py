@@ -34,6 +34,9 @@ _libc.mlock.restype = ctypes.c_int
 _libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.munlock.restype = ctypes.c_int
 _libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MADV_RANDOM = 1
 
 Span = tuple[int, int]  # (start, length) in image-file bytes
 
@@ -140,6 +143,10 @@ class Pinner:
             addr = map_readonly(self._fd, region.start, region.length)
             op = "mlock"
             try:
+                # No read-around when mlock faults the range in: readahead
+                # would load pages beside the region, which the next scan
+                # would take for guest reads (pinning feeding itself).
+                _libc.madvise(ctypes.c_void_p(addr), region.length, _MADV_RANDOM)
                 _mlock(addr, region.length)
             except OSError:
                 unmap(addr, region.length)
