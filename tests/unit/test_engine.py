@@ -1,0 +1,185 @@
+"""DiskEngine on real files: residency in the real page cache, real mlock.
+
+The "guest" here reads the image with pread after dropping it from the
+cache, which is what QEMU does for a writethrough disk.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vmcache.engine import DiskEngine, WriteSample, extents_to_fraction
+from vmcache.host.meminfo import MemInfo
+from vmcache.host.pagecache import scan_residency
+from vmcache.model.params import ModelParams
+
+MiB = 1 << 20
+GiB = 1 << 30
+SIZE = 256 * MiB
+# Fast model for tests: one interval per cycle, quick decay.
+PARAMS = ModelParams(block_size=MiB, interval=1.0, decay=0.5, pinned_decay=0.95, threshold=0.2)
+
+
+def meminfo(available: int = 64 * GiB):  # type: ignore[no-untyped-def]
+    def read() -> MemInfo:
+        return MemInfo(total_bytes=128 * GiB, free_bytes=available, available_bytes=available,
+                       cached_bytes=0, dirty_bytes=0, mlocked_bytes=0, unevictable_bytes=0)
+    return read
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 0.5  # each cycle reads the clock twice: one interval per cycle
+        return self.now
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> Path:
+    path = tmp_path / "disk.raw"
+    with open(path, "wb") as f:
+        f.truncate(SIZE)
+    drop(path)
+    return path
+
+
+def drop(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def guest_read(path: Path, offset: int, length: int) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for off in range(offset, offset + length, 64 * 1024):
+            os.pread(fd, 64 * 1024, off)
+    finally:
+        os.close(fd)
+
+
+def engine(path: Path, budget: int = 64 * MiB, **kw) -> DiskEngine:  # type: ignore[no-untyped-def]
+    kw.setdefault("meminfo", meminfo())
+    return DiskEngine(path, params=kw.pop("params", PARAMS), budget=budget, floor_bytes=GiB,
+                      clock=Clock(), **kw)
+
+
+def pinned_spans(e: DiskEngine) -> list[tuple[int, int]]:
+    return sorted(r.span for r in e.pinned)
+
+
+def test_a_region_the_guest_keeps_reading_gets_pinned_and_stays_resident(image: Path) -> None:
+    with engine(image) as e:
+        for _ in range(4):
+            guest_read(image, 100 * MiB, 16 * MiB)
+            stats = e.cycle()
+        assert stats.pinned_bytes >= 16 * MiB
+        assert any(r.start <= 100 * MiB and r.end >= 116 * MiB for r in e.pinned)
+        # Pinned pages survive an attempt to drop them; others don't.
+        guest_read(image, 10 * MiB, 4 * MiB)
+        drop(image)
+        res = scan_residency(image, MiB)
+        assert res.fraction[100:116].min() == 1.0
+        assert res.fraction[10:14].max() == 0.0
+    # Closing released everything: now the region can be dropped.
+    drop(image)
+    assert scan_residency(image, MiB).resident_pages == 0
+
+
+def test_pinning_does_not_feed_back_no_creep_over_the_disk(image: Path) -> None:
+    with engine(image, budget=200 * MiB) as e:
+        for _ in range(3):
+            guest_read(image, 120 * MiB, 8 * MiB)
+            e.cycle()
+        settled = e.cycle().pinned_bytes
+        assert settled >= 8 * MiB
+        for _ in range(30):
+            stats = e.cycle()
+            assert stats.pinned_bytes <= settled
+            assert stats.guest_read_miss_bytes == 0
+        # Residency did not grow past what was read and pinned (no readahead creep).
+        assert stats.resident_bytes <= settled + 8 * MiB
+
+
+def test_an_idle_pinned_region_is_released(image: Path) -> None:
+    params = ModelParams(block_size=MiB, interval=1.0, decay=0.5, pinned_decay=0.5, threshold=0.2, keep_factor=1.0)
+    with engine(image, params=params) as e:
+        guest_read(image, 50 * MiB, 8 * MiB)
+        assert e.cycle().pinned_bytes > 0
+        for _ in range(20):
+            stats = e.cycle()
+        assert stats.pinned_bytes == 0
+
+
+def test_written_region_outranks_read_only_region(image: Path) -> None:
+    writes = iter([])
+
+    def source() -> WriteSample:
+        rows = next(writes, [])
+        return WriteSample(extents=np.array(rows, dtype=np.int64).reshape(-1, 2))
+
+    writes = iter([[(200 * MiB, 8 * MiB)]] * 10)
+    with engine(image, budget=12 * MiB, writes=source) as e:
+        for _ in range(4):
+            guest_read(image, 20 * MiB, 8 * MiB)
+            stats = e.cycle()
+        assert stats.guest_written_bytes == 8 * MiB
+        spans = pinned_spans(e)
+        assert spans and spans[-1][0] >= 190 * MiB, spans
+        assert stats.pinned_bytes <= 12 * MiB
+
+
+def test_budget_is_never_exceeded_and_can_change_between_cycles(image: Path) -> None:
+    with engine(image, budget=20 * MiB) as e:
+        for cycle in range(8):
+            guest_read(image, (cycle * 30) * MiB, 10 * MiB)
+            stats = e.cycle()
+            assert stats.pinned_bytes <= 20 * MiB
+        e.budget = 4 * MiB
+        assert e.cycle().pinned_bytes <= 4 * MiB
+
+
+def test_floor_keeps_the_engine_from_pinning_and_says_it_is_backing_off(image: Path) -> None:
+    with engine(image, meminfo=meminfo(available=512 * MiB)) as e:
+        for _ in range(4):
+            guest_read(image, 100 * MiB, 16 * MiB)
+            stats = e.cycle()
+        assert stats.pinned_bytes == 0
+        assert stats.backing_off
+
+
+def test_image_growing_and_shrinking_between_cycles(image: Path) -> None:
+    with engine(image) as e:
+        for _ in range(3):
+            guest_read(image, 200 * MiB, 16 * MiB)
+            e.cycle()
+        assert e.last is not None and e.last.pinned_bytes > 0
+        os.truncate(image, 100 * MiB)  # the pinned region is now past the end
+        stats = e.cycle()
+        assert stats.size_bytes == 100 * MiB
+        assert all(r.end <= 100 * MiB for r in e.pinned)
+        os.truncate(image, 400 * MiB)
+        guest_read(image, 300 * MiB, 8 * MiB)
+        stats = e.cycle()
+        assert stats.size_bytes == 400 * MiB
+        assert len(e.heat) == 400
+
+
+def test_extents_to_fraction_counts_partial_and_whole_blocks() -> None:
+    ext = np.array([[0, 512 * 1024], [3 * MiB - 4096, 2 * MiB + 8192], [9 * MiB, 4 * MiB]], dtype=np.int64)
+    frac = extents_to_fraction(ext, MiB, 10)
+    assert frac[0] == pytest.approx(0.5)
+    assert frac[1] == 0.0
+    assert frac[2] == pytest.approx(4096 / MiB)
+    assert frac[3] == frac[4] == 1.0
+    assert frac[5] == pytest.approx(4096 / MiB)
+    assert frac[9] == 1.0  # clipped at the end

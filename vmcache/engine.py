@@ -1,0 +1,265 @@
+"""One disk's cycle: sample residency and writes, update the heat, plan, pin.
+
+:class:`DiskEngine` owns the per-disk state that links the pure model to the
+host: the open image, the :class:`~vmcache.model.heat.HeatModel`, the
+:class:`~vmcache.host.pinner.Pinner`, and the mask of blocks whose residency
+vmcache caused. It has no loop and no clock of its own: the caller (the
+standalone ``vmcache watch`` or the per-domain agent) calls :meth:`cycle`
+once per interval and decides what to do with the :class:`CycleStats`.
+
+Which residency counts as the guest's: blocks vmcache pinned, and blocks it
+pinned earlier that are still resident, are "ours" and masked out of the
+model's residency input (otherwise pinned regions feed themselves and creep
+over the disk). A block stops being ours once the kernel has evicted it:
+when it comes back, the guest read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import datetime
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from .errors import PageCacheError
+from .heatmap import HeatmapData
+from .host.meminfo import MemInfo, read_meminfo
+from .host.pagecache import Residency, scan_residency
+from .host.pinner import Pinner
+from .logfmt import event
+from .model.heat import HeatModel
+from .model.params import ModelParams
+from .model.planner import plan
+from .model.region import Region
+from .stats import CycleStats
+
+__all__ = ["DiskEngine", "WriteSample", "BitmapResult", "extents_to_fraction"]
+
+BitmapResult = Literal["ok", "deferred", "failed", "none"]
+
+
+@dataclass(frozen=True)
+class WriteSample:
+    """The guest's writes since the previous sample, in image-file offsets.
+
+    ``extents`` is an ``(n, 2)`` int64 array of ``[offset, length]`` rows;
+    ``result`` says whether the bitmap was read (``deferred``/``failed``
+    samples carry no extents: the writes are kept for a later cycle).
+    """
+
+    extents: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    result: BitmapResult = "ok"
+    error: str | None = None
+
+    @property
+    def written_bytes(self) -> int:
+        return int(self.extents[:, 1].sum()) if len(self.extents) else 0
+
+
+WriteSource = Callable[[], WriteSample]
+
+
+def extents_to_fraction(extents: np.ndarray, block_size: int, nblocks: int) -> np.ndarray:
+    """Fraction of each block covered by ``extents`` (``[offset, length]`` rows), float32.
+
+    Extents past ``nblocks * block_size`` are clipped; overlapping extents
+    are not double counted beyond a full block.
+    """
+    out = np.zeros(nblocks, dtype=np.float64)
+    if nblocks == 0 or len(extents) == 0:
+        return out.astype(np.float32)
+    limit = nblocks * block_size
+    starts = np.clip(extents[:, 0].astype(np.int64), 0, limit)
+    ends = np.clip(starts + extents[:, 1].astype(np.int64), 0, limit)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    first = starts // block_size
+    last = (ends - 1) // block_size
+    # Partial first and last blocks, then whole blocks in between via a
+    # difference array (no Python loop over blocks).
+    same = first == last
+    np.add.at(out, first[same], (ends[same] - starts[same]) / block_size)
+    multi = ~same
+    f, l, s, e = first[multi], last[multi], starts[multi], ends[multi]
+    np.add.at(out, f, ((f + 1) * block_size - s) / block_size)
+    np.add.at(out, l, (e - l * block_size) / block_size)
+    diff = np.zeros(nblocks + 1, dtype=np.int64)
+    np.add.at(diff, f + 1, 1)
+    np.add.at(diff, l, -1)
+    out += np.cumsum(diff[:-1])
+    np.minimum(out, 1.0, out=out)
+    return out.astype(np.float32)
+
+
+class DiskEngine:
+    """Heat model and pinning for one image file, advanced one :meth:`cycle` at a time."""
+
+    def __init__(
+        self,
+        image: str | os.PathLike[str],
+        *,
+        params: ModelParams,
+        budget: int,
+        floor_bytes: int,
+        writes: WriteSource | None = None,
+        pinner: Pinner | None = None,
+        meminfo: Callable[[], MemInfo] = read_meminfo,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        """Open ``image``; nothing is pinned until the first cycle.
+
+        Raises PageCacheError when the image cannot be opened.
+        """
+        self.image = os.fspath(image)
+        self.params = params
+        self.budget = budget
+        self._writes = writes
+        self._meminfo = meminfo
+        self._clock = clock
+        self._log = logger or logging.getLogger(__name__)
+        try:
+            self._fd = os.open(self.image, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            raise PageCacheError(f"cannot open image: {os.strerror(err.errno or 0)}", path=self.image,
+                                 errno=err.errno) from err
+        self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, logger=self._log)
+        self._model: HeatModel | None = None
+        self._ours = np.zeros(0, dtype=bool)
+        self._prev: np.ndarray | None = None
+        self._written = np.zeros(0, dtype=np.float32)
+        self.residency: Residency | None = None
+        self.last: CycleStats | None = None
+
+    # What the heat map and status show -------------------------------------------------
+
+    @property
+    def heat(self) -> np.ndarray:
+        """Heat per block (empty before the first cycle)."""
+        return self._model.heat if self._model else np.zeros(0, dtype=np.float32)
+
+    @property
+    def written(self) -> np.ndarray:
+        """Fraction of each block the guest wrote in the last cycle."""
+        return self._written
+
+    @property
+    def pinned(self) -> list[Region]:
+        return list(self._pinner.pinned)
+
+    def pinned_mask(self) -> np.ndarray:
+        return self._pinner.pinned_mask(self.params.block_size, len(self._ours))
+
+    def heatmap_data(self, disk: str, *, title: str = "") -> HeatmapData:
+        """This disk's state as the heat-map picture draws it (after at least one cycle)."""
+        size = self.residency.size_bytes if self.residency else 0
+        guest = self.residency.fraction.copy() if self.residency else np.zeros(0, dtype=np.float32)
+        guest[self._ours] = 0.0
+        return HeatmapData(heat=np.array(self.heat), pinned=self.pinned_mask(), resident=guest,
+                           written=self._written, block_size=self.params.block_size, image_size=size,
+                           disk=disk, title=title, image=self.image, when=datetime.now())
+
+    # The cycle --------------------------------------------------------------------------
+
+    def cycle(self) -> CycleStats:
+        """Sample, update the heat, re-plan and apply; return what happened.
+
+        Raises PageCacheError when the image cannot be scanned (the pinned
+        set is left as it was) and PinError when the pinner fails.
+        """
+        started = self._clock()
+        p = self.params
+        res = scan_residency(self.image, p.block_size, fd=self._fd)
+        self.residency = res
+        n = res.nblocks
+        self._resize(n)
+        assert self._model is not None
+
+        sample = self._writes() if self._writes else WriteSample(result="none")
+        written = extents_to_fraction(sample.extents, p.block_size, n)
+        self._written = written
+
+        pinned_now = self._pinner.pinned_mask(p.block_size, n)
+        # Ours: pinned now, or loaded by us and not evicted since.
+        self._ours &= res.fraction > 0
+        self._ours |= pinned_now
+        read_miss = self._read_miss(res.fraction, written, res.size_bytes)
+        self._prev = res.fraction.copy()
+
+        now = self._clock()
+        heat = self._model.step(res.fraction, written, self._ours, now)
+        regions = plan(heat, params=p, size_bytes=res.size_bytes, budget=self.budget,
+                       current=self._pinner.pinned)
+        report = self._pinner.apply(regions, self.budget)
+        self._ours |= self._pinner.pinned_mask(p.block_size, n)
+
+        mem = self._meminfo()
+        ended = self._clock()
+        stats = CycleStats(
+            now=ended,
+            duration_seconds=ended - started,
+            size_bytes=res.size_bytes,
+            budget_bytes=self.budget,
+            pinned_bytes=report.pinned_bytes,
+            pinned_regions=len(report.regions),
+            resident_bytes=res.resident_bytes,
+            guest_written_bytes=sample.written_bytes,
+            guest_read_miss_bytes=read_miss,
+            recently_evicted_pages=res.nr_recently_evicted,
+            bitmap_read=sample.result,
+            mem_available_bytes=mem.available_bytes,
+            backing_off=bool(report.skipped_for_floor or report.released_for_pressure),
+            skipped_for_floor_bytes=report.skipped_for_floor,
+            error=sample.error,
+        )
+        self.last = stats
+        self._log.debug(event("cycle", pinned=stats.pinned_bytes, regions=stats.pinned_regions,
+                              resident=stats.resident_bytes, written=stats.guest_written_bytes,
+                              read_miss=read_miss, seconds=f"{stats.duration_seconds:.4f}"))
+        return stats
+
+    def _resize(self, nblocks: int) -> None:
+        if self._model is None:
+            self._model = HeatModel(self.params, nblocks)
+        elif self._model.nblocks != nblocks:
+            self._log.info(event("disk.resize", image=self.image, blocks=nblocks))
+            self._model.resize(nblocks)
+        if len(self._ours) != nblocks:
+            ours = np.zeros(nblocks, dtype=bool)
+            keep = min(nblocks, len(self._ours))
+            ours[:keep] = self._ours[:keep]
+            self._ours = ours
+            self._prev = None
+
+    def _read_miss(self, fraction: np.ndarray, written: np.ndarray, size: int) -> int:
+        """Bytes that appeared in the cache since the last cycle, not by our hand nor by writes."""
+        if self._prev is None:
+            return 0
+        grown = fraction - self._prev - written
+        grown[self._ours] = 0.0
+        np.maximum(grown, 0.0, out=grown)
+        return min(size, int(float(grown.sum()) * self.params.block_size))
+
+    def release(self) -> None:
+        """Unpin everything (the heat is kept)."""
+        self._pinner.release_all()
+
+    def close(self) -> None:
+        """Unpin everything and close the image."""
+        try:
+            self._pinner.close()
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> DiskEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
