@@ -116,6 +116,23 @@ def test_cachestat_counters_cover_the_whole_file(image: Path) -> None:
     assert slow.nr_dirty is None and slow.nr_evicted is None
 
 
+def test_scattered_and_clustered_residency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages scattered over one part of the file (read as merged mincore windows), runs in another."""
+    path = tmp_path / "mixed.img"
+    size = 96 * MiB + 5 * PAGE_SIZE
+    scattered = [(off, 16 * PAGE_SIZE) for off in range(0, 48 * MiB, 3 * 64 * 1024)]
+    runs = [(50 * MiB + 12 * PAGE_SIZE, 9 * MiB), (80 * MiB, 16 * MiB + 5 * PAGE_SIZE)]
+    _make_image(path, size, scattered + runs, [])
+    monkeypatch.setattr(pagecache, "_WINDOW", 8 * MiB)  # several windows, merged and cut
+    for block in (PAGE_SIZE, 256 << 10, BLOCK):
+        want = _expected(size, block, scattered + runs)
+        for chunk in (PAGE_SIZE * 64, 1 * MiB, 4 * MiB):
+            res = scan_residency(path, block, chunk=chunk)
+            np.testing.assert_array_equal(res.fraction, want, err_msg=f"block {block} chunk {chunk}")
+            assert res.resident_pages == sum(n // PAGE_SIZE for _, n in scattered + runs)
+        np.testing.assert_array_equal(scan_residency(path, block, use_cachestat=False).fraction, want)
+
+
 def test_fully_cached_file_is_all_ones(tmp_path: Path) -> None:
     path = tmp_path / "full.img"
     _make_image(path, 9 * MiB + PAGE_SIZE, [(0, 9 * MiB + PAGE_SIZE)], [])

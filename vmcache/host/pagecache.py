@@ -270,23 +270,56 @@ class _Scan:
 
 
 def _scan_cachestat(scan: _Scan, chunk: int) -> None:
-    """Split the file into ranges; skip empty ones, fill full ones, mincore partial chunks."""
+    """Split the file into ranges by cachestat; skip empty ones, fill full ones, mincore the rest.
+
+    A range is split into ``_FANOUT`` parts until the parts are single
+    chunks, except when every part is partly cached and the range is at
+    most one mincore window or well populated (residency scattered at this
+    scale: splitting further would only add calls). The partly cached
+    ranges are then read with mincore, adjacent ones merged into windows.
+    """
     size = scan.size
+
+    def pages(c0: int, c1: int) -> int:
+        return -(-(min(c1 * chunk, size) - c0 * chunk) // PAGE_SIZE)
+
+    def cached(c0: int, c1: int) -> int:
+        offset = c0 * chunk
+        return _raw_cachestat(scan.fd, offset, min(c1 * chunk, size) - offset).nr_cache
+
     nchunks = -(-size // chunk)
-    stack = [(0, nchunks)]
+    window = max(1, _WINDOW // chunk)  # in chunks
+    partial: list[tuple[int, int]] = []
+    stack = [(0, nchunks, cached(0, nchunks))]
     while stack:
-        c0, c1 = stack.pop()
-        offset, end = c0 * chunk, min(c1 * chunk, size)
-        stat = _raw_cachestat(scan.fd, offset, end - offset)
-        if stat.nr_cache == 0:
+        c0, c1, nr = stack.pop()
+        total = pages(c0, c1)
+        if nr == 0:
             continue
-        if stat.nr_cache >= -(-(end - offset) // PAGE_SIZE):
-            scan.fill(offset, end)
-        elif c1 - c0 == 1:
-            scan.probe(offset, end)
+        if nr >= total:
+            scan.fill(c0 * chunk, min(c1 * chunk, size))
+            continue
+        if c1 - c0 == 1:
+            partial.append((c0, c1))
+            continue
+        step = -(-(c1 - c0) // _FANOUT)
+        parts = [(c, min(c + step, c1)) for c in range(c0, c1, step)]
+        kids = [(a, b, cached(a, b)) for a, b in parts]
+        scattered = all(0 < n < pages(a, b) for a, b, n in kids)
+        if scattered and (c1 - c0 <= window or nr * 32 >= total):
+            partial.append((c0, c1))
         else:
-            step = -(-(c1 - c0) // _FANOUT)
-            stack.extend((c, min(c + step, c1)) for c in range(c0, c1, step))
+            stack.extend(kids)
+    partial.sort()
+    merged: list[list[int]] = []
+    for c0, c1 in partial:
+        if merged and merged[-1][1] == c0 and c1 - merged[-1][0] <= window:
+            merged[-1][1] = c1
+        else:
+            merged.append([c0, c1])
+    for c0, c1 in merged:
+        for w0 in range(c0, c1, window):
+            scan.probe(w0 * chunk, min(min(w0 + window, c1) * chunk, size))
 
 
 def _scan_mincore(scan: _Scan) -> None:
