@@ -1,6 +1,6 @@
-"""Stand-in for ``vmcache agent --config PATH --domain NAME`` in launcher and hook tests.
+"""Stand-in for ``vmcache agent --host-config PATH --domain NAME`` in launcher and hook tests.
 
-Run as ``python tests/standin_agent.py MARKER_DIR --config PATH --domain NAME``:
+Run as ``python tests/standin_agent.py MARKER_DIR --host-config PATH --domain NAME``:
 records in MARKER_DIR that it started (pid, argv), writes the agent status
 file where the host config says, and waits for SIGTERM, which it records too.
 It does what the launcher expects of the real agent and nothing else, so
@@ -45,7 +45,7 @@ def kill_agents(agents_dir: str) -> list[int]:
 
 def main() -> int:
     marker_dir = sys.argv[1]
-    config_path = sys.argv[sys.argv.index("--config") + 1]
+    config_path = sys.argv[sys.argv.index("--host-config") + 1]
     domain = sys.argv[sys.argv.index("--domain") + 1]
     config = load_host_config(config_path, check_model=False)
     stem = file_stem(domain)

@@ -8,7 +8,7 @@ Two ways, chosen by :func:`make_launcher`:
   restarts the agent on failure.
 - **detached** (no systemd, as on these sandboxes): double fork, setsid,
   stdio to /dev/null (stdout/stderr appended to ``<log_dir>/agent-<stem>.log``
-  when it can be opened), then exec ``<command> --config PATH --domain NAME``. The
+  when it can be opened), then exec ``<command> --host-config PATH --domain NAME``. The
   agent inherits an open, ``flock``-ed ``<agents_dir>/<stem>.pid`` that
   holds its pid: the lock lives exactly as long as the agent, so a second
   start is a no-op and a stale pidfile is never mistaken for a live agent.
@@ -322,10 +322,10 @@ def make_launcher(config: HostConfig, *, config_path: str = DEFAULT_PATH, system
                   python: str = sys.executable) -> Launcher:
     """The launcher for this host: systemd where it runs, detached processes otherwise.
 
-    A detached agent runs ``<agent_command> --config CONFIG_PATH --domain NAME``
+    A detached agent runs ``<agent_command> --host-config CONFIG_PATH --domain NAME``
     (agent_command defaults to this Python's ``-m vmcache.cli agent``).
     """
     if os.path.isdir(systemd_dir):
         return SystemdLauncher()
-    command = (*(config.agent_command or default_agent_command(python)), "--config", config_path)
+    command = (*(config.agent_command or default_agent_command(python)), "--host-config", config_path)
     return DetachedLauncher(command, config.agents_dir, log_dir=config.log_dir)

@@ -104,7 +104,7 @@ def test_make_launcher_picks_systemd_when_it_runs(tmp_path):
     assert isinstance(make_launcher(HostConfig(), systemd_dir=str(systemd_dir)), SystemdLauncher)
     launcher = make_launcher(HostConfig(), systemd_dir=str(tmp_path / "absent"), config_path="/etc/x.yaml")
     assert isinstance(launcher, DetachedLauncher)
-    assert launcher.argv("d") == [*default_agent_command(), "--config", "/etc/x.yaml", "--domain", "d"]
+    assert launcher.argv("d") == [*default_agent_command(), "--host-config", "/etc/x.yaml", "--domain", "d"]
     assert launcher.agents_dir == "/run/vmcache/agents"
 
 
@@ -145,7 +145,7 @@ def test_detached_start_runs_agent_detached_and_second_start_is_noop(host):
     started = markers / (file_stem("web 1") + ".started")
     record = json.loads(wait_for(lambda: started.exists() and started.read_text(), what="stand-in start"))
     assert record["pid"] == first.pid
-    assert record["argv"][-4:] == ["--config", config_path, "--domain", "web 1"]
+    assert record["argv"][-4:] == ["--host-config", config_path, "--domain", "web 1"]
     # double fork + setsid: a session of its own, of which it is not the leader (no tty can attach)
     assert record["sid"] != os.getsid(0) and record["sid"] != first.pid
     assert record["ppid"] != os.getpid()  # double fork: not our child

@@ -1,0 +1,136 @@
+"""vmcache enable / disable / status against libvirt's in-process test driver (test:///default)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import libvirt
+import pytest
+
+from vmcache.cli import main
+from vmcache.metadata import NAMESPACE, DiskOverride, DomainSettings, parse_settings
+from vmcache.status import AgentStatus, DiskStatus, status_path, write_status
+
+from tests.standin_agent import kill_agents
+
+URI = "test:///default"  # one in-process hypervisor, shared while a connection is open; "test" runs
+_held = []  # the fixture's connection: keeps the test driver's state alive between commands
+STANDIN = str(Path(__file__).resolve().parents[1] / "standin_agent.py")
+GiB = 1 << 30
+
+
+def metadata(live: bool):
+    dom = _held[0].lookupByName("test")
+    flags = libvirt.VIR_DOMAIN_AFFECT_LIVE if live else libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    try:
+        return parse_settings(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, flags))
+    except libvirt.libvirtError as err:
+        assert err.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_METADATA
+        return None
+
+
+@pytest.fixture
+def host(tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    config = tmp_path / "vmcache.yaml"
+    config.write_text(f"runtime_dir: {tmp_path}/run\nlog_dir: {tmp_path}/log\nbudget: 3G\n"
+                      f"agent_command: [{sys.executable}, {STANDIN}, {markers}]\n")
+    libvirt.registerErrorHandler(lambda _c, _e: None, None)
+    _held.append(libvirt.open(URI))
+    try:
+        yield ["--host-config", str(config), "--uri", URI], tmp_path, markers
+    finally:
+        _held.pop().close()  # the test driver forgets everything
+        kill_agents(f"{tmp_path}/run/agents")
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def test_enable_live_sets_metadata_and_starts_the_agent(host, capsys):
+    opts, tmp_path, markers = host
+    assert main(["enable", "test", "--budget", "2G", "--live", "--exclude", "vdb", "--disk-budget", "vdc=512M",
+                 *opts]) == 0
+    out = capsys.readouterr().out
+    assert "test: vmcache enabled, budget 2GiB" in out
+    assert "test: agent started (pid " in out
+    assert metadata(live=True) == DomainSettings(
+        enabled=True, budget=2 * GiB,
+        disks=(DiskOverride("vdb", exclude=True), DiskOverride("vdc", budget=512 << 20)))
+    assert metadata(live=False) is None  # --live only
+    wait_for(lambda: (markers / "test.started").exists())
+    # enabling again: settings kept and updated, the agent is not started twice
+    assert main(["enable", "test", "--budget", "1G", "--live", *opts]) == 0
+    assert "agent already-running" in capsys.readouterr().out
+    settings = metadata(live=True)
+    assert settings.budget == GiB and settings.disk("vdb").exclude and settings.disk("vdc").budget == 512 << 20
+    assert len((markers / "test.started").read_text().splitlines()) == 1
+    # status shows it (the stand-in wrote its status file)
+    wait_for(lambda: Path(status_path(f"{tmp_path}/run/agents", "test")).exists())
+    assert main(["status", "--json", "--host-config", opts[1]]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["domain"], r["running"], r["state"]) for r in rows] == [("test", True, "running")]
+    # disable: metadata says no, the agent is stopped
+    assert main(["disable", "test", "--live", *opts]) == 0
+    out = capsys.readouterr().out
+    assert "test: vmcache disabled" in out and "agent stopping" in out
+    assert metadata(live=True).enabled is False and metadata(live=True).budget == GiB
+    wait_for(lambda: (markers / "test.stopped").exists())
+
+
+def test_enable_config_only_does_not_start_an_agent(host, capsys):
+    opts, _, markers = host
+    assert main(["enable", "test", "--config", *opts]) == 0
+    assert "budget host default 3GiB" in capsys.readouterr().out
+    assert metadata(live=False) == DomainSettings(enabled=True, budget=None)
+    assert metadata(live=True) is None
+    time.sleep(0.2)
+    assert list(markers.iterdir()) == []
+    assert main(["disable", "test", "--config", "--remove", *opts]) == 0
+    assert metadata(live=False) is None
+
+
+def test_errors_are_one_line(host, capsys):
+    opts, _, _ = host
+    assert main(["enable", "no-such-domain", *opts]) == 1
+    assert capsys.readouterr().err.strip() == "vmcache enable: no domain named 'no-such-domain'"
+    assert main(["enable", "test", "--disk-budget", "vdc", *opts]) == 2
+    assert capsys.readouterr().err.strip() == "vmcache enable: --disk-budget: 'vdc': use DEV=SIZE, e.g. vdc=512M"
+    assert main(["enable", "test", "--exclude", "v d", *opts]) == 2
+    assert "metadata disk[0] dev: 'v d': must be a target dev" in capsys.readouterr().err
+    assert main(["enable", "test", "--uri", "test:///nonexistent/file.xml", "--host-config", opts[1]]) == 1
+    assert capsys.readouterr().err.startswith("vmcache enable: cannot connect to test:///nonexistent/file.xml")
+    assert metadata(live=True) is None  # nothing was written
+
+
+def test_status_human_and_dead_agents(host, capsys, tmp_path):
+    opts, _, _ = host
+    agents = f"{tmp_path}/run/agents"
+    import subprocess
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_status(status_path(agents, "gone"), AgentStatus(
+        domain="gone", pid=dead.pid, state="running", budget_bytes=GiB, granted_bytes=GiB, last_error="boom",
+        disks=[DiskStatus("vda", "/img/a", "writethrough", True, budget_bytes=GiB, pinned_bytes=1 << 20,
+                          resident_bytes=2 << 20, write_bytes_per_second=4096, last_cycle_seconds=0.25,
+                          last_cycle_at=time.time()),
+               DiskStatus("vdb", "/img/b", "none", False, reason="cache=none bypasses the page cache")]))
+    assert main(["status", "--host-config", opts[1]]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB (granted 1GiB), pinned 1MiB, resident 2MiB")
+    assert "  last error: boom" in out
+    assert "vda    cache=writethrough budget 1GiB pinned 1MiB resident 2MiB writes 4KiB/s last cycle 0.250s" in out
+    assert "vdb    cache=none         skipped: cache=none bypasses the page cache" in out
+    assert main(["status", "other", "--host-config", opts[1]]) == 1
+    assert "no vmcache agent for domain 'other'" in capsys.readouterr().err

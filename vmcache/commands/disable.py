@@ -1,0 +1,46 @@
+"""``vmcache disable DOMAIN``: opt a domain out.
+
+Sets ``enabled="no"`` in vmcache's metadata (keeping budget and overrides
+for a later ``vmcache enable``), or with ``--remove`` deletes the element.
+When the running domain is changed its agent is stopped (it would also
+stop by itself on libvirt's metadata-change event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..host.virtdomain import VirtDomain, connect
+from ._host import add_host_options, ensure_agent, host_config
+from .enable import add_affect_options, affect, read_from, touches_live
+
+NAME = "disable"
+HELP = "opt a domain out: mark vmcache's metadata disabled and stop its agent"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("domain", help="libvirt domain name")
+    parser.add_argument("--remove", action="store_true", help="delete vmcache's metadata element altogether")
+    add_affect_options(parser)
+    add_host_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = host_config(args)
+    flags = affect(args)
+    dom = VirtDomain(connect(args.uri), args.domain)
+    active = dom.is_active()
+    current = dom.settings(read_from(flags, active))
+    if args.remove:
+        dom.set_settings(None, flags)
+        print(f"{args.domain}: vmcache metadata removed")
+    elif current is None:
+        print(f"{args.domain}: no vmcache metadata, nothing to disable")
+    else:
+        dom.set_settings(dataclasses.replace(current, enabled=False), flags)
+        print(f"{args.domain}: vmcache disabled")
+    if touches_live(flags, active):
+        result = ensure_agent(args, config, args.domain, running=False)
+        print(f"{args.domain}: agent {result.action}" + (f" (pid {result.pid})" if result.pid else ""))
+    return 0

@@ -1,0 +1,104 @@
+"""``vmcache enable DOMAIN --budget 2G``: opt a domain in through its metadata.
+
+Writes vmcache's element into the domain's ``<metadata>`` with
+virDomainSetMetadata (docs/metadata.md). Other settings already there
+(per-disk overrides, model parameters) are kept unless options change them.
+With ``--live`` (or neither flag on a running domain) the running domain
+gets it too and its agent is started if it does not run yet; a running
+agent picks the change up from libvirt's metadata-change event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..errors import ConfigError
+from ..host.virtdomain import Affect, VirtDomain, connect
+from ..metadata import DiskOverride, DomainSettings, build_settings, parse_settings
+from ..units import format_size, parse_size
+from ._args import size_arg
+from ._host import add_host_options, ensure_agent, host_config
+
+NAME = "enable"
+HELP = "opt a domain in: set vmcache's metadata (budget, per-disk overrides)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("domain", help="libvirt domain name")
+    parser.add_argument("--budget", type=size_arg, help="bytes to keep resident for this domain, e.g. 2G "
+                                                         "(default: what the metadata says, else the host default)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="DEV",
+                        help="leave disk DEV (target dev, e.g. vdb) alone; repeatable")
+    parser.add_argument("--disk-budget", action="append", default=[], metavar="DEV=SIZE",
+                        help="own budget of disk DEV, e.g. vdc=512M; repeatable")
+    add_affect_options(parser)
+    add_host_options(parser)
+
+
+def add_affect_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--live", action="store_true", help="change the running domain")
+    parser.add_argument("--config", action="store_true", help="change the persistent definition")
+
+
+def affect(args: argparse.Namespace) -> Affect:
+    """--live/--config as libvirt flags; neither: the current state (live if running)."""
+    flags = Affect.CURRENT
+    if args.live:
+        flags |= Affect.LIVE
+    if args.config:
+        flags |= Affect.CONFIG
+    return flags
+
+
+def touches_live(flags: Affect, active: bool) -> bool:
+    """Whether a change with ``flags`` reaches the running domain."""
+    return active and (bool(flags & Affect.LIVE) or flags == Affect.CURRENT)
+
+
+def read_from(flags: Affect, active: bool) -> Affect:
+    """Which definition to read the current settings from: the persistent one when only
+    it is changed or the domain is not running, else the live one."""
+    if not active or (flags & Affect.CONFIG and not flags & Affect.LIVE):
+        return Affect.CONFIG
+    return Affect.LIVE
+
+
+def _disk_budgets(items: list[str]) -> dict[str, int]:
+    budgets = {}
+    for item in items:
+        dev, sep, size = item.partition("=")
+        if not sep or not dev:
+            raise ConfigError("--disk-budget", item, "use DEV=SIZE, e.g. vdc=512M")
+        budgets[dev] = parse_size(size, key=f"--disk-budget {dev}")
+    return budgets
+
+
+def updated(current: DomainSettings | None, args: argparse.Namespace) -> DomainSettings:
+    """The settings ``current`` becomes: enabled, with the options applied."""
+    settings = current or DomainSettings()
+    disks = {d.dev: d for d in settings.disks}
+    for dev in args.exclude:
+        disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), exclude=True)
+    for dev, budget in _disk_budgets(args.disk_budget).items():
+        disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), budget=budget)
+    budget = settings.budget if args.budget is None else args.budget
+    new = dataclasses.replace(settings, enabled=True, budget=budget, disks=tuple(disks.values()))
+    return parse_settings(build_settings(new))  # what libvirt will hold, checked (e.g. DEV names)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = host_config(args)
+    flags = affect(args)
+    dom = VirtDomain(connect(args.uri), args.domain)
+    active = dom.is_active()
+    new = updated(dom.settings(read_from(flags, active)), args)
+    # build_settings/parse_settings validate; the domain's model overrides must fit ModelParams too
+    config.model_params(new.model)
+    dom.set_settings(new, flags)
+    shown = format_size(new.budget) if new.budget is not None else f"host default {format_size(config.budget)}"
+    print(f"{args.domain}: vmcache enabled, budget {shown}")
+    if touches_live(flags, active):
+        result = ensure_agent(args, config, args.domain, running=True)
+        print(f"{args.domain}: agent {result.action}" + (f" (pid {result.pid})" if result.pid else ""))
+    return 0

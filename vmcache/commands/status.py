@@ -1,0 +1,126 @@
+"""``vmcache status [DOMAIN] [--json]``: what every agent on this host is doing.
+
+Reads the agents' status files (vmcache.status) and, for agents that run
+but have written none yet, their pidfiles. An agent whose process is gone
+is shown as not running, with what it last said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+from urllib.parse import unquote
+
+from ..errors import DomainError
+from ..launcher import pidfile_holder
+from ..status import AgentEntry, read_statuses
+from ..units import format_size
+from ._host import add_host_options, host_config
+
+NAME = "status"
+HELP = "show every agent: domain, disks, cache mode, budget, pinned, resident, write rate, last cycle, errors"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("domain", nargs="?", help="only this domain")
+    parser.add_argument("--json", action="store_true", help="print a JSON list")
+    add_host_options(parser, uri=False)
+
+
+def _starting(agents_dir: str, known: set[str]) -> list[dict[str, Any]]:
+    """Agents holding a pidfile lock that have not written a status file yet."""
+    found = []
+    try:
+        names = sorted(n for n in os.listdir(agents_dir) if n.endswith(".pid"))
+    except FileNotFoundError:
+        return found
+    for name in names:
+        stem = name[:-4]
+        if stem in known:
+            continue
+        pid = pidfile_holder(os.path.join(agents_dir, name))
+        if pid is not None:
+            found.append({"domain": unquote(stem), "pid": pid or None, "running": True, "state": "starting",
+                          "disks": []})
+    return found
+
+
+def _row(entry: AgentEntry) -> dict[str, Any]:
+    if entry.status is None:
+        return {"file": entry.path, "running": False, "state": "unreadable", "problem": entry.problem, "disks": []}
+    data = entry.status.to_json()
+    data["running"] = entry.running
+    data["pinned_bytes"] = entry.status.pinned_bytes
+    data["resident_bytes"] = entry.status.resident_bytes
+    if not entry.running:
+        data["state"] = "not running"
+    return data
+
+
+def collect(agents_dir: str, domain: str | None = None) -> list[dict[str, Any]]:
+    """Every agent as a dict (the --json output), sorted by domain."""
+    entries = read_statuses(agents_dir)
+    known = {os.path.basename(e.path)[:-5] for e in entries}
+    rows = [_row(e) for e in entries] + _starting(agents_dir, known)
+    if domain is not None:
+        rows = [r for r in rows if r.get("domain") == domain]
+    return sorted(rows, key=lambda r: r.get("domain") or r.get("file", ""))
+
+
+def _size(value: Any) -> str:
+    return format_size(value) if isinstance(value, int) else "-"
+
+
+def _ago(then: Any, now: float) -> str:
+    if not isinstance(then, (int, float)) or not then:
+        return "never"
+    return f"{max(0.0, now - then):.0f}s ago"
+
+
+def render(rows: list[dict[str, Any]], now: float) -> str:
+    """The human table: one line per agent, one indented line per disk."""
+    if not rows:
+        return "no vmcache agents"
+    lines = []
+    for row in rows:
+        if row.get("state") == "unreadable":
+            lines.append(f"? {row['file']}: {row['problem']}")
+            continue
+        head = (f"{row['domain']}: {row['state']}"
+                + (f" pid {row['pid']}" if row.get("pid") else "")
+                + f", budget {_size(row.get('budget_bytes'))} (granted {_size(row.get('granted_bytes'))})"
+                + f", pinned {_size(row.get('pinned_bytes'))}, resident {_size(row.get('resident_bytes'))}"
+                + f", updated {_ago(row.get('updated_at'), now)}")
+        lines.append(head)
+        if row.get("last_error"):
+            lines.append(f"  last error: {row['last_error']}")
+        for disk in row.get("disks", []):
+            if not disk.get("eligible"):
+                lines.append(f"  {disk['target']:6s} cache={disk['cache']:12s} skipped: {disk.get('reason')}")
+                continue
+            cycle = disk.get("last_cycle_seconds")
+            lines.append(
+                f"  {disk['target']:6s} cache={disk['cache']:12s} budget {_size(disk.get('budget_bytes'))}"
+                f" pinned {_size(disk.get('pinned_bytes'))} resident {_size(disk.get('resident_bytes'))}"
+                f" writes {format_size(disk.get('write_bytes_per_second') or 0)}/s"
+                f" last cycle {f'{cycle:.3f}s' if isinstance(cycle, (int, float)) else '-'}"
+                f" {_ago(disk.get('last_cycle_at'), now)}"
+                + (f" error: {disk['error']}" if disk.get("error") else "")
+                + (f"  ({disk['source']})" if disk.get("source") else ""))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = host_config(args)
+    rows = collect(config.agents_dir, args.domain)
+    if args.domain is not None and not rows:
+        raise DomainError(f"no vmcache agent for domain {args.domain!r} (status files in {config.agents_dir})")
+    if args.json:
+        print(json.dumps(rows, indent=1, sort_keys=True))
+    else:
+        print(render(rows, time.time()))
+    return 0
+

@@ -1,0 +1,90 @@
+"""A thin facade over a libvirt domain for vmcache's metadata: look up, read, set.
+
+libvirt's errors are translated here, once, into DomainError; callers see
+named flags (Affect) instead of libvirt integers. The agent's own libvirt
+needs (events, QMP) live elsewhere.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import libvirt
+
+from ..errors import DomainError
+from ..metadata import NAMESPACE, PREFIX, DomainSettings, build_settings, parse_settings
+
+__all__ = ["DEFAULT_URI", "Affect", "VirtDomain", "connect"]
+
+DEFAULT_URI = "qemu:///system"
+
+
+class Affect(enum.IntFlag):
+    """Which definition a change applies to (VIR_DOMAIN_AFFECT_*)."""
+
+    CURRENT = libvirt.VIR_DOMAIN_AFFECT_CURRENT  # live if running, else persistent
+    LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    CONFIG = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+
+
+def _error(what: str, err: libvirt.libvirtError) -> DomainError:
+    return DomainError(f"{what}: {err.get_error_message()}")
+
+
+def connect(uri: str = DEFAULT_URI, *, open_: Callable[[str], Any] = libvirt.open) -> Any:
+    """A libvirt connection; DomainError if libvirtd cannot be reached."""
+    # libvirt prints every error to stderr by default: ours are raised, with their message
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    try:
+        return open_(uri)
+    except libvirt.libvirtError as err:
+        raise _error(f"cannot connect to {uri}", err) from err
+
+
+class VirtDomain:
+    """One domain, looked up by name on ``conn``."""
+
+    def __init__(self, conn: Any, name: str) -> None:
+        try:
+            self._dom = conn.lookupByName(name)
+        except libvirt.libvirtError as err:
+            if err.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                raise DomainError(f"no domain named {name!r}") from err
+            raise _error(f"cannot look up domain {name!r}", err) from err
+        self.name = name
+
+    def is_active(self) -> bool:
+        try:
+            return bool(self._dom.isActive())
+        except libvirt.libvirtError as err:
+            raise _error(f"{self.name}: cannot get state", err) from err
+
+    def is_persistent(self) -> bool:
+        try:
+            return bool(self._dom.isPersistent())
+        except libvirt.libvirtError as err:
+            raise _error(f"{self.name}: cannot get persistence", err) from err
+
+    def settings(self, affect: Affect = Affect.CURRENT) -> DomainSettings | None:
+        """vmcache's metadata of the live (LIVE) or persistent (CONFIG) definition; None if absent.
+
+        Raises DomainError (libvirt) or ConfigError (the element is not acceptable).
+        """
+        try:
+            xml = self._dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, int(affect))
+        except libvirt.libvirtError as err:
+            if err.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_METADATA:
+                return None
+            raise _error(f"{self.name}: cannot read metadata", err) from err
+        return parse_settings(xml)
+
+    def set_settings(self, settings: DomainSettings | None, affect: Affect = Affect.CURRENT) -> None:
+        """Write (or, with None, remove) vmcache's metadata element. Raises DomainError."""
+        xml = None if settings is None else build_settings(settings)
+        try:
+            self._dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, PREFIX if xml else None,
+                                  NAMESPACE, int(affect))
+        except libvirt.libvirtError as err:
+            raise _error(f"{self.name}: cannot set metadata", err) from err
