@@ -12,6 +12,8 @@ from system calls) are translated once, at the edge that met them, with
      +-- MonitorError           talking to QEMU's monitor
      |    +-- MonitorConnectionError   cannot reach it / it went away
      |    +-- QMPCommandError   QEMU answered a command with an error
+     |    +-- CommandNotAllowedError   vmcache refused to send a command
+     |    +-- DiskNotFoundError a block node / image file is not in QEMU
      +-- TrackerError           dirty-bitmap tracking
      |    +-- BitmapReadError   a bitmap could not be read this cycle
      +-- DomainError            libvirt domain lookup / XML
@@ -28,6 +30,8 @@ __all__ = [
     "MonitorError",
     "MonitorConnectionError",
     "QMPCommandError",
+    "CommandNotAllowedError",
+    "DiskNotFoundError",
     "TrackerError",
     "BitmapReadError",
     "DomainError",
@@ -101,6 +105,33 @@ class QMPCommandError(MonitorError):
 
     def __str__(self) -> str:
         return f"{self.command}: {self.error_class}: {self.desc}"
+
+
+class CommandNotAllowedError(MonitorError):
+    """vmcache refused to send a QMP command that is not on its allow-list.
+
+    A programming error, never QEMU's: only a fixed set of commands is sent.
+    """
+
+    def __init__(self, command: str) -> None:
+        super().__init__(command)
+        self.command = command
+
+    def __str__(self) -> str:
+        return f"{self.command}: not a command vmcache sends"
+
+
+class DiskNotFoundError(MonitorError):
+    """No block node of QEMU matches the node name or image file asked for."""
+
+    def __init__(self, wanted: str, known: list[str] | None = None) -> None:
+        super().__init__(wanted, known or [])
+        self.wanted = wanted
+        self.known = known or []
+
+    def __str__(self) -> str:
+        known = ", ".join(self.known) if self.known else "none"
+        return f"{self.wanted}: no such block node or image (known: {known})"
 
 
 class TrackerError(VmcacheError):
