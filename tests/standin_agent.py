@@ -44,6 +44,13 @@ def kill_agents(agents_dir: str) -> list[int]:
 
 
 def main() -> int:
+    stopped = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stopped
+        stopped = True
+
+    signal.signal(signal.SIGTERM, on_term)  # before the .started marker: a test may stop us right after it
     marker_dir = sys.argv[1]
     config_path = sys.argv[sys.argv.index("--host-config") + 1]
     domain = sys.argv[sys.argv.index("--domain") + 1]
@@ -54,13 +61,6 @@ def main() -> int:
         f.write(json.dumps(record) + "\n")
     path = status_path(config.agents_dir, domain)
     write_status(path, AgentStatus(domain=domain, pid=os.getpid(), state="running", started_at=time.time()))
-    stopped = False
-
-    def on_term(signum: int, frame: object) -> None:
-        nonlocal stopped
-        stopped = True
-
-    signal.signal(signal.SIGTERM, on_term)
     deadline = time.monotonic() + MAX_LIFETIME
     while not stopped and time.monotonic() < deadline:
         time.sleep(0.05)
