@@ -38,6 +38,8 @@ __all__ = [
     "HostConfig",
     "PinnedCap",
     "MetricsConfig",
+    "MetricsTLS",
+    "MetricsBasicAuth",
     "HeatmapConfig",
     "load_host_config",
     "parse_host_config",
@@ -72,15 +74,36 @@ class PinnedCap:
 
 
 @dataclass(frozen=True)
+class MetricsTLS:
+    """HTTPS for the metrics endpoint (fields as vmcache.exporter.TLSOptions takes them)."""
+
+    certfile: str
+    keyfile: str
+    client_cafile: str | None = None
+    client_auth_required: bool = False
+
+
+@dataclass(frozen=True)
+class MetricsBasicAuth:
+    """HTTP basic auth: user name and a file holding the password (as vmcache.exporter.BasicAuth)."""
+
+    username: str
+    password_file: str
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     """Where agents serve Prometheus metrics: each agent takes the first free port of the range."""
 
     listen: str = "127.0.0.1"
-    port_first: int = 9470
-    port_last: int = 9499
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    basic_auth_file: str | None = None
+    port_first: int = 9850
+    port_last: int = 9999
+    tls: MetricsTLS | None = None
+    basic_auth: MetricsBasicAuth | None = None
+
+    @property
+    def ports(self) -> range:
+        return range(self.port_first, self.port_last + 1)
 
 
 @dataclass(frozen=True)
@@ -234,7 +257,9 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
 
 _TOP_KEYS = ("budget", "min_free", "interval", "cache_modes", "pinned_cap", "model",
              "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap")
-_METRICS_KEYS = ("listen", "ports", "tls_cert", "tls_key", "basic_auth_file")
+_METRICS_KEYS = ("listen", "ports", "tls", "basic_auth")
+_TLS_KEYS = ("certfile", "keyfile", "client_cafile", "client_auth_required")
+_AUTH_KEYS = ("username", "password_file")
 _HEATMAP_KEYS = ("dir", "every", "blocks_per_pixel", "aspect")
 
 
@@ -312,7 +337,7 @@ def _command(value: object) -> tuple[str, ...] | None:
 def _ports(value: object) -> tuple[int, int]:
     key = "metrics.ports"
     if isinstance(value, bool):
-        raise ConfigError(key, value, "must be a port or a range such as 9470-9499")
+        raise ConfigError(key, value, "must be a port or a range such as 9850-9999")
     if isinstance(value, int):
         first = last = value
     elif isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,5}\s*-\s*[0-9]{1,5}\s*", value):
@@ -321,7 +346,7 @@ def _ports(value: object) -> tuple[int, int]:
           and all(isinstance(p, int) and not isinstance(p, bool) for p in value)):
         first, last = value
     else:
-        raise ConfigError(key, value, "must be a port or a range such as 9470-9499")
+        raise ConfigError(key, value, "must be a port or a range such as 9850-9999")
     if not 1 <= first <= last <= 65535:
         raise ConfigError(key, value, "ports must be in 1-65535, first <= last")
     return first, last
@@ -339,14 +364,33 @@ def _metrics(value: object) -> MetricsConfig:
             raise ConfigError("metrics.listen", listen, "must be an IP address, e.g. 127.0.0.1 or ::1") from None
     if "ports" in section:
         values["port_first"], values["port_last"] = _ports(section["ports"])
-    for key in ("tls_cert", "tls_key", "basic_auth_file"):
-        if key in section:
-            values[key] = _optional_path(section[key], f"metrics.{key}")
-    metrics = MetricsConfig(**values)
-    if (metrics.tls_cert is None) != (metrics.tls_key is None):
-        given = "tls_cert" if metrics.tls_cert else "tls_key"
-        raise ConfigError(f"metrics.{given}", getattr(metrics, given), "tls_cert and tls_key go together")
-    return metrics
+    if section.get("tls") is not None:
+        values["tls"] = _tls(_section(section["tls"], "metrics.tls"))
+    if section.get("basic_auth") is not None:
+        auth = _section(section["basic_auth"], "metrics.basic_auth")
+        _no_unknown(auth, _AUTH_KEYS, "metrics.basic_auth.")
+        username = auth.get("username")
+        if not isinstance(username, str) or not username or ":" in username or not username.isprintable():
+            raise ConfigError("metrics.basic_auth.username", username, "must be a non-empty name without ':'")
+        values["basic_auth"] = MetricsBasicAuth(
+            username, _abs_path(auth.get("password_file"), "metrics.basic_auth.password_file"))
+    return MetricsConfig(**values)
+
+
+def _tls(section: Mapping[Any, Any]) -> MetricsTLS:
+    _no_unknown(section, _TLS_KEYS, "metrics.tls.")
+    required = section.get("client_auth_required", False)
+    if not isinstance(required, bool):
+        raise ConfigError("metrics.tls.client_auth_required", required, "must be true or false")
+    cafile = _optional_path(section.get("client_cafile"), "metrics.tls.client_cafile")
+    if required and cafile is None:
+        raise ConfigError("metrics.tls.client_auth_required", required, "needs client_cafile")
+    return MetricsTLS(
+        certfile=_abs_path(section.get("certfile"), "metrics.tls.certfile"),
+        keyfile=_abs_path(section.get("keyfile"), "metrics.tls.keyfile"),
+        client_cafile=cafile,
+        client_auth_required=required,
+    )
 
 
 def _heatmap(value: object) -> HeatmapConfig:

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmcache.config import HostConfig, PinnedCap, load_host_config, parse_host_config
+from vmcache.config import (
+    HostConfig,
+    MetricsBasicAuth,
+    MetricsTLS,
+    PinnedCap,
+    load_host_config,
+    parse_host_config,
+)
 from vmcache.errors import ConfigError
 from vmcache.model.params import ModelParams
 
@@ -39,8 +46,8 @@ def test_shipped_default_file_equals_builtin_defaults():
     assert parse_host_config(text) == HostConfig()
     # every key is present (commented or not) in the shipped file
     for key in ("budget", "min_free", "interval", "cache_modes", "pinned_cap", "model", "runtime_dir",
-                "log_dir", "agent_command", "metrics", "listen", "ports", "tls_cert", "tls_key",
-                "basic_auth_file", "heatmap", "every", "blocks_per_pixel", "aspect"):
+                "log_dir", "agent_command", "metrics", "listen", "ports", "tls", "certfile", "keyfile",
+                "client_cafile", "client_auth_required", "basic_auth", "username", "password_file", "heatmap", "every", "blocks_per_pixel", "aspect"):
         assert f"{key}:" in text, key
 
 
@@ -61,9 +68,9 @@ agent_command: [/usr/bin/python3, -m, vmcache.cli, agent]
 metrics:
   listen: "::1"
   ports: 9000-9009
-  tls_cert: /etc/vmcache/cert.pem
-  tls_key: /etc/vmcache/key.pem
-  basic_auth_file: /etc/vmcache/users
+  tls: {certfile: /etc/vmcache/cert.pem, keyfile: /etc/vmcache/key.pem, client_cafile: /etc/vmcache/ca.pem,
+        client_auth_required: true}
+  basic_auth: {username: prom, password_file: /etc/vmcache/metrics.password}
 heatmap:
   dir: /var/tmp/heat
   every: 6
@@ -83,8 +90,9 @@ heatmap:
     assert config.log_dir == "/tmp/vmc-log"
     assert config.agent_command == ("/usr/bin/python3", "-m", "vmcache.cli", "agent")
     assert (config.metrics.listen, config.metrics.port_first, config.metrics.port_last) == ("::1", 9000, 9009)
-    assert config.metrics.tls_cert == "/etc/vmcache/cert.pem"
-    assert config.metrics.basic_auth_file == "/etc/vmcache/users"
+    assert config.metrics.ports == range(9000, 9010)
+    assert config.metrics.tls == MetricsTLS("/etc/vmcache/cert.pem", "/etc/vmcache/key.pem", "/etc/vmcache/ca.pem", True)
+    assert config.metrics.basic_auth == MetricsBasicAuth("prom", "/etc/vmcache/metrics.password")
     assert (config.heatmap.dir, config.heatmap.every, config.heatmap.blocks_per_pixel, config.heatmap.aspect) == (
         "/var/tmp/heat", 6, 4, 1.5)
     params = config.model_params()
@@ -127,7 +135,12 @@ def test_domain_model_overrides_are_validated():
         ("metrics: {listen: localhost}", "metrics.listen: 'localhost': must be an IP address"),
         ("metrics: {ports: 9010-9000}", "metrics.ports: '9010-9000': ports must be in 1-65535"),
         ("metrics: {ports: 70000}", "metrics.ports: 70000: ports must be in 1-65535"),
-        ("metrics: {tls_cert: /a.pem}", "metrics.tls_cert: '/a.pem': tls_cert and tls_key go together"),
+        ("metrics: {tls: {certfile: /a.pem}}", "metrics.tls.keyfile: None: must be an absolute path"),
+        ("metrics: {tls: {certfile: /a, keyfile: /b, client_auth_required: true}}",
+         "metrics.tls.client_auth_required: True: needs client_cafile"),
+        ("metrics: {tls: {cert: /a}}", "metrics.tls.cert: '/a': unknown key"),
+        ("metrics: {basic_auth: {username: 'a:b', password_file: /p}}", "metrics.basic_auth.username: 'a:b'"),
+        ("metrics: {basic_auth: {username: a}}", "metrics.basic_auth.password_file: None: must be an absolute"),
         ("metrics: {port: 9000}", "metrics.port: 9000: unknown key"),
         ("metrics: [1]", "metrics: [1]: must be a mapping"),
         ("heatmap: {aspect: 0}", "heatmap.aspect: 0: must be a number"),
