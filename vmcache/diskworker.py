@@ -1,0 +1,123 @@
+"""One managed disk of a domain: write tracker + engine + metrics + status.
+
+The agent keeps one :class:`DiskWorker` per eligible disk. A worker turns
+the tracker's dirty-bitmap reads into the engine's write samples, runs one
+engine cycle when asked, and keeps the disk's metrics and status current.
+Errors of one cycle are recorded, never raised: one broken disk must not
+stop the agent from serving the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .engine import DiskEngine, WriteSample
+from .errors import BitmapReadError, MonitorError, TrackerError, VmcacheError
+from .host.qmp import Monitor
+from .host.tracker import DirtyTracker
+from .logfmt import event
+from .metrics import AgentMetrics, DiskMetrics
+from .model.params import ModelParams
+from .policy import DiskChoice
+from .stats import CycleStats
+from .status import DiskStatus
+
+__all__ = ["DiskWorker"]
+
+
+class DiskWorker:
+    """Tracker and engine of one disk; ``cycle()`` once per interval, ``close()`` at the end.
+
+    ``node`` is the image's storage node in QEMU (None: no write tracking,
+    e.g. the node could not be found; the disk is still managed from
+    residency alone).
+    """
+
+    def __init__(
+        self,
+        choice: DiskChoice,
+        *,
+        node: str | None,
+        monitor: Monitor,
+        params: ModelParams,
+        floor_bytes: int,
+        runtime_dir: str,
+        granularity: int,
+        metrics: AgentMetrics,
+        logger: logging.Logger,
+        engine_factory: type[DiskEngine] = DiskEngine,
+    ) -> None:
+        """Start tracking; raises VmcacheError when the image cannot be opened."""
+        disk = choice.disk
+        assert disk.source is not None
+        self.target = disk.target
+        self.image = disk.source
+        self.budget = choice.budget
+        self._log = logger
+        self._metrics: DiskMetrics = metrics.disk(self.target, self.image)
+        self._agent_metrics = metrics
+        self.status = DiskStatus(target=disk.target, source=disk.source, cache=disk.cache_mode, eligible=True,
+                                 budget_bytes=choice.budget)
+        self.tracker: DirtyTracker | None = None
+        if node is not None:
+            tracker = DirtyTracker(monitor, node, granularity=granularity, runtime_dir=runtime_dir, logger=logger)
+            try:
+                tracker.start()
+                self.tracker = tracker
+            except VmcacheError as err:
+                self._record_error(err, "tracker.start_failed")
+        self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
+                                     writes=self._writes if self.tracker else None, logger=logger)
+        self._last_cycle: float | None = None
+
+    def _writes(self) -> WriteSample:
+        assert self.tracker is not None
+        try:
+            read = self.tracker.read()
+        except BitmapReadError as err:
+            self._record_error(err, "tracker.read_failed")
+            return WriteSample(result="failed", error=str(err))
+        except (TrackerError, MonitorError) as err:
+            self._record_error(err, "tracker.read_failed")
+            return WriteSample(result="failed", error=str(err))
+        if read.deferred:
+            return WriteSample(result="deferred", error=None)
+        return WriteSample(extents=read.extents, result="ok")
+
+    def _record_error(self, err: BaseException, name: str) -> None:
+        self._log.warning(event(name, disk=self.target, error=err))
+        self._metrics.count_error(err)
+        self.status.error = str(err)
+
+    def cycle(self, budget: int) -> CycleStats | None:
+        """Run one engine cycle under ``budget`` bytes; None when it failed (recorded)."""
+        self.engine.budget = budget
+        try:
+            stats = self.engine.cycle()
+        except VmcacheError as err:
+            self._record_error(err, "disk.cycle_failed")
+            return None
+        now = time.monotonic()
+        elapsed = now - self._last_cycle if self._last_cycle is not None else stats.duration_seconds
+        self._last_cycle = now
+        self._metrics.observe(stats)
+        self.status.update(stats, elapsed=elapsed, wall_time=time.time())
+        return stats
+
+    def close(self, *, qemu_alive: bool = True) -> None:
+        """Unpin everything; remove our bitmaps and exports while QEMU is there to ask.
+
+        With QEMU gone (``qemu_alive`` False) its bitmaps went with it: only
+        our local socket directory is cleaned up.
+        """
+        try:
+            if self.tracker is not None:
+                try:
+                    self.tracker.stop()
+                except VmcacheError as err:
+                    level = logging.WARNING if qemu_alive else logging.DEBUG
+                    self._log.log(level, event("tracker.stop_failed", disk=self.target, error=err))
+        finally:
+            self.engine.close()
+            self._agent_metrics.remove_disk(self.target)
