@@ -31,6 +31,7 @@ from .heatmap import HeatmapData
 from .host.meminfo import MemInfo, read_meminfo
 from .host.pagecache import Residency, scan_residency
 from .host.pinner import Pinner
+from .host.tracker import extents_to_blocks
 from .logfmt import event
 from .model.heat import HeatModel
 from .model.params import ModelParams
@@ -38,7 +39,7 @@ from .model.planner import plan
 from .model.region import Region
 from .stats import CycleStats
 
-__all__ = ["DiskEngine", "WriteSample", "BitmapResult", "extents_to_fraction"]
+__all__ = ["DiskEngine", "WriteSample", "BitmapResult"]
 
 BitmapResult = Literal["ok", "deferred", "failed", "none"]
 
@@ -62,38 +63,6 @@ class WriteSample:
 
 
 WriteSource = Callable[[], WriteSample]
-
-
-def extents_to_fraction(extents: np.ndarray, block_size: int, nblocks: int) -> np.ndarray:
-    """Fraction of each block covered by ``extents`` (``[offset, length]`` rows), float32.
-
-    Extents past ``nblocks * block_size`` are clipped; overlapping extents
-    are not double counted beyond a full block.
-    """
-    out = np.zeros(nblocks, dtype=np.float64)
-    if nblocks == 0 or len(extents) == 0:
-        return out.astype(np.float32)
-    limit = nblocks * block_size
-    starts = np.clip(extents[:, 0].astype(np.int64), 0, limit)
-    ends = np.clip(starts + extents[:, 1].astype(np.int64), 0, limit)
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    first = starts // block_size
-    last = (ends - 1) // block_size
-    # Partial first and last blocks, then whole blocks in between via a
-    # difference array (no Python loop over blocks).
-    same = first == last
-    np.add.at(out, first[same], (ends[same] - starts[same]) / block_size)
-    multi = ~same
-    f, l, s, e = first[multi], last[multi], starts[multi], ends[multi]
-    np.add.at(out, f, ((f + 1) * block_size - s) / block_size)
-    np.add.at(out, l, (e - l * block_size) / block_size)
-    diff = np.zeros(nblocks + 1, dtype=np.int64)
-    np.add.at(diff, f + 1, 1)
-    np.add.at(diff, l, -1)
-    out += np.cumsum(diff[:-1])
-    np.minimum(out, 1.0, out=out)
-    return out.astype(np.float32)
 
 
 class DiskEngine:
@@ -181,7 +150,7 @@ class DiskEngine:
         assert self._model is not None
 
         sample = self._writes() if self._writes else WriteSample(result="none")
-        written = extents_to_fraction(sample.extents, p.block_size, n)
+        written = extents_to_blocks(sample.extents, p.block_size, n)
         self._written = written
 
         pinned_now = self._pinner.pinned_mask(p.block_size, n)

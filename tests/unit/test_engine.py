@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmcache.engine import DiskEngine, WriteSample, extents_to_fraction
+from vmcache.engine import DiskEngine, WriteSample
 from vmcache.host.meminfo import MemInfo
 from vmcache.host.pagecache import scan_residency
 from vmcache.model.params import ModelParams
@@ -172,14 +172,3 @@ def test_image_growing_and_shrinking_between_cycles(image: Path) -> None:
         stats = e.cycle()
         assert stats.size_bytes == 400 * MiB
         assert len(e.heat) == 400
-
-
-def test_extents_to_fraction_counts_partial_and_whole_blocks() -> None:
-    ext = np.array([[0, 512 * 1024], [3 * MiB - 4096, 2 * MiB + 8192], [9 * MiB, 4 * MiB]], dtype=np.int64)
-    frac = extents_to_fraction(ext, MiB, 10)
-    assert frac[0] == pytest.approx(0.5)
-    assert frac[1] == 0.0
-    assert frac[2] == pytest.approx(4096 / MiB)
-    assert frac[3] == frac[4] == 1.0
-    assert frac[5] == pytest.approx(4096 / MiB)
-    assert frac[9] == 1.0  # clipped at the end

@@ -263,7 +263,9 @@ class Pinner:
             released_for_pressure=released_for_pressure,
             failures=tuple(failures),
         )
-        self._log.info(
+        changed = added or removed or skipped_budget or skipped_floor or released_for_pressure or failures
+        self._log.log(
+            logging.INFO if changed else logging.DEBUG,
             event(
                 "pin.apply",
                 regions=len(report.regions),
