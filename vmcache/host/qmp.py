@@ -226,7 +226,7 @@ class LibvirtMonitor:
             conn = libvirt.open(uri)
             domain = conn.lookupByName(name)
         except libvirt.libvirtError as err:
-            raise MonitorConnectionError(f"libvirt {uri}: domain {name}: {err.get_error_message()}") from err
+            raise MonitorConnectionError(f"libvirt {uri}: domain {name}: {err.get_error_message() or err}") from err
         return cls(domain, allowed=allowed)
 
     def execute(self, command: str, arguments: Mapping[str, Any] | None = None) -> Any:
@@ -243,7 +243,7 @@ class LibvirtMonitor:
                 self.domain, json.dumps(message), libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT
             )
         except libvirt.libvirtError as err:
-            raise MonitorConnectionError(f"{command}: libvirt: {err.get_error_message()}") from err
+            raise MonitorConnectionError(f"{command}: libvirt: {err.get_error_message() or err}") from err
         try:
             reply = json.loads(text)
         except ValueError as err:

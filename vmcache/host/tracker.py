@@ -169,6 +169,11 @@ class DirtyTracker:
         return os.path.join(self._runtime_dir, f"nbd-{_short_id(self.node_name)}.sock")
 
     @property
+    def session(self) -> str:
+        """The random tag in this tracker's bitmap names (``PREFIX + session + "-" + serial``)."""
+        return self._session
+
+    @property
     def active(self) -> str | None:
         """The bitmap recording now."""
         return self._active
@@ -306,9 +311,6 @@ class DirtyTracker:
     def _read_pending(self) -> np.ndarray:
         if self._server_ours:
             self._stop_server()  # left running by a failed cleanup
-        nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
-        length = node_size(nodes, self.node_name)
-        self._ensure_view(nodes)
         path = self.socket_path
         if os.path.exists(path):
             os.unlink(path)
@@ -320,6 +322,9 @@ class DirtyTracker:
             raise BitmapReadError(f"{self.node_name}: cannot start NBD server: {err}") from err
         self._server_ours = True
         try:
+            nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
+            length = node_size(nodes, self.node_name)
+            self._ensure_view(nodes)
             try:
                 self.monitor.execute(
                     "block-export-add",
