@@ -10,6 +10,12 @@ that go through the host page cache, and for each runs a
   re-syncs its disks on hotplug/unplug;
 - survives libvirtd restarts: keeps its pins, reconnects, carries on;
 - asks the host-wide ledger for its share of the pinned-bytes cap;
+- backs off under host memory pressure: each disk's pinner releases its
+  lowest-priority pins while MemAvailable is under the floor, and while
+  memory PSI (``some avg10``) is above :data:`PSI_THRESHOLD` the agent
+  halves its pinned budget every cycle (the planner drops the
+  lowest-priority regions first), doubling it back once PSI falls under
+  half the threshold;
 - serves Prometheus metrics and keeps a file_sd targets file;
 - writes its status file for ``vmcache status``;
 - on SIGTERM / domain stop: removes its bitmaps and exports (while QEMU is
@@ -38,7 +44,7 @@ from .filesd import TargetsFile
 from .heatmap import HeatmapWriter, RenderOptions
 from .host.blockdev import discover_disks
 from .host.ledger import Ledger
-from .host.meminfo import read_meminfo
+from .host.meminfo import MemoryPressure, read_meminfo, read_pressure
 from .host.qmp import LibvirtMonitor
 from .host.virtdomain import DEFAULT_URI, connect
 from .host.virtevents import DomainEvents, EventLoop
@@ -53,18 +59,28 @@ __all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE"]
 EXIT_OK = 0
 EXIT_FAILURE = 1
 RECONNECT_SECONDS = 2.0
+#: Memory PSI ``some avg10`` (percent of the last 10 s some task stalled on memory)
+#: above which agents shrink their pinned budget; they grow it back under half of it.
+PSI_THRESHOLD = 10.0
+#: Smallest budget share under PSI pressure before it drops to nothing.
+_MIN_SHARE = 1 / 8
 
 
 class Agent:
     """One domain's agent; :meth:`run` until the domain stops or a signal arrives."""
 
     def __init__(self, domain: str, config: HostConfig, *, uri: str = DEFAULT_URI,
-                 connect_: Callable[[str], Any] = connect, granularity: int = 64 * 1024) -> None:
+                 connect_: Callable[[str], Any] = connect, granularity: int = 64 * 1024,
+                 pressure: Callable[[], MemoryPressure | None] = read_pressure,
+                 psi_threshold: float = PSI_THRESHOLD) -> None:
         self.domain = domain
         self.config = config
         self.uri = uri
         self._connect = connect_
         self._granularity = granularity
+        self._pressure = pressure
+        self.psi_threshold = psi_threshold
+        self._share = 1.0  # of the budget, shrunk under memory pressure (PSI)
         self._log = domain_logger("vmcache.agent", domain)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -163,18 +179,37 @@ class Agent:
             self._wake.clear()
             self._wake.wait(max(0.0, self.config.interval - (time.monotonic() - started)))
 
+    def _pressure_share(self) -> float:
+        """The share of the budget to pin this cycle: halved per cycle under PSI pressure."""
+        try:
+            psi = self._pressure()
+        except VmcacheError as err:
+            self._log.warning(event("psi.unreadable", error=err))
+            return self._share
+        level = psi.some.avg10 if psi is not None else 0.0
+        before = self._share
+        if level > self.psi_threshold:
+            self._share = 0.0 if self._share <= _MIN_SHARE else self._share / 2
+        elif level < self.psi_threshold / 2 and self._share < 1.0:
+            self._share = min(1.0, max(_MIN_SHARE, self._share * 2))
+        if self._share != before:
+            self._log.info(event("psi.share", psi_some_avg10=level, threshold=self.psi_threshold,
+                                 share=f"{self._share:g}"))
+        return self._share
+
     def _cycle(self) -> None:
         mem = read_meminfo()
         cap = self.config.pinned_cap.bytes_for(mem.total_bytes)
         self._ledger.cap = cap
-        want = sum(w.budget for w in self._workers.values())
+        share = self._pressure_share()
+        want = int(sum(w.budget for w in self._workers.values()) * share)
         granted = self._ledger.reserve(self.domain, want)
         self.status.budget_bytes = want
         self.status.granted_bytes = granted
-        backing_off = False
+        backing_off = share < 1.0
         for target, worker in list(self._workers.items()):
-            share = worker.budget if granted >= want or want == 0 else worker.budget * granted // want
-            stats = worker.cycle(share)
+            budget = int(worker.budget * share)
+            stats = worker.cycle(budget if granted >= want or want == 0 else budget * granted // want)
             if stats is not None:
                 backing_off |= stats.backing_off
                 writer = self._heatmaps.get(target)

@@ -1,0 +1,444 @@
+"""Reliability and security of the real agent, with libvirtd, QEMU and real memory (issue 7).
+
+Every test starts transient TCG domains (paused: "guest" writes are HMP
+``qemu-io`` on the virtio disk) through the installed libvirt hook, which
+starts the real ``vmcache agent``. Situations are reproduced with the real
+components: a memory eater in a bounded memory cgroup, ``kill -9`` of the
+agent, a libvirtd restart, a libvirt pull-mode backup, ``blockresize``, a
+SCSI disk hot-unplug, hostile metadata. Each test checks that nothing is
+lost and nothing is left behind (bitmaps, nodes, exports, sockets, files).
+
+Where the real source cannot be driven safely (memory PSI), the agent runs
+through an *instrumented* agent command: the same ``vmcache agent``, with
+its PSI file pointed at a file the test writes, and every QMP command it
+sends recorded below vmcache's own allow-list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import uuid as uuidlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+libvirt = pytest.importorskip("libvirt")
+import libvirt_qemu  # noqa: E402
+
+from vmcache.host.qmp import ALLOWED_COMMANDS, TRANSACTION_ACTIONS  # noqa: E402
+from vmcache.launcher import pidfile_holder  # noqa: E402
+from vmcache.metadata import NAMESPACE  # noqa: E402
+from vmcache.status import file_stem  # noqa: E402
+
+pytestmark = pytest.mark.live
+
+REPO = Path(__file__).resolve().parents[2]
+URI = "qemu:///system"
+HOOKS_DIR = Path("/etc/libvirt/hooks")
+PREFIX = "vmcache-test-rel-"
+MiB = 1 << 20
+GiB = 1 << 30
+INTERVAL = 1.0
+
+
+def _our_hook(path: Path) -> bool:
+    return path.is_file() and "vmcache-hook" in path.read_text(errors="replace")
+
+
+def wait_for(predicate, what: str, timeout: float = 30.0, step: float = 0.1):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable")
+
+
+@dataclass
+class Env:
+    conn: object
+    tmp: Path
+    config: Path
+    base: dict
+
+    @property
+    def run(self) -> Path:
+        return self.tmp / "run"
+
+    @property
+    def agents(self) -> Path:
+        return self.run / "agents"
+
+    @property
+    def logs(self) -> Path:
+        return self.tmp / "log"
+
+    def status(self, name: str) -> dict | None:
+        try:
+            return json.loads((self.agents / (file_stem(name) + ".json")).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def agent_pid(self, name: str) -> int | None:
+        return pidfile_holder(str(self.agents / (file_stem(name) + ".pid")))
+
+    def agent_log(self, name: str) -> str:
+        try:
+            return (self.logs / f"agent-{file_stem(name)}.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def hook_log(self) -> str:
+        try:
+            return (self.logs / "hook.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def pinned(self, name: str, disk: int = 0) -> int:
+        s = self.status(name)
+        return s["disks"][disk]["pinned_bytes"] if s and len(s["disks"]) > disk else -1
+
+    def write_config(self, **changes: object) -> None:
+        self.config.write_text(yaml.safe_dump({**self.base, **changes}))
+
+    @contextmanager
+    def config_override(self, **changes: object) -> Iterator[None]:
+        """The host config with ``changes`` for agents started meanwhile (they read it once)."""
+        self.write_config(**changes)
+        try:
+            yield
+        finally:
+            self.write_config()
+
+    def reconnect(self) -> None:
+        self.conn = wait_for(_open, "libvirtd to answer", timeout=30)
+
+    def lookup(self, name: str):  # type: ignore[no-untyped-def]
+        return self.conn.lookupByName(name)
+
+
+def _open():  # type: ignore[no-untyped-def]
+    try:
+        return libvirt.open(URI)
+    except libvirt.libvirtError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> Iterator[Env]:  # type: ignore[no-untyped-def]
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    libvirt.registerErrorHandler(lambda _c, _e: None, None)
+    conn = _open()
+    if conn is None:
+        pytest.skip("libvirtd does not answer on qemu:///system (scripts/libvirtd.sh starts it)")
+    tmp = tmp_path_factory.mktemp("rel-live")
+    tmp.chmod(0o755)
+    config = tmp / "vmcache.yaml"
+    base = {
+        "runtime_dir": f"{tmp}/run", "log_dir": f"{tmp}/log", "interval": "1s", "min_free": "256M",
+        "pinned_cap": "256M", "agent_command": [sys.executable, "-m", "vmcache", "agent"],
+        "model": {"decay": 0.5, "block_size": "1M"},
+    }
+    e = Env(conn, tmp, config, base)
+    e.write_config()
+    backups = {p: p.read_bytes() for p in (HOOKS_DIR / "qemu", HOOKS_DIR / "qemu.d" / "vmcache") if _our_hook(p)}
+    try:
+        done = subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", sys.executable,
+                               "--config", str(config)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr + done.stdout
+        yield e
+    finally:
+        _cleanup_domains(e)
+        subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--uninstall", "--no-reload"],
+                       capture_output=True, timeout=60)
+        for path, content in backups.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+            path.chmod(0o755)
+        try:
+            e.conn.close()
+        except libvirt.libvirtError:
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cleanup_domains(e: Env) -> None:
+    """Destroy every test domain of ours and kill any agent left (even when a test failed)."""
+    conn = e.conn if e.conn is not None else _open()
+    if conn is not None:
+        try:
+            for dom in conn.listAllDomains():
+                if dom.name().startswith(PREFIX):
+                    try:
+                        dom.destroy()
+                    except libvirt.libvirtError:
+                        pass
+        except libvirt.libvirtError:
+            pass
+    if e.agents.exists():
+        deadline = time.monotonic() + 10
+        for pidfile in e.agents.glob("*.pid"):
+            while (pid := pidfile_holder(str(pidfile))) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def cleanup(env: Env) -> Iterator[list[str]]:
+    """Names of domains a test starts: destroyed afterwards, their agents waited for."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        try:
+            env.lookup(name).destroy()
+        except libvirt.libvirtError:
+            pass
+    for name in names:
+        try:
+            wait_for(lambda n=name: env.agent_pid(n) is None, f"agent of {name} to exit", timeout=15)
+        except AssertionError:
+            pid = env.agent_pid(name)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+
+
+def domain_xml(env: Env, name: str, *, budget: str | None = "32M", size: int = 64 * MiB,
+               metadata: str | None = None, disks: str = "") -> str:
+    disk = env.tmp / f"{file_stem(name)}.raw"
+    with open(disk, "wb") as f:
+        f.truncate(size)
+    if metadata is None:
+        metadata = (f"<metadata><vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='{budget}'/></metadata>"
+                    if budget else "")
+    from xml.sax.saxutils import escape
+
+    return f"""<domain type='qemu'>
+  <name>{escape(name)}</name>
+  <uuid>{uuidlib.uuid4()}</uuid>
+  <memory unit='MiB'>32</memory>
+  <vcpu>1</vcpu>
+  {metadata}
+  <os><type arch='x86_64'>hvm</type></os>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw' cache='writethrough'/>
+      <source file='{escape(str(disk))}'/>
+      <target dev='vda' bus='virtio'/>
+      <alias name='ua-vda'/>
+    </disk>
+    {disks}
+  </devices>
+</domain>"""
+
+
+def start(env: Env, cleanup: list[str], name: str, **kwargs):  # type: ignore[no-untyped-def]
+    cleanup.append(name)
+    return env.conn.createXML(domain_xml(env, name, **kwargs), libvirt.VIR_DOMAIN_START_PAUSED)
+
+
+def running(env: Env, name: str, timeout: float = 30.0) -> dict:
+    return wait_for(lambda: (s := env.status(name)) and s["state"] in ("running", "backing-off") and s,
+                    f"the agent of {name} to run a cycle", timeout=timeout)
+
+
+def guest_write(dom, offset: int, length: int, dev: str = "ua-vda", pattern: int = 0xAB) -> None:  # type: ignore[no-untyped-def]
+    out = libvirt_qemu.qemuMonitorCommand(
+        dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "write -P {pattern:#x} {offset} {length}"',
+        libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
+    assert "wrote" in out or not out.strip(), out
+
+
+def qmp(dom, cmd: str, args: dict | None = None):  # type: ignore[no-untyped-def]
+    msg = {"execute": cmd, **({"arguments": args} if args else {})}
+    reply = json.loads(libvirt_qemu.qemuMonitorCommand(dom, json.dumps(msg), 0))
+    if "error" in reply:
+        raise RuntimeError(reply["error"]["desc"])
+    return reply["return"]
+
+
+def leftovers(dom) -> dict:  # type: ignore[no-untyped-def]
+    """Bitmaps, nodes and exports of vmcache's still in QEMU."""
+    nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
+    return {
+        "bitmaps": sorted({b["name"] for n in nodes for b in n.get("dirty-bitmaps", [])
+                           if b["name"].startswith("vmcache")}),
+        "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
+        "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
+    }
+
+
+def qemu_pid(name: str) -> int:
+    return int(Path(f"/run/libvirt/qemu/{name}.pid").read_text().strip())
+
+
+def scrape(url: str, metric: str, labels: dict | None = None) -> float:
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urlopen(url, timeout=5).read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == metric and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += sample.value
+    return total
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# -- memory pressure -------------------------------------------------------------------------
+
+
+@contextmanager
+def memory_eater(nbytes: int, cgroup_limit: int) -> Iterator[subprocess.Popen]:
+    """A process holding ``nbytes`` of anonymous memory, in a memory cgroup (v1) capped at ``cgroup_limit``.
+
+    The cap bounds it whatever happens: past it the kernel kills the eater,
+    never anything else. Removed (process and cgroup) on exit.
+    """
+    cg = Path(f"/sys/fs/cgroup/memory/{PREFIX}eater-{os.getpid()}")
+    cg.mkdir()
+    proc = None
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(cgroup_limit))
+        code = ("import os,sys\n"
+                f"b = bytearray({nbytes})\n"
+                f"for i in range(0, {nbytes}, 4096): b[i] = 1\n"
+                "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()\n")
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$0" -c "$1"', sys.executable, code],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", f"eater did not get its memory (exit {proc.poll()})"
+        yield proc
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _pressure_removals(log: str) -> list[tuple[int, int]]:
+    return [(int(m.group(1)), int(m.group(2)))
+            for m in re.finditer(r"pin\.remove start=(\d+) length=(\d+) reason=pressure", log)]
+
+
+def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_return(env: Env, cleanup) -> None:
+    """A memory eater (in a capped cgroup) takes MemAvailable under the floor: pins go, then come back."""
+    name = PREFIX + "memfloor"
+    avail = mem_available()
+    if avail < 6 * GiB:
+        pytest.skip("needs 6 GiB available to squeeze safely")
+    floor = avail - 1 * GiB
+    eat = 2 * GiB  # MemAvailable ends ~1 GiB under the floor; bounded by a 2.25 GiB cgroup
+    with env.config_override(min_free=floor):
+        dom = start(env, cleanup, name, budget="32M")
+        qpid = qemu_pid(name)
+        running(env, name)
+    # A big region (high priority) and a small one (low priority), apart.
+    guest_write(dom, 0, 16 * MiB)
+    guest_write(dom, 48 * MiB, 2 * MiB)
+    wait_for(lambda: env.pinned(name) >= 18 * MiB, "both regions to be pinned")
+    if mem_available() < floor + 256 * MiB:
+        pytest.skip("host memory moved too much under the test to squeeze it precisely")
+    with memory_eater(eat, eat + 256 * MiB):
+        squeezed = time.monotonic()
+        assert mem_available() < floor
+        guest_write(dom, 0, 16 * MiB)  # the guest keeps the regions hot
+        wait_for(lambda: env.pinned(name) == 0, "pins to be released under pressure", timeout=3 * INTERVAL + 1)
+        took = time.monotonic() - squeezed
+        assert took <= 2 * INTERVAL + 1.0, f"released after {took:.1f}s"
+        assert env.status(name)["state"] == "backing-off"
+        removals = _pressure_removals(env.agent_log(name))
+        assert removals, env.agent_log(name)[-3000:]
+        # The small (low priority) region goes first.
+        assert removals[0][0] >= 40 * MiB, removals
+        time.sleep(2 * INTERVAL)
+        assert env.pinned(name) == 0  # nothing new pinned while under the floor
+    guest_write(dom, 0, 16 * MiB)
+    guest_write(dom, 48 * MiB, 2 * MiB)
+    wait_for(lambda: env.pinned(name) >= 16 * MiB, "pins to come back once the eater is gone", timeout=15)
+    # QEMU was never killed: same process, domain still there.
+    assert qemu_pid(name) == qpid and os.path.exists(f"/proc/{qpid}")
+    assert env.lookup(name).isActive()
+
+
+# The instrumented agent: `vmcache agent` with PSI read from a file the test
+# writes, and every QMP command it sends (through libvirt) recorded.
+_INSTRUMENTED = """
+import functools, json, sys
+import libvirt_qemu
+from vmcache.host.meminfo import read_pressure
+import vmcache.agent
+psi, record = {psi!r}, {record!r}
+vmcache.agent.Agent.__init__.__kwdefaults__["pressure"] = functools.partial(read_pressure, psi)
+_send = libvirt_qemu.qemuMonitorCommand
+def send(dom, cmd, flags):
+    with open(record, "a") as f:
+        f.write(cmd.replace("\\n", " ") + "\\n")
+    return _send(dom, cmd, flags)
+libvirt_qemu.qemuMonitorCommand = send
+from vmcache.cli import main
+sys.exit(main(["agent", *sys.argv[1:]]))
+"""
+
+_PSI = "some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n"
+
+
+def instrumented(env: Env, tag: str) -> tuple[Path, Path, list[str]]:
+    psi, record = env.tmp / f"psi-{tag}", env.tmp / f"qmp-{tag}.jsonl"
+    psi.write_text(_PSI.format(0))
+    return psi, record, [sys.executable, "-c", _INSTRUMENTED.format(psi=str(psi), record=str(record))]
+
+
+def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_return(env: Env, cleanup) -> None:
+    name = PREFIX + "psi"
+    psi, _record, command = instrumented(env, "psi")
+    with env.config_override(agent_command=command):
+        dom = start(env, cleanup, name, budget="16M")
+        running(env, name)
+    guest_write(dom, 0, 32 * MiB)
+    full = wait_for(lambda: (p := env.pinned(name)) >= 12 * MiB and p, "the budget to be pinned")
+    psi.write_text(_PSI.format(40.0))
+    pressed = time.monotonic()
+    wait_for(lambda: 0 <= env.pinned(name) <= full // 2, "pins to shrink under PSI", timeout=2 * INTERVAL + 1.5)
+    assert time.monotonic() - pressed <= 2 * INTERVAL + 1.5
+    assert env.status(name)["state"] == "backing-off"
+    wait_for(lambda: env.pinned(name) == 0, "pins to go while PSI stays high", timeout=8 * INTERVAL)
+    assert "psi.share" in env.agent_log(name)
+    psi.write_text(_PSI.format(0.5))
+    guest_write(dom, 0, 32 * MiB)
+    wait_for(lambda: env.pinned(name) >= 8 * MiB, "pins to come back once PSI is low", timeout=10 * INTERVAL)
