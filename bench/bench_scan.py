@@ -5,11 +5,17 @@ Run: ``.venv/bin/python bench/bench_scan.py [--dir /tmp] [--skip-full]``
 Two images, made here and deleted afterwards:
 
 1. a 1 TiB sparse image with 512 MiB resident (8 ranges of 64 MiB, some
-   not aligned to 4 MiB), scanned by ``vmtouch IMAGE``, by ``vmcache scan
-   IMAGE --json`` as a subprocess and by ``scan_residency`` in process;
-2. a fully resident 4 GiB image, the same three ways;
+   not aligned to 4 MiB);
+2. a fully resident 4 GiB image;
 3. a 4 GiB image with 10% of its 64 KiB pieces resident, scattered at
    random (the worst case for cachestat narrowing).
+
+Each is scanned by ``vmtouch IMAGE``; by the command ``vmcache scan IMAGE``
+(whole-file cachestat, no numpy) and ``vmcache scan IMAGE --blocks``
+(per-block cachestat + mincore scan) as subprocesses, the way an operator
+runs them; and in process by ``file_cachestat`` and ``scan_residency``.
+Two start-up rows give the floor: ``python -c pass`` and importing the CLI
+plus building the ``scan`` parser without scanning.
 
 The resident ranges are held with vmcache's Pinner (mmap + mlock) while
 measuring: this host's kernel reclaims clean page cache proactively, and
@@ -20,7 +26,6 @@ printed next to its time, so a wrong answer cannot hide behind a fast one.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -36,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from vmcache.host.cachestat import file_cachestat  # noqa: E402
 from vmcache.host.pagecache import scan_residency  # noqa: E402
 from vmcache.host.pinner import Pinner  # noqa: E402
 from vmcache.model.region import Region  # noqa: E402
@@ -66,18 +72,31 @@ def vmtouch(path: Path) -> int:
 CLI_INNER: list[float] = []  # the scan time the CLI reports about itself (no interpreter start-up)
 
 
-def cli_scan(path: Path) -> int:
-    out = subprocess.run([*VMCACHE, "scan", str(path), "--json"], check=True, capture_output=True, text=True).stdout
-    doc = json.loads(out)
-    CLI_INNER.append(float(doc["elapsed_seconds"]))
-    return int(doc["resident_pages"])
+def cli_scan(path: Path, *extra: str) -> int:
+    """``vmcache scan IMAGE [extra]`` as a subprocess, human output as an operator reads it; its resident pages."""
+    out = subprocess.run([*VMCACHE, "scan", str(path), *extra], check=True, capture_output=True, text=True).stdout
+    pages = re.search(r"Resident Pages:\s*(\d+)/", out)
+    elapsed = re.search(r"Elapsed:\s*([0-9.]+) seconds", out)
+    assert pages and elapsed, out
+    CLI_INNER.append(float(elapsed.group(1)))
+    return int(pages.group(1))
+
+
+def python_floor() -> int:
+    """The interpreter alone (this venv, site included)."""
+    subprocess.run([sys.executable, "-c", "pass"], check=True, cwd=ROOT)
+    return 0
 
 
 def startup() -> int:
-    """Interpreter start plus importing the CLI and building its parser, without scanning."""
-    code = "import vmcache.cli as c; c.build_parser()"
+    """Interpreter start plus importing the CLI and building the ``scan`` parser, without scanning."""
+    code = "import vmcache.cli as c; c.build_parser('scan')"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     return 0
+
+
+def whole_file(path: Path) -> int:
+    return file_cachestat(path)[1].nr_cache
 
 
 def in_process(path: Path) -> int:
@@ -109,20 +128,25 @@ def case(name: str, path: Path, ranges: list[tuple[int, int]], runs_vmtouch: int
         results = {}
         for label, fn, runs in (
             ("vmtouch IMAGE", lambda: vmtouch(path), runs_vmtouch),
-            ("vmcache scan IMAGE --json (subprocess)", lambda: cli_scan(path), runs_fast),
+            ("vmcache scan IMAGE (subprocess)", lambda: cli_scan(path), runs_fast),
+            ("vmcache scan IMAGE --blocks (subprocess)", lambda: cli_scan(path, "--blocks"), runs_fast),
+            ("file_cachestat() in process", lambda: whole_file(path), runs_fast),
             ("scan_residency() in process", lambda: in_process(path), runs_fast),
         ):
             times, pages = timed(fn, runs)
             results[label] = (times, pages)
-            print(f"  {label:40s} {fmt(times)}  resident_pages={pages}")
+            print(f"  {label:44s} {fmt(times)}  resident_pages={pages}")
             if label.startswith("vmcache scan"):
-                print(f"    (scan time the CLI reports itself: median {statistics.median(CLI_INNER) * 1000:.2f} ms)")
+                print(f"    (scan time the CLI reports itself, 0.1 ms resolution: median "
+                      f"{statistics.median(CLI_INNER) * 1000:.1f} ms)")
                 CLI_INNER.clear()
-        times, _ = timed(startup, runs_fast)
-        print(f"  {'python + import vmcache.cli, no scan':40s} {fmt(times)}")
+        for label, fn in (("python -c pass", python_floor), ("python + vmcache.cli scan parser, no scan", startup)):
+            times, _ = timed(fn, runs_fast)
+            print(f"  {label:44s} {fmt(times)}")
     vt = statistics.median(results["vmtouch IMAGE"][0])
-    for label in ("vmcache scan IMAGE --json (subprocess)", "scan_residency() in process"):
-        print(f"  vmtouch / {label:40s} = {vt / statistics.median(results[label][0]):8.1f}x (medians)")
+    for label in results:
+        if label != "vmtouch IMAGE":
+            print(f"  vmtouch / {label:44s} = {vt / statistics.median(results[label][0]):9.1f}x (medians)")
     counts = {pages for _, pages in results.values()}
     print(f"  resident pages agree: {len(counts) == 1} {sorted(counts)}")
     return results
@@ -145,7 +169,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="/tmp", help="where to create the images (default /tmp)")
     parser.add_argument("--skip-full", action="store_true", help="only the 1 TiB sparse case")
-    parser.add_argument("--runs", type=int, default=5, help="runs of the fast scanners (vmtouch on 1 TiB: 2)")
+    parser.add_argument("--runs", type=int, default=11, help="runs of the fast scanners (vmtouch on 1 TiB: 2)")
     args = parser.parse_args()
     if not shutil.which("vmtouch"):
         print("vmtouch is not installed", file=sys.stderr)
@@ -170,7 +194,8 @@ def main() -> int:
             rng = random.Random(1)
             pieces = [(i * piece, piece) for i in sorted(rng.sample(range(4 * GiB // piece), 4 * GiB // piece // 10))]
             make_image(scattered, 4 * GiB, pieces)
-            case("4 GiB, 10% scattered in 64 KiB pieces", scattered, pieces, runs_vmtouch=args.runs, runs_fast=args.runs)
+            case("4 GiB, 10% scattered in 64 KiB pieces", scattered, pieces,
+                 runs_vmtouch=args.runs, runs_fast=args.runs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from vmcache.errors import ConfigError, PageCacheError
-from vmcache.host import pagecache
+from vmcache.host import cachestat, pagecache
 from vmcache.host.pagecache import PAGE_SIZE, scan_residency
 
 MiB = 1 << 20
@@ -188,7 +188,7 @@ def test_block_size_must_be_whole_pages(image: Path) -> None:
 
 
 def test_required_cachestat_missing_is_an_error(image: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pagecache, "_supported", False)
+    monkeypatch.setattr(cachestat, "_supported", False)
     with pytest.raises(PageCacheError):
         scan_residency(image, BLOCK, use_cachestat=True)
     # auto falls back to mincore and still gives the right answer
@@ -216,7 +216,7 @@ def test_cli_scan_json(image: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
     from vmcache.cli import main
 
-    assert main(["scan", str(image), "--json", "--block-size", "1M"]) == 0
+    assert main(["scan", str(image), "--json", "--blocks", "--block-size", "1M"]) == 0
     out = json.loads(capsys.readouterr().out)
     pages = sum(-(-n // PAGE_SIZE) for _, n in RESIDENT)
     assert out["size_bytes"] == SIZE

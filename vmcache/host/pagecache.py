@@ -3,8 +3,9 @@
 ``scan_residency`` answers "which blocks of this file are in the page
 cache, and how much of each": one float32 fraction per block.
 
-cachestat(2) (Linux 6.5+) counts the cached pages of a byte range without
-mapping anything, so it finds the populated parts of a mostly cold 1 TiB
+cachestat(2) (Linux 6.5+, bound in ``vmcache.host.cachestat``, which
+needs no numpy) counts the cached pages of a byte range without mapping
+anything, so it finds the populated parts of a mostly cold 1 TiB
 image in a few dozen calls: ranges with no cached page are skipped, ranges
 that are fully cached are filled without further work, and mincore(2) is
 asked only inside the partly cached chunks. Without cachestat (older
@@ -21,12 +22,20 @@ import ctypes
 import ctypes.util
 import errno as _errno
 import os
-import platform
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError, PageCacheError
+from .cachestat import (
+    _UNSUPPORTED_ERRNOS,
+    PAGE_SIZE,
+    CacheStat,
+    _error,
+    _raw_cachestat,
+    cachestat,
+    cachestat_supported,
+)
 
 __all__ = [
     "CacheStat",
@@ -40,7 +49,6 @@ __all__ = [
     "unmap",
 ]
 
-PAGE_SIZE = os.sysconf("SC_PAGESIZE")
 # cachestat narrows partly cached ranges down to chunks of this size before
 # mincore reads them page by page: mincore costs ~50 ns a page (3.5 ms for
 # 256 MiB), one cachestat call a few microseconds.
@@ -48,51 +56,17 @@ DEFAULT_CHUNK = 4 << 20
 _WINDOW = 1 << 30  # largest mapping used by the mincore fallback
 _FANOUT = 16  # a partly cached range is split into this many parts
 
-# cachestat(2) syscall numbers (include/uapi/asm-generic/unistd.h, same on x86_64).
-_NR_CACHESTAT = {"x86_64": 451, "aarch64": 451, "riscv64": 451, "ppc64le": 451, "s390x": 451}.get(
-    platform.machine()
-)
-# cachestat errors that mean "this kernel / sandbox has no cachestat at all".
-_UNSUPPORTED_ERRNOS = frozenset({_errno.ENOSYS, _errno.EPERM, _errno.EINVAL})
-
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_C_LONG = ctypes.c_long
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64]
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.restype = ctypes.c_int
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-
-
-class _CachestatRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Cachestat(ctypes.Structure):
-    _fields_ = [
-        ("nr_cache", ctypes.c_uint64),
-        ("nr_dirty", ctypes.c_uint64),
-        ("nr_writeback", ctypes.c_uint64),
-        ("nr_evicted", ctypes.c_uint64),
-        ("nr_recently_evicted", ctypes.c_uint64),
-    ]
-
-
-@dataclass(frozen=True)
-class CacheStat:
-    """cachestat(2) counters of a byte range, in pages."""
-
-    nr_cache: int
-    nr_dirty: int
-    nr_writeback: int
-    nr_evicted: int
-    nr_recently_evicted: int
 
 
 @dataclass(frozen=True)
@@ -134,62 +108,6 @@ class Residency:
     def resident_percent(self) -> float:
         total = self.total_pages
         return 100.0 * self.resident_pages / total if total else 0.0
-
-
-def _error(what: str, path: str, err: OSError) -> PageCacheError:
-    reason = os.strerror(err.errno) if err.errno else str(err)
-    return PageCacheError(f"{what}: {reason}", path=path, errno=err.errno)
-
-
-def _raw_cachestat(fd: int, offset: int, length: int) -> CacheStat:
-    """cachestat(2) of ``[offset, offset+length)`` (length 0 = to EOF); OSError on failure."""
-    if _NR_CACHESTAT is None:
-        raise OSError(_errno.ENOSYS, os.strerror(_errno.ENOSYS))
-    rng = _CachestatRange(offset, length)
-    out = _Cachestat()
-    # syscall(2) is variadic: pass every argument as a full long.
-    args = (_C_LONG(_NR_CACHESTAT), _C_LONG(fd), ctypes.byref(rng), ctypes.byref(out), _C_LONG(0))
-    if _libc.syscall(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return CacheStat(out.nr_cache, out.nr_dirty, out.nr_writeback, out.nr_evicted, out.nr_recently_evicted)
-
-
-_supported: bool | None = None
-
-
-def cachestat_supported(fd: int | None = None) -> bool:
-    """Whether this kernel (and sandbox) answers cachestat(2); probed once, then cached.
-
-    ``fd`` is a regular file to probe with; without one /proc/self/exe is used.
-    """
-    global _supported
-    if _supported is None:
-        own = fd is None
-        probe_fd = os.open("/proc/self/exe", os.O_RDONLY) if own else fd
-        try:
-            _raw_cachestat(probe_fd, 0, PAGE_SIZE)
-            _supported = True
-        except OSError as err:
-            if err.errno in _UNSUPPORTED_ERRNOS:
-                _supported = False
-            else:  # e.g. EOPNOTSUPP for this one file (hugetlbfs): decide later
-                return True
-        finally:
-            if own:
-                os.close(probe_fd)
-    return _supported
-
-
-def cachestat(fd: int, offset: int = 0, length: int = 0, *, path: str = "") -> CacheStat:
-    """cachestat(2) counters of ``length`` bytes from ``offset`` (0 = to EOF).
-
-    Raises PageCacheError (with the errno; ENOSYS when unsupported).
-    """
-    try:
-        return _raw_cachestat(fd, offset, length)
-    except OSError as err:
-        raise _error("cachestat", path or f"fd {fd}", err) from err
 
 
 def map_readonly(fd: int, offset: int, length: int) -> int:
