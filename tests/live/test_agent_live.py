@@ -31,6 +31,8 @@ from vmcache.launcher import pidfile_holder  # noqa: E402
 from vmcache.metadata import NAMESPACE  # noqa: E402
 from vmcache.status import file_stem  # noqa: E402
 
+from tests.pagecache_util import vmlck  # noqa: E402
+
 pytestmark = pytest.mark.live
 
 REPO = Path(__file__).resolve().parents[2]
@@ -183,7 +185,7 @@ def test_hook_starts_the_agent_which_tracks_writes_pins_and_stops_with_the_domai
     assert status["disks"][0]["pinned_bytes"] <= 16 * MiB
     metrics = wait_for(lambda: _scrape(status["metrics_url"], "vmcache_guest_written_bytes_total"), "metrics")
     assert metrics >= 4 * MiB
-    vmlck = _vmlck(pid)
+    vmlck = vmlck(pid)
     assert 4 * MiB <= vmlck <= 17 * MiB
 
     dom.destroy()
@@ -243,11 +245,3 @@ def _scrape(url: str, metric: str) -> float | None:
             if sample.name == metric:
                 return sample.value or None
     return None
-
-
-def _vmlck(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmLck:"):
-                return int(line.split()[1]) * 1024
-    return 0

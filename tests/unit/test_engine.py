@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from vmcache.engine import DiskEngine, WriteSample
-from vmcache.host.meminfo import MemInfo
 from vmcache.host.pagecache import scan_residency
 from vmcache.model.params import ModelParams
+
+from tests.pagecache_util import drop, fake_meminfo
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -25,10 +26,7 @@ PARAMS = ModelParams(block_size=MiB, interval=1.0, decay=0.5, pinned_decay=0.95,
 
 
 def meminfo(available: int = 64 * GiB):  # type: ignore[no-untyped-def]
-    def read() -> MemInfo:
-        return MemInfo(total_bytes=128 * GiB, free_bytes=available, available_bytes=available,
-                       cached_bytes=0, dirty_bytes=0, mlocked_bytes=0, unevictable_bytes=0)
-    return read
+    return fake_meminfo(available)
 
 
 class Clock:
@@ -47,14 +45,6 @@ def image(tmp_path: Path) -> Path:
         f.truncate(SIZE)
     drop(path)
     return path
-
-
-def drop(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def guest_read(path: Path, offset: int, length: int) -> None:

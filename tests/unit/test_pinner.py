@@ -17,46 +17,16 @@ from vmcache.host.pagecache import PAGE_SIZE, scan_residency
 from vmcache.host.pinner import Pinner
 from vmcache.model.region import Region
 
+from tests.pagecache_util import drop, fake_meminfo, vmlck
+
 MiB = 1 << 20
 GiB = 1 << 30
 BLOCK = 1 * MiB
 SIZE = 32 * MiB
 
 
-def vmlck() -> int:
-    """Bytes locked by this process, from /proc/self/status."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmLck:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmLck line")
-
-
 def plenty() -> MemInfo:
     return fake_meminfo(available=64 * GiB)()
-
-
-def fake_meminfo(available: int):  # type: ignore[no-untyped-def]
-    def read() -> MemInfo:
-        return MemInfo(
-            total_bytes=128 * GiB,
-            free_bytes=available,
-            available_bytes=available,
-            cached_bytes=0,
-            dirty_bytes=0,
-            mlocked_bytes=0,
-            unevictable_bytes=0,
-        )
-
-    return read
-
-
-def drop(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture

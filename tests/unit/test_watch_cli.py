@@ -14,6 +14,8 @@ import pytest
 
 from vmcache.cli import main
 
+from tests.pagecache_util import vmlck
+
 MiB = 1 << 20
 
 
@@ -73,9 +75,9 @@ def test_ctrl_c_releases_all_pins(image: Path, tmp_path: Path) -> None:
         first = proc.stdout.readline()
         assert first.startswith("cycle 1: pinned")
         deadline = time.monotonic() + 10
-        while _vmlck(proc.pid) == 0 and time.monotonic() < deadline:
+        while vmlck(proc.pid) == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _vmlck(proc.pid) > 0
+        assert vmlck(proc.pid) > 0
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
@@ -83,14 +85,3 @@ def test_ctrl_c_releases_all_pins(image: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert "released all pins" in err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def _vmlck(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmLck:"):
-                    return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        pass
-    return 0

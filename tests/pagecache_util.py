@@ -1,0 +1,42 @@
+"""Helpers for tests that use the real page cache and mlock (shared by several test modules)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from vmcache.host.meminfo import MemInfo
+
+GiB = 1 << 30
+
+
+def vmlck(pid: int | str = "self") -> int:
+    """Bytes locked by process ``pid`` (VmLck of /proc/PID/status); 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmLck:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        return 0
+    raise AssertionError(f"no VmLck line for {pid}")
+
+
+def fake_meminfo(available: int, total: int = 128 * GiB) -> Callable[[], MemInfo]:
+    """A meminfo reader that always reports ``available`` bytes available."""
+
+    def read() -> MemInfo:
+        return MemInfo(total_bytes=total, free_bytes=available, available_bytes=available, cached_bytes=0,
+                       dirty_bytes=0, mlocked_bytes=0, unevictable_bytes=0)
+
+    return read
+
+
+def drop(path: Path | str) -> None:
+    """Ask the kernel to drop ``path``'s clean, unlocked pages from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
