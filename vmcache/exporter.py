@@ -247,6 +247,33 @@ def _bind(address: str, ports: list[int], app: WSGIApp) -> _Server | None:
     return None
 
 
+#: Serves a path other than /metrics: ``(content_type, body)``, or None for 404.
+PageResolver = Callable[[str], "tuple[str, bytes] | None"]
+
+
+def _with_pages(metrics_app: WSGIApp, pages: PageResolver) -> WSGIApp:
+    """Route ``/metrics`` (and ``/``) to Prometheus, any other GET path to ``pages``."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path in ("/", "/metrics"):
+            return metrics_app(environ, start_response)
+        try:
+            page = pages(path)
+        except Exception as err:  # noqa: BLE001 - a broken page must not take the exporter down
+            log.warning(event("metrics.page_failed", path=path, error=err))
+            start_response("500 Internal Server Error", [("Content-Type", "text/plain")])
+            return [b"page failed\n"]
+        if page is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found\n"]
+        content_type, body = page
+        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
 def serve_metrics(
     registry: CollectorRegistry,
     *,
@@ -254,16 +281,20 @@ def serve_metrics(
     ports: Iterable[int] = DEFAULT_PORTS,
     tls: TLSOptions | None = None,
     basic_auth: BasicAuth | None = None,
+    pages: PageResolver | None = None,
 ) -> MetricsServer:
     """Serve ``registry`` at ``/metrics`` on ``address`` and the first free port of ``ports``.
 
-    Port 0 lets the kernel choose. Serving runs in a daemon thread until
-    :meth:`MetricsServer.close`. Raises HostError when no port of the range
-    is free or the address cannot be bound, ConfigError when the TLS files
-    or the password file are unusable.
+    ``pages`` serves other paths (the agent's heat maps), behind the same
+    TLS and basic auth. Port 0 lets the kernel choose. Serving runs in a
+    daemon thread until :meth:`MetricsServer.close`. Raises HostError when
+    no port of the range is free or the address cannot be bound,
+    ConfigError when the TLS files or the password file are unusable.
     """
     ssl_context = tls.context() if tls is not None else None
     app: WSGIApp = make_wsgi_app(registry)
+    if pages is not None:
+        app = _with_pages(app, pages)
     if basic_auth is not None:
         app = _require_basic_auth(app, basic_auth.load())
         if tls is None and not _is_loopback(address):

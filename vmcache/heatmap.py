@@ -50,6 +50,7 @@ __all__ = [
     "write_atomic",
     "heatmap_json",
     "heatmap_from_json",
+    "heatmap_page",
     "pinned_regions",
     "cell_colours",
     "offset_label",
@@ -491,3 +492,23 @@ class HeatmapWriter:
         if self.json_path is not None:
             write_atomic(self.json_path, json.dumps(heatmap_json(data)).encode() + b"\n")
         return True
+
+
+def heatmap_page(path: str, lookup: Callable[[str], HeatmapData | None],
+                 options: RenderOptions = RenderOptions()) -> tuple[str, bytes] | None:
+    """Serve ``/heatmap/<disk>.png`` or ``/heatmap/<disk>.json`` from ``lookup(disk)``.
+
+    For :func:`vmcache.exporter.serve_metrics`'s ``pages``: returns
+    ``(content_type, body)``, or None (404) for another path or a disk
+    ``lookup`` does not know.
+    """
+    prefix, _, name = path.rpartition("/")
+    disk, dot, kind = name.rpartition(".")
+    if prefix != "/heatmap" or not dot or kind not in ("png", "json"):
+        return None
+    data = lookup(disk)
+    if data is None:
+        return None
+    if kind == "png":
+        return "image/png", render_png(data, options)
+    return "application/json", json.dumps(heatmap_json(data)).encode() + b"\n"

@@ -286,3 +286,23 @@ def test_missing_password_file_is_a_config_error_naming_the_file(registry: Colle
     with pytest.raises(ConfigError, match="absent"):
         serve_metrics(registry, ports=[0], basic_auth=BasicAuth("prometheus", str(missing)))
 
+
+
+def test_pages_are_served_beside_metrics_behind_the_same_auth(registry: CollectorRegistry,
+                                                              password_file: Path) -> None:
+    def pages(path: str) -> tuple[str, bytes] | None:
+        if path == "/heatmap/vda.json":
+            return "application/json", b'{"disk": "vda"}'
+        if path == "/heatmap/broken.json":
+            raise ValueError("arrays changed shape")
+        return None
+
+    user = ("prometheus", password_file.read_text().strip())
+    with serve_metrics(registry, ports=[0], pages=pages, basic_auth=BasicAuth("prometheus", str(password_file))) as srv:
+        base = f"http://127.0.0.1:{srv.port}"
+        assert fetch(base + "/heatmap/vda.json", auth=user) == (200, '{"disk": "vda"}')
+        assert fetch(base + "/heatmap/vda.json")[0] == 401
+        assert fetch(base + "/heatmap/vdz.json", auth=user)[0] == 404
+        assert fetch(base + "/heatmap/broken.json", auth=user)[0] == 500
+        status, text = fetch(base + "/metrics", auth=user)
+        assert status == 200 and "vmcache_test_value 42.0" in text

@@ -20,6 +20,7 @@ from vmcache.heatmap import (
     block_pixel,
     cell_colours,
     heatmap_from_json,
+    heatmap_page,
     heatmap_json,
     layout,
     offset_label,
@@ -273,3 +274,17 @@ def test_writer_writes_every_nth_cycle_and_builds_data_only_then(tmp_path: Path)
     assert len(built) == 2
     assert Image.open(png).format == "PNG"
     assert json.loads(js.read_text())["regions"] == [{"start": 2 * BS, "length": BS}]
+
+
+def test_heatmap_page_serves_png_and_json_of_known_disks_only() -> None:
+    n = 64
+    data = HeatmapData(heat=np.linspace(0, 1, n, dtype=np.float32), pinned=np.arange(n) < 8,
+                       resident=np.zeros(n, dtype=np.float32), written=np.zeros(n, dtype=np.float32),
+                       block_size=1 << 20, image_size=n << 20, disk="vda")
+    lookup = {"vda": data}.get
+    kind, body = heatmap_page("/heatmap/vda.png", lookup)
+    assert kind == "image/png" and body.startswith(b"\x89PNG")
+    kind, body = heatmap_page("/heatmap/vda.json", lookup)
+    assert kind == "application/json" and json.loads(body)["disk"] == "vda"
+    for path in ("/heatmap/vdb.png", "/heatmap/vda.gif", "/heatmap/vda", "/other/vda.png", "/heatmap/"):
+        assert heatmap_page(path, lookup) is None, path
