@@ -15,7 +15,6 @@ agent it starts checks the ``model`` section and reports it).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -357,6 +356,8 @@ def _metrics(value: object) -> MetricsConfig:
     _no_unknown(section, _METRICS_KEYS, "metrics.")
     values: dict[str, Any] = {}
     if "listen" in section:
+        import ipaddress  # here: the hook loads this module on every domain start
+
         listen = section["listen"]
         try:
             values["listen"] = str(ipaddress.ip_address(listen if isinstance(listen, str) else ""))

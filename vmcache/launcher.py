@@ -23,18 +23,20 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import DEFAULT_PATH, HostConfig
 from .errors import HostError
 from .host.procs import cmdline
 from .logfmt import event
 from .status import file_stem
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = [
     "LaunchResult",
@@ -101,7 +103,8 @@ def default_agent_command(python: str = sys.executable) -> tuple[str, ...]:
 class SystemdLauncher:
     """Starts agents as instances of the vmcache-agent@ template unit."""
 
-    def __init__(self, *, systemctl: str = "systemctl", run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> None:
+    def __init__(self, *, systemctl: str = "systemctl",
+                 run: Callable[..., subprocess.CompletedProcess[Any]] | None = None) -> None:
         self.systemctl = systemctl
         self._run = run
 
@@ -109,9 +112,12 @@ class SystemdLauncher:
         return UNIT_TEMPLATE.format(systemd_escape(domain))
 
     def _systemctl(self, verb: str, domain: str) -> None:
+        import subprocess  # only on this path: the hook's start-up time counts
+
         argv = [self.systemctl, "--no-block", verb, self.unit(domain)]
+        run = self._run or subprocess.run
         try:
-            done = self._run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            done = run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              timeout=SYSTEMCTL_TIMEOUT, check=False)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise HostError(f"systemctl {verb} {self.unit(domain)}: {err}") from err

@@ -25,11 +25,9 @@ Unknown keys are ignored on reading (newer agents may add some).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -72,6 +70,8 @@ def file_stem(domain: str) -> str:
             out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
     stem = "".join(out) or "%00"
     if len(stem) > _MAX_STEM:
+        import hashlib
+
         digest = hashlib.sha256(domain.encode("utf-8", "surrogatepass")).hexdigest()[:16]
         stem = f"{stem[:_MAX_STEM - 17]}~{digest}"
     return stem
@@ -175,14 +175,14 @@ def write_status(path: str, status: AgentStatus, *, now: float | None = None) ->
     directory = os.path.dirname(path) or "."
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".status-", suffix=".tmp", dir=directory)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(status.to_json(), f, indent=1, sort_keys=True)
                 f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
