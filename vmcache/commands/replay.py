@@ -1,0 +1,176 @@
+"""``vmcache replay TRACE``: hit ratio of vmcache, LRU, Belady and static top-k on a block trace.
+
+Offline and deterministic: the trace (CSV ``time,op,offset,length`` or an
+fio iolog) is replayed through simulated page caches of each ``--budget``;
+the vmcache arm runs the real heat model and planner every ``--interval``
+of trace time. ``vmcache replay --generate zoned|zipf|moving --out FILE``
+writes a synthetic trace instead. See docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from ..errors import ConfigError, HostError
+from ..units import format_size, parse_size
+from ._args import duration_arg, size_arg
+
+NAME = "replay"
+HELP = "replay a block trace: hit ratio of vmcache vs LRU, Belady and static top-k at equal memory"
+
+DEFAULT_BLOCK = 64 << 10
+DEFAULT_PIN_SHARE = 0.5
+DEFAULT_FRACTIONS = (64, 32, 16, 8, 4)
+"""Without --budget: the image size (rounded up to a power of 2) divided by each of these."""
+GENERATE_KINDS = ("zoned", "zipf", "moving")
+
+
+def _budgets(text: str) -> list[int]:
+    try:
+        return [parse_size(part.strip(), key="--budget", allow_zero=False) for part in text.split(",") if part.strip()]
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(err.reason) from err
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", nargs="?", help="trace file: CSV (time,op,offset,length) or fio iolog v2/v3")
+    parser.add_argument("--budget", type=_budgets, action="append", metavar="SIZE[,SIZE...]",
+                        help="memory for every policy (repeat or comma-separate; default: image size, rounded up to a power of 2, / 64, 32, 16, 8, 4)")
+    parser.add_argument("--block-size", type=size_arg, default=DEFAULT_BLOCK,
+                        help="cache and model granularity, a multiple of 4096 (default 64KiB)")
+    parser.add_argument("--interval", type=duration_arg, default=None,
+                        help="vmcache re-plans every INTERVAL of trace time (default: the model's, 10s)")
+    parser.add_argument("--pin-share", type=float, default=DEFAULT_PIN_SHARE,
+                        help="share of each budget vmcache may pin; the rest is its LRU (default 0.5)")
+    parser.add_argument("--size", type=size_arg, default=None, help="image size (default: end of the trace)")
+    parser.add_argument("--policy", action="append", choices=("vmcache", "lru", "belady", "static"),
+                        help="only these policies (repeat; default all)")
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                        help="a model parameter, e.g. --model keep_factor=1.5 (see docs/configuration.md)")
+    parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a plot of hit ratio against memory")
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
+    gen = parser.add_argument_group("trace generation (instead of a replay)")
+    gen.add_argument("--generate", choices=GENERATE_KINDS, help="write a synthetic trace to --out")
+    gen.add_argument("--out", metavar="FILE.csv", help="where --generate writes")
+    gen.add_argument("--gen-size", type=size_arg, default=1 << 30, help="image size (default 1GiB)")
+    gen.add_argument("--count", type=int, default=100_000, help="requests (default 100000)")
+    gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    gen.add_argument("--rate", type=float, default=100.0, help="requests per second (default 100)")
+    gen.add_argument("--dwell", type=float, default=None,
+                     help="moving: seconds for the hot spot to move by its width (default 1200)")
+    gen.add_argument("--theta", type=float, default=None, help="zipf: exponent (default 1.0)")
+
+
+def _model_params(items: list[str], block_size: int, interval: float | None) -> Any:
+    from ..model.params import ModelParams
+
+    given: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("--model", item, "expected KEY=VALUE")
+        given[key.strip()] = _number(value.strip())
+    if "block_size" in given or "interval" in given:
+        raise ConfigError("--model", items, "set block_size and interval with --block-size and --interval")
+    given["block_size"] = block_size
+    if interval is not None:
+        given["interval"] = interval
+    try:
+        return ModelParams.from_mapping(given, prefix="--model ")
+    except ConfigError as err:
+        if err.key == "--model block_size":
+            raise ConfigError("--block-size", err.value, err.reason) from None
+        raise
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from ..replay import generate
+    from ..replay.trace import write_csv
+
+    if not args.out:
+        raise ConfigError("--out", None, "--generate needs --out FILE.csv")
+    extra: dict[str, Any] = {}
+    if args.dwell is not None:
+        extra["dwell"] = args.dwell
+    if args.theta is not None:
+        extra["theta"] = args.theta
+    refused = set(extra) - {"moving": {"dwell"}, "zipf": {"theta"}}.get(args.generate, set())
+    if refused:
+        raise ConfigError("--generate", args.generate, "takes no " + ", ".join("--" + k for k in sorted(refused)))
+    if args.count < 1:
+        raise ConfigError("--count", args.count, "must be at least 1")
+    try:
+        trace = generate.GENERATORS[args.generate](args.gen_size, args.count, seed=args.seed, rate=args.rate, **extra)
+    except ValueError as err:
+        raise ConfigError("--generate", args.generate, str(err)) from None
+    try:
+        write_csv(trace, args.out)
+    except OSError as err:
+        raise HostError(f"cannot write trace: {os.strerror(err.errno or 0)}", path=args.out, errno=err.errno) from err
+    print(f"wrote {len(trace)} requests over {trace.duration:.0f}s of a {format_size(args.gen_size)} image to {args.out}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.generate:
+        if args.trace:
+            raise ConfigError("trace", args.trace, "give either a trace to replay or --generate, not both")
+        return _generate(args)
+    if not args.trace:
+        raise ConfigError("trace", None, "a trace file is needed (or --generate KIND --out FILE)")
+    if not 0.0 < args.pin_share <= 1.0:
+        raise ConfigError("--pin-share", args.pin_share, "must be in (0, 1]")
+    params = _model_params(args.model, args.block_size, args.interval)
+
+    from ..replay import report, sim  # numpy only once the arguments are good
+    from ..replay.trace import read_trace
+
+    try:
+        trace = read_trace(args.trace, filename=args.fio_file)
+    except OSError as err:
+        raise HostError(f"cannot read trace: {os.strerror(err.errno or 0)}", path=args.trace,
+                        errno=err.errno) from err
+    if len(trace) == 0:
+        raise ConfigError("trace", args.trace, "has no requests")
+    size = args.size if args.size is not None else trace.end
+    if size < trace.end:
+        raise ConfigError("--size", args.size, f"the trace reaches byte {trace.end}")
+    if args.budget:
+        budgets = sorted({b for group in args.budget for b in group})
+    else:
+        base = 1 << max(0, (size - 1).bit_length())  # the image size rounded up to a power of 2
+        budgets = sorted({max(args.block_size, base // f // args.block_size * args.block_size)
+                          for f in DEFAULT_FRACTIONS})
+    policies = tuple(dict.fromkeys(args.policy)) if args.policy else sim.POLICIES
+    results = sim.replay(trace, budgets, block_size=args.block_size, params=params, pin_share=args.pin_share,
+                         size_bytes=size, policies=policies)
+    if args.json:
+        print(json.dumps(report.rows_json(results), indent=1))
+    else:
+        print(f"{os.path.basename(args.trace)}: {len(trace)} requests, {trace.duration:.0f}s, image "
+              f"{format_size(size)}, blocks {format_size(args.block_size)}, interval {params.interval:g}s, "
+              f"pin share {args.pin_share:g}")
+        print("hit ratio (block accesses, reads and writes):")
+        print(report.table(results))
+    if args.plot:
+        png = report.plot_png(results, title=f"{os.path.basename(args.trace)}: hit ratio vs memory")
+        try:
+            with open(args.plot, "wb") as out:
+                out.write(png)
+        except OSError as err:
+            raise HostError(f"cannot write plot: {os.strerror(err.errno or 0)}", path=args.plot,
+                            errno=err.errno) from err
+    return 0

@@ -1,0 +1,330 @@
+"""Replay a block trace through page caches of a given size: vmcache, LRU, Belady, static top-k.
+
+Everything is simulated at one granularity, ``block_size`` bytes (also the
+model's block size): a request touches every block its byte range overlaps,
+and each touched block is one *access*. Reads and writes both count: with
+``cache='writethrough'`` a written page lands in the page cache, so a write
+to a cached block is a hit and a write to an uncached one is a miss that
+brings the block in. Hit ratio = hits / accesses (read hits / read accesses
+is reported beside it).
+
+Every policy gets the same memory, ``capacity = budget // block_size``
+blocks:
+
+- ``lru``: plain LRU of ``capacity`` blocks, empty at the start.
+- ``vmcache``: the same LRU, but the blocks vmcache pins are never evicted
+  and count against the capacity (the LRU holds ``capacity - pinned``).
+  Every ``interval`` seconds of trace time it runs what the engine runs
+  each cycle (:class:`~vmcache.engine.DiskEngine`): residency of the
+  simulated cache with "ours" masked (blocks pinned now, or pinned earlier
+  and not evicted since), the blocks written during the interval (the dirty
+  bitmap), ``HeatModel.step`` at ``now`` = the trace time, then ``plan``
+  with the pinned regions as ``current`` and ``pin_share * budget`` as the
+  byte budget. Newly pinned blocks leave the LRU or, if not resident, are
+  loaded (counted as ``prefetched``, not as misses: the agent loads them
+  off the guest's I/O path); unpinned blocks go back to the LRU as most
+  recently used (munlock puts pages back on the kernel's LRU) and stay
+  "ours" until evicted.
+- ``belady``: the optimal replacement (MIN) with next-use times known in
+  advance, allowed to bypass (not cache) a block whose next use is later
+  than every cached one's; an upper bound for any policy, ``>= lru``.
+- ``static``: the ``capacity`` blocks most accessed over the whole trace
+  (known in advance) are cached on their first access and never evicted;
+  nothing else is cached. The best *fixed* set, not a bound on adaptive
+  policies.
+
+All start with an empty cache, so the first access to a block is a miss
+for every policy but vmcache, which may load a pinned region before the
+guest reads it: vmcache alone can beat ``belady`` (a bound for caches that
+load on demand).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..model.heat import HeatModel
+from ..model.params import ModelParams
+from ..model.planner import plan
+from ..model.region import Region
+from .trace import Trace
+
+__all__ = ["BlockTrace", "PolicyResult", "POLICIES", "to_blocks", "next_use", "lru", "belady", "static_topk",
+           "vmcache", "replay"]
+
+POLICIES = ("vmcache", "lru", "belady", "static")
+
+
+@dataclass(frozen=True)
+class BlockTrace:
+    """A trace cut into block accesses: parallel arrays, one entry per (request, block)."""
+
+    block: NDArray[np.int64]
+    time: NDArray[np.float64]
+    write: NDArray[np.bool_]
+    block_size: int
+    nblocks: int
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """How one policy did at one memory size."""
+
+    policy: str
+    budget: int
+    accesses: int
+    hits: int
+    read_accesses: int
+    read_hits: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+    @property
+    def read_hit_ratio(self) -> float:
+        return self.read_hits / self.read_accesses if self.read_accesses else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policy": self.policy, "budget_bytes": self.budget, "accesses": self.accesses, "hits": self.hits,
+                "hit_ratio": round(self.hit_ratio, 6), "read_accesses": self.read_accesses,
+                "read_hits": self.read_hits, "read_hit_ratio": round(self.read_hit_ratio, 6), **self.extra}
+
+
+def to_blocks(trace: Trace, block_size: int, size_bytes: int | None = None) -> BlockTrace:
+    """One access per block each request overlaps; ``nblocks`` covers ``size_bytes`` (default: the trace's end).
+
+    Raises ValueError for a block size under 1 or a request past ``size_bytes``.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    end = trace.end
+    size = end if size_bytes is None else size_bytes
+    if end > size:
+        raise ValueError(f"the trace reaches byte {end}, past the image size {size}")
+    first = trace.offset // block_size
+    last = (trace.offset + trace.length - 1) // block_size
+    counts = last - first + 1
+    starts = np.cumsum(counts) - counts
+    total = int(counts.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+    block = np.repeat(first, counts) + within
+    return BlockTrace(block.astype(np.int64), np.repeat(trace.time, counts), np.repeat(trace.write, counts),
+                      block_size, -(-size // block_size))
+
+
+def next_use(block: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Index of the next access to the same block, ``len(block)`` where there is none."""
+    n = len(block)
+    result = np.full(n, n, dtype=np.int64)
+    if n < 2:
+        return result
+    order = np.lexsort((np.arange(n), block))  # by block, then by position: a backward pass per block
+    same = block[order[1:]] == block[order[:-1]]
+    result[order[:-1][same]] = order[1:][same]
+    return result
+
+
+def _result(name: str, budget: int, bt: BlockTrace, hit: NDArray[np.bool_], **extra: Any) -> PolicyResult:
+    reads = ~bt.write
+    return PolicyResult(name, budget, len(bt), int(hit.sum()), int(reads.sum()), int((hit & reads).sum()),
+                        dict(extra))
+
+
+def lru(bt: BlockTrace, capacity: int) -> NDArray[np.bool_]:
+    """Hit (True) or miss per access for a plain LRU cache of ``capacity`` blocks, empty at the start."""
+    hits = bytearray(len(bt))
+    cache: OrderedDict[int, None] = OrderedDict()
+    for i, b in enumerate(bt.block.tolist()):
+        if b in cache:
+            cache.move_to_end(b)
+            hits[i] = 1
+        else:
+            cache[b] = None
+            if len(cache) > capacity:
+                cache.popitem(last=False)
+    return np.frombuffer(bytes(hits), dtype=bool).copy()
+
+
+def belady(bt: BlockTrace, capacity: int) -> NDArray[np.bool_]:
+    """Hit or miss per access for the optimal policy (MIN with bypass) of ``capacity`` blocks."""
+    n = len(bt)
+    hits = bytearray(n)
+    if capacity <= 0:
+        return np.zeros(n, dtype=bool)
+    nxt = next_use(bt.block).tolist()
+    cache: dict[int, int] = {}  # block -> index of its next use
+    heap: list[tuple[int, int]] = []  # (-next use, block); stale entries skipped lazily
+    for i, b in enumerate(bt.block.tolist()):
+        nu = nxt[i]
+        if b in cache:
+            hits[i] = 1
+        elif len(cache) >= capacity:
+            while cache.get(heap[0][1]) != -heap[0][0]:
+                heapq.heappop(heap)
+            if -heap[0][0] <= nu:
+                continue  # every cached block is used again before this one: do not cache it
+            del cache[heapq.heappop(heap)[1]]
+        cache[b] = nu
+        heapq.heappush(heap, (-nu, b))
+    return np.frombuffer(bytes(hits), dtype=bool).copy()
+
+
+def static_topk(bt: BlockTrace, capacity: int) -> NDArray[np.bool_]:
+    """Hit or miss per access when only the ``capacity`` most accessed blocks are cached (on first use)."""
+    if capacity <= 0 or len(bt) == 0:
+        return np.zeros(len(bt), dtype=bool)
+    counts = np.bincount(bt.block, minlength=bt.nblocks)
+    top = np.argsort(-counts, kind="stable")[:capacity]
+    chosen = np.zeros(bt.nblocks, dtype=bool)
+    chosen[top] = True
+    first = np.zeros(len(bt), dtype=bool)
+    first[np.unique(bt.block, return_index=True)[1]] = True
+    return chosen[bt.block] & ~first
+
+
+@dataclass
+class VmcacheRun:
+    """What the vmcache arm did, beside its hits."""
+
+    hits: NDArray[np.bool_]
+    cycles: int = 0
+    prefetched: int = 0
+    pinned_blocks_mean: float = 0.0
+    pinned_blocks_max: int = 0
+
+
+def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
+            size_bytes: int | None = None) -> VmcacheRun:
+    """Hit or miss per access for vmcache's pinning over an LRU, ``capacity`` blocks in all.
+
+    ``params``: the model parameters (its ``block_size`` must be the trace's,
+    its ``interval`` is the re-planning period in trace seconds);
+    ``pin_budget``: bytes ``plan`` may pin, at most ``capacity`` blocks.
+    Raises ValueError when they do not fit.
+    """
+    bs = bt.block_size
+    if params.block_size != bs:
+        raise ValueError(f"model block_size {params.block_size} differs from the trace's {bs}")
+    if pin_budget > capacity * bs:
+        raise ValueError(f"pin budget {pin_budget} is more than the cache ({capacity} blocks of {bs})")
+    n, nb = len(bt), bt.nblocks
+    size = nb * bs if size_bytes is None else size_bytes
+    run = VmcacheRun(hits=np.zeros(n, dtype=bool))
+    if n == 0:
+        return run
+    hits = bytearray(n)
+    model = HeatModel(params, nb)
+    pinned = np.zeros(nb, dtype=bool)
+    pinset: set[int] = set()
+    ours = np.zeros(nb, dtype=bool)
+    current: list[Region] = []
+    cache: OrderedDict[int, None] = OrderedDict()  # the unpinned resident blocks
+    room = capacity
+    blocks = bt.block.tolist()
+    t0 = float(bt.time[0])
+    ncycles = int((float(bt.time[-1]) - t0) // params.interval) + 1
+    bounds = np.searchsorted(bt.time, t0 + params.interval * np.arange(1, ncycles + 1), side="left")
+    pinned_total = 0
+    begin = 0
+    for k in range(ncycles):
+        end = int(bounds[k])
+        for i in range(begin, end):
+            b = blocks[i]
+            if b in pinset:
+                hits[i] = 1
+            elif b in cache:
+                cache.move_to_end(b)
+                hits[i] = 1
+            else:
+                cache[b] = None
+                if len(cache) > room:
+                    cache.popitem(last=False)
+        # one engine cycle at the end of the interval
+        written = np.zeros(nb, dtype=np.float32)
+        written[bt.block[begin:end][bt.write[begin:end]]] = 1.0
+        begin = end
+        resident = pinned.copy()
+        if cache:
+            resident[np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))] = True
+        ours &= resident
+        ours |= pinned
+        heat = model.step(resident.astype(np.float32), written, ours, t0 + params.interval * (k + 1))
+        current = plan(heat, params=params, size_bytes=size, budget=pin_budget, current=current)
+        wanted = np.zeros(nb, dtype=bool)
+        for region in current:
+            wanted[region.start // bs : -(-region.end // bs)] = True
+        for b in np.flatnonzero(pinned & ~wanted).tolist():  # released: back to the LRU, most recent
+            cache[b] = None
+        for b in np.flatnonzero(wanted & ~pinned).tolist():  # pinned: out of the LRU, or loaded
+            if b in cache:
+                del cache[b]
+            else:
+                run.prefetched += 1
+        pinned = wanted
+        pinset = set(np.flatnonzero(pinned).tolist())
+        room = capacity - len(pinset)
+        while len(cache) > room:
+            cache.popitem(last=False)
+        ours |= pinned
+        pinned_total += len(pinset)
+        run.pinned_blocks_max = max(run.pinned_blocks_max, len(pinset))
+    run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
+    run.cycles = ncycles
+    run.pinned_blocks_mean = pinned_total / ncycles
+    return run
+
+
+def replay(
+    trace: Trace,
+    budgets: list[int],
+    *,
+    block_size: int,
+    params: ModelParams | None = None,
+    interval: float | None = None,
+    pin_share: float = 1.0,
+    size_bytes: int | None = None,
+    policies: tuple[str, ...] = POLICIES,
+) -> list[PolicyResult]:
+    """Every policy at every budget (bytes of memory); results in budget order, then policy order.
+
+    ``params``: model parameters (default ``ModelParams()``); ``block_size``
+    and ``interval`` (when given) replace theirs. ``pin_share``: the share
+    of each budget vmcache's planner may pin (0..1]. Raises ValueError for
+    an unknown policy, a bad share or parameters ModelParams refuses.
+    """
+    unknown = set(policies) - set(POLICIES)
+    if unknown:
+        raise ValueError(f"unknown policies: {', '.join(sorted(unknown))} (known: {', '.join(POLICIES)})")
+    if not 0.0 < pin_share <= 1.0:
+        raise ValueError(f"pin_share must be in (0, 1], got {pin_share}")
+    p = params or ModelParams()
+    p = replace(p, block_size=block_size, **({"interval": interval} if interval is not None else {}))
+    bt = to_blocks(trace, block_size, size_bytes)
+    results: list[PolicyResult] = []
+    for budget in budgets:
+        capacity = budget // block_size
+        for name in policies:
+            if name == "lru":
+                results.append(_result(name, budget, bt, lru(bt, capacity)))
+            elif name == "belady":
+                results.append(_result(name, budget, bt, belady(bt, capacity)))
+            elif name == "static":
+                results.append(_result(name, budget, bt, static_topk(bt, capacity)))
+            else:
+                pin_budget = int(capacity * pin_share) * block_size
+                run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes)
+                results.append(_result(name, budget, bt, run.hits, cycles=run.cycles, prefetched_blocks=run.prefetched,
+                                       pinned_blocks_mean=round(run.pinned_blocks_mean, 1),
+                                       pinned_blocks_max=run.pinned_blocks_max))
+    return results
