@@ -4,7 +4,7 @@ QEMU shows each exported bitmap ``B`` as the NBD meta context
 ``qemu:dirty-bitmap:B``: extents whose flag bit 0 is set are dirty. A reply
 may cover less than the length asked for, so the loop advances by what the
 callbacks reported (the least over all contexts asked), never by the
-request. Every wait is bounded: libnbd's asynchronous calls are polled with
+request. Requests are pipelined (``WINDOW`` in flight). Every wait is bounded: libnbd's asynchronous calls are polled with
 a timeout.
 
 Extents are numpy ``int64`` arrays of shape ``(n, 2)``: ``(offset, length)``
@@ -14,6 +14,7 @@ rows, sorted, merged (no two rows touch or overlap).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -26,6 +27,8 @@ __all__ = ["DIRTY_CONTEXT_PREFIX", "MAX_REQUEST", "merge_extents", "empty_extent
 DIRTY_CONTEXT_PREFIX: Final = "qemu:dirty-bitmap:"
 #: Largest block_status request (NBD counts are 32-bit).
 MAX_REQUEST: Final = (1 << 32) - (1 << 20)
+#: block_status requests in flight at once (QEMU's server handles 16 per client).
+WINDOW: Final = 16
 _STATE_DIRTY: Final = 1
 
 
@@ -55,24 +58,71 @@ def merge_extents(extents: np.ndarray) -> np.ndarray:
 
 
 class _Collector:
-    """block_status callback: dirty rows per call, and how far each context got."""
+    """block_status callback of one request: keeps the raw answers, notes how far each context got.
 
-    def __init__(self, contexts: Sequence[str]) -> None:
+    The answers are turned into arrays once, at the end (``_dirty_rows``):
+    numpy per callback costs more than the NBD round trip.
+    """
+
+    def __init__(self, contexts: Sequence[str], parts: list[tuple[int, list[int]]]) -> None:
         self.contexts = set(contexts)
-        self.parts: list[np.ndarray] = []
+        self.parts = parts
         self.reached: dict[str, int] = {}
 
     def __call__(self, context: str, offset: int, entries: list[int], err: Any) -> int:
         if context not in self.contexts or not entries:
             return 0
+        self.reached[context] = offset + sum(entries[0::2])
+        if any(flags & _STATE_DIRTY for flags in entries[1::2]):
+            self.parts.append((offset, entries))
+        return 0
+
+
+def _dirty_rows(parts: list[tuple[int, list[int]]]) -> list[np.ndarray]:
+    rows = []
+    for offset, entries in parts:
         pairs = np.asarray(entries, dtype=np.int64).reshape(-1, 2)
         ends = offset + np.cumsum(pairs[:, 0])
-        self.reached[context] = int(ends[-1])
         dirty = (pairs[:, 1] & _STATE_DIRTY) != 0
-        if dirty.any():
-            lengths = pairs[dirty, 0]
-            self.parts.append(np.column_stack((ends[dirty] - lengths, lengths)))
-        return 0
+        lengths = pairs[dirty, 0]
+        rows.append(np.column_stack((ends[dirty] - lengths, lengths)))
+    return rows
+
+
+def _pipelined_status(handle: Any, contexts: Sequence[str], end: int, deadline: float, export: str) -> list[np.ndarray]:
+    """block_status over ``[0, end)`` with up to ``WINDOW`` requests in flight.
+
+    A request answered for less than asked is followed by one for the rest.
+    """
+    import nbd
+
+    parts: list[tuple[int, list[int]]] = []
+    todo = deque((off, min(MAX_REQUEST, end - off)) for off in range(0, end, MAX_REQUEST))
+    inflight: dict[int, tuple[int, int, _Collector]] = {}
+    while todo or inflight:
+        while todo and len(inflight) < WINDOW:
+            offset, count = todo.popleft()
+            collector = _Collector(contexts, parts)
+            inflight[handle.aio_block_status(count, offset, collector)] = (offset, count, collector)
+        if time.monotonic() > deadline:
+            raise BitmapReadError(f"NBD block_status on {export}: no answer in time")
+        done = [cookie for cookie in inflight if handle.aio_command_completed(cookie)]
+        if not done:
+            try:
+                handle.poll(max(1, int((deadline - time.monotonic()) * 1000)))
+            except nbd.Error as err:
+                raise BitmapReadError(f"NBD block_status on {export}: {err}") from err
+            continue
+        for cookie in done:
+            offset, count, collector = inflight.pop(cookie)
+            if set(collector.reached) != collector.contexts:
+                raise BitmapReadError(f"NBD export {export}: no extents at offset {offset}")
+            reached = min(collector.reached.values())
+            if reached <= offset:
+                raise BitmapReadError(f"NBD export {export}: no progress at offset {offset}")
+            if reached < offset + count:
+                todo.appendleft((reached, offset + count - reached))
+    return _dirty_rows(parts)
 
 
 def _wait(handle: Any, done: Any, deadline: float, what: str) -> None:
@@ -123,26 +173,14 @@ def read_dirty_extents(
                 raise BitmapReadError(f"NBD export {export} has no context {context}")
         size = handle.get_size()
         end = min(length, size)
-        collector = _Collector(contexts)
-        offset = 0
-        while offset < end:
-            count = min(end - offset, MAX_REQUEST)
-            collector.reached = {}
-            cookie = handle.aio_block_status(count, offset, collector)
-            _wait(handle, lambda c=cookie: handle.aio_command_completed(c), deadline, "block_status")
-            if set(collector.reached) != collector.contexts:
-                raise BitmapReadError(f"NBD export {export}: no extents at offset {offset}")
-            reached = min(collector.reached.values())
-            if reached <= offset:
-                raise BitmapReadError(f"NBD export {export}: no progress at offset {offset}")
-            offset = reached
+        parts = _pipelined_status(handle, contexts, end, deadline, export)
     except nbd.Error as err:
         raise BitmapReadError(f"NBD read of {export}: {err}") from err
     finally:
         _close(handle)
-    if not collector.parts:
+    if not parts:
         return empty_extents()
-    extents = merge_extents(np.concatenate(collector.parts))
+    extents = merge_extents(np.concatenate(parts))
     # The last extent may run past the length asked for: clip it.
     if len(extents):
         over = extents[:, 0] + extents[:, 1] > end
