@@ -177,7 +177,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
             break
         if duplicate:
             mark = key_node.start_mark
-            raise ConfigError(str(key), None, f"key given twice (line {mark.line + 1})")
+            raise ConfigError(_key_text(key), None, f"key given twice (line {mark.line + 1})")
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -262,10 +262,15 @@ _AUTH_KEYS = ("username", "password_file")
 _HEATMAP_KEYS = ("dir", "every", "blocks_per_pixel", "aspect")
 
 
+def _key_text(key: object) -> str:
+    """A key as it can be shown on one line."""
+    return key if isinstance(key, str) and key.isprintable() else repr(key)
+
+
 def _no_unknown(data: Mapping[Any, Any], known: tuple[str, ...], prefix: str) -> None:
     for key, value in data.items():
         if key not in known:
-            raise ConfigError(f"{prefix}{key}", value, "unknown key (known: " + ", ".join(known) + ")")
+            raise ConfigError(f"{prefix}{_key_text(key)}", value, "unknown key (known: " + ", ".join(known) + ")")
 
 
 def _section(value: object, key: str) -> Mapping[Any, Any]:
@@ -291,6 +296,7 @@ def _cache_modes(value: object) -> frozenset[str]:
     return frozenset(modes)
 
 
+_PARAM_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _PERCENT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
 
 
@@ -307,6 +313,9 @@ def _model(value: object) -> Mapping[str, Any]:
     section = _section(value, "model")
     if "interval" in section:
         raise ConfigError("model.interval", section["interval"], "set the top-level interval key instead")
+    for key, value in section.items():
+        if not isinstance(key, str) or not _PARAM_RE.match(key):
+            raise ConfigError(f"model.{_key_text(key)}", value, "unknown model parameter")
     return MappingProxyType(dict(section))
 
 
