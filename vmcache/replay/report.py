@@ -103,13 +103,15 @@ def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, 
         draw.text(((left + right) / 2, 16), title, fill="black", font=font, anchor="mm")
 
     # one line per policy, legend on the right
-    for n, p in enumerate(policies):
+    for p in reversed(policies):  # the first policy (vmcache) drawn last, on top
         colour = COLOURS.get(p, _FALLBACK)
         points = [(fx(b), fy(cell[(b, p)].hit_ratio)) for b in budgets if (b, p) in cell]
         if len(points) > 1:
             draw.line(points, fill=colour, width=3)
         for x, y in points:
             draw.ellipse([x - 4, y - 4, x + 4, y + 4], fill=colour)
+    for n, p in enumerate(policies):
+        colour = COLOURS.get(p, _FALLBACK)
         ly = top + 10 + 22 * n
         draw.line([(right + 20, ly), (right + 50, ly)], fill=colour, width=3)
         draw.ellipse([right + 31, ly - 4, right + 39, ly + 4], fill=colour)
