@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -427,16 +428,30 @@ class DirtyTracker:
         foreign = [e for e in exports if not str(e.get("id", "")).startswith(self.prefix)]
         if ours:
             self._drop_export()
-            if not foreign:
-                # Our export was on the server: the server is ours and serves nothing else.
-                self._server_ours = True
-                self._stop_server()
+        # Our export was on the server, or the server listens on our socket (an agent
+        # killed between nbd-server-start and block-export-add): the server is ours.
+        if (ours or self._server_on_our_socket()) and not foreign:
+            self._server_ours = True
+            self._stop_server()
         if any(n.get("node-name") == self.view_node for n in nodes):
             self._drop_view()
         stale = self._our_bitmaps(nodes)
         if stale:
             self._log.info(event("tracker.stale_bitmaps", node=self.node_name, bitmaps=",".join(stale)))
             self._remove_bitmaps(stale, missing_ok=True)
+
+    def _server_on_our_socket(self) -> bool:
+        """True when something accepts connections on our socket path (QEMU's server, started by us)."""
+        path = self.socket_path
+        if not os.path.exists(path):
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(path)
+            except OSError:
+                return False
+        return True
 
     # -- runtime directory ------------------------------------------------
 
