@@ -27,6 +27,7 @@ failure the service manager may restart it for.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -41,7 +42,7 @@ from .diskworker import DiskWorker
 from .errors import ConfigError, DomainError, VmcacheError
 from .exporter import BasicAuth, TLSOptions, serve_metrics
 from .filesd import TargetsFile
-from .heatmap import HeatmapWriter, RenderOptions
+from .heatmap import HeatmapData, HeatmapWriter, RenderOptions, heatmap_page
 from .host.blockdev import discover_disks
 from .host.ledger import Ledger
 from .host.meminfo import MemoryPressure, read_meminfo, read_pressure
@@ -83,6 +84,7 @@ class Agent:
         self._share = 1.0  # of the budget, shrunk under memory pressure (PSI)
         self._log = domain_logger("vmcache.agent", domain)
         self._stop = threading.Event()
+        self._state_lock = threading.Lock()  # the loop's cycles vs heat maps served over HTTP
         self._wake = threading.Event()
         self._conn: Any = None
         self._dom: Any = None
@@ -98,6 +100,9 @@ class Agent:
         self.status = AgentStatus(domain=domain, pid=os.getpid(), started_at=time.time(),
                                   interval=config.interval)
         self._status_path = status_path(config.agents_dir, domain)
+        # Per domain: libvirt names nodes alike in every domain (libvirt-1-storage), and
+        # the tracker names its NBD socket after the node. Short: a socket path has 108 bytes.
+        self.nbd_dir = os.path.join(config.runtime_dir, "nbd", hashlib.sha256(domain.encode()).hexdigest()[:12])
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -209,7 +214,8 @@ class Agent:
         backing_off = share < 1.0
         for target, worker in list(self._workers.items()):
             budget = int(worker.budget * share)
-            stats = worker.cycle(budget if granted >= want or want == 0 else budget * granted // want)
+            with self._state_lock:
+                stats = worker.cycle(budget if granted >= want or want == 0 else budget * granted // want)
             if stats is not None:
                 backing_off |= stats.backing_off
                 writer = self._heatmaps.get(target)
@@ -325,7 +331,7 @@ class Agent:
             try:
                 self._workers[target] = DiskWorker(
                     choice, node=node.storage_node if node else None, monitor=monitor, params=params,
-                    floor_bytes=self.config.min_free, runtime_dir=os.path.join(self.config.runtime_dir, "nbd"),
+                    floor_bytes=self.config.min_free, runtime_dir=self.nbd_dir,
                     granularity=self._granularity, metrics=self._metrics_or_new(), logger=self._log)
             except VmcacheError as err:
                 self._log.warning(event("disk.start_failed", disk=target, error=err))
@@ -341,7 +347,8 @@ class Agent:
                                  node=node.storage_node if node else None))
 
     def _drop(self, target: str) -> None:
-        worker = self._workers.pop(target)
+        with self._state_lock:
+            worker = self._workers.pop(target)
         self._heatmaps.pop(target, None)
         worker.close(qemu_alive=self._alive())
         self._log.info(event("disk.dropped", disk=target))
@@ -353,6 +360,14 @@ class Agent:
             self._metrics = AgentMetrics(self.domain, self.status.uuid, version=__version__)
         return self._metrics
 
+    def _heatmap_data(self, disk: str) -> HeatmapData | None:
+        """A managed disk's heat map as of its last cycle (served at /heatmap/<disk>.png)."""
+        with self._state_lock:
+            worker = self._workers.get(disk)
+            if worker is None or worker.engine.residency is None:
+                return None
+            return worker.engine.heatmap_data(disk, title=self.domain)
+
     def _start_metrics(self) -> None:
         metrics = self._metrics_or_new()
         m = self.config.metrics
@@ -363,7 +378,10 @@ class Agent:
                                  client_auth_required=m.tls.client_auth_required)
             if m.basic_auth is not None:
                 auth = BasicAuth(m.basic_auth.username, m.basic_auth.password_file)
-            self._server = serve_metrics(metrics.registry, address=m.listen, ports=m.ports, tls=tls, basic_auth=auth)
+            options = RenderOptions(blocks_per_pixel=self.config.heatmap.blocks_per_pixel,
+                                    aspect=self.config.heatmap.aspect)
+            self._server = serve_metrics(metrics.registry, address=m.listen, ports=m.ports, tls=tls, basic_auth=auth,
+                                         pages=lambda path: heatmap_page(path, self._heatmap_data, options))
             self._targets = TargetsFile(self.domain, self.status.uuid, self._server.target,
                                         directory=os.path.join(self.config.runtime_dir, "prometheus"))
             self._targets.write()

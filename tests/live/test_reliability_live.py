@@ -442,3 +442,103 @@ def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_r
     psi.write_text(_PSI.format(0.5))
     guest_write(dom, 0, 32 * MiB)
     wait_for(lambda: env.pinned(name) >= 8 * MiB, "pins to come back once PSI is low", timeout=10 * INTERVAL)
+
+
+# -- agent crash, libvirtd restart -------------------------------------------------------------
+
+
+def restart_libvirtd(env: Env) -> None:
+    """Stop libvirtd (SIGTERM; running domains stay) and start it again; reconnect ``env``."""
+    pid = int(Path("/run/libvirtd.pid").read_text().strip())
+    try:
+        env.conn.close()
+    except libvirt.libvirtError:
+        pass
+    env.conn = None
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "libvirtd to exit", timeout=30)
+    done = subprocess.run([str(REPO / "scripts" / "libvirtd.sh")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    env.reconnect()
+
+
+def storage_node(dom) -> str:  # type: ignore[no-untyped-def]
+    """The storage node of vda (the node our bitmaps are on)."""
+    for node in qmp(dom, "query-named-block-nodes", {"flat": True}):
+        if node["drv"] == "file" and node["node-name"].startswith("libvirt-") and node["file"].endswith(".raw"):
+            return node["node-name"]
+    raise AssertionError("no storage node")
+
+
+def nbd_dir(env: Env, name: str) -> Path:
+    import hashlib
+
+    return env.run / "nbd" / hashlib.sha256(name.encode()).hexdigest()[:12]
+
+
+def written_total(env: Env, name: str) -> float:
+    return scrape(env.status(name)["metrics_url"], "vmcache_guest_written_bytes_total")
+
+
+def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_others_reconnect(
+        env: Env, cleanup) -> None:
+    """kill -9 one agent mid-cycle (its NBD server left up, as if killed mid-read); restart libvirtd.
+
+    The ``reconnect`` hook call brings the killed agent back, which removes
+    the stale bitmaps and server and carries on; the other agent keeps its
+    pins through the restart and reconnects; both VMs run throughout.
+    """
+    from vmcache.host.tracker import _short_id
+
+    crash, survivor = PREFIX + "crash", PREFIX + "survivor"
+    doms = {n: start(env, cleanup, n, budget="16M") for n in (crash, survivor)}
+    qpids = {n: qemu_pid(n) for n in doms}
+    for n, dom in doms.items():
+        running(env, n)
+        guest_write(dom, 0, 8 * MiB)
+    for n in doms:
+        wait_for(lambda n=n: env.pinned(n) >= 8 * MiB, f"pins of {n}")
+    survivor_pid = env.agent_pid(survivor)
+    old_pid = env.agent_pid(crash)
+    stale = leftovers(doms[crash])["bitmaps"]
+    assert stale
+
+    # kill -9 right after a write, while the agent cycles; then leave its NBD
+    # server up, as a kill between nbd-server-start and block-export-add would.
+    guest_write(doms[crash], 16 * MiB, 1 * MiB)
+    os.kill(old_pid, signal.SIGKILL)
+    wait_for(lambda: env.agent_pid(crash) is None, "the killed agent to be gone")
+    node = storage_node(doms[crash])
+    sock = nbd_dir(env, crash) / f"nbd-{_short_id(node)}.sock"
+    if not sock.exists():
+        qmp(doms[crash], "nbd-server-start", {"addr": {"type": "unix", "data": {"path": str(sock)}}})
+    assert env.pinned(survivor) >= 8 * MiB
+
+    restart_libvirtd(env)
+    doms = {n: env.lookup(n) for n in doms}
+    assert "op=reconnect" in wait_for(lambda: "op=reconnect" in env.hook_log() and env.hook_log(), "reconnect hook")
+
+    new_pid = wait_for(lambda: env.agent_pid(crash), "the reconnect hook to restart the killed agent", timeout=20)
+    assert new_pid != old_pid
+    wait_for(lambda: (s := env.status(crash)) and s["pid"] == new_pid and s["state"] == "running",
+             "the new agent's first cycle")
+    left = leftovers(doms[crash])
+    assert not set(stale) & set(left["bitmaps"]), left   # the dead agent's bitmaps are gone
+    assert len(left["bitmaps"]) == 1 and left["exports"] == [], (left, env.agent_log(crash)[-4000:])
+    before = written_total(env, crash)
+    guest_write(doms[crash], 32 * MiB, 4 * MiB)
+    wait_for(lambda: written_total(env, crash) - before >= 4 * MiB, "the new agent to see writes (not deferred)",
+             timeout=10)
+    wait_for(lambda: env.pinned(crash) >= 4 * MiB, "the new agent to pin")
+
+    # The survivor kept its process and pins and reconnected.
+    assert env.agent_pid(survivor) == survivor_pid
+    wait_for(lambda: "agent.reconnected" in env.agent_log(survivor), "the survivor to reconnect")
+    assert "agent.libvirt_lost" in env.agent_log(survivor)
+    before = written_total(env, survivor)
+    guest_write(doms[survivor], 40 * MiB, 2 * MiB)
+    wait_for(lambda: written_total(env, survivor) - before >= 2 * MiB, "the survivor to track writes again")
+    assert env.pinned(survivor) >= 2 * MiB
+    # VMs ran throughout.
+    for n in doms:
+        assert qemu_pid(n) == qpids[n] and doms[n].isActive()
