@@ -185,8 +185,14 @@ def test_hook_starts_the_agent_which_tracks_writes_pins_and_stops_with_the_domai
     assert status["disks"][0]["pinned_bytes"] <= 16 * MiB
     metrics = wait_for(lambda: _scrape(status["metrics_url"], "vmcache_guest_written_bytes_total"), "metrics")
     assert metrics >= 4 * MiB
-    vmlck = vmlck(pid)
-    assert 4 * MiB <= vmlck <= 17 * MiB
+    locked = vmlck(pid)
+    assert 4 * MiB <= locked <= 17 * MiB
+    png = env.tmp / "heat.png"
+    assert main(["heatmap", name, "vda", "-o", str(png), "--host-config", str(env.config)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    js = env.tmp / "heat.json"
+    assert main(["heatmap", name, "-o", str(js), "--json", "--host-config", str(env.config)]) == 0
+    assert json.loads(js.read_text())["disk"] == "vda"
 
     dom.destroy()
     wait_for(lambda: env.agent_pid(name) is None, "the agent to exit after virsh destroy")
