@@ -1,5 +1,8 @@
 """The installed hook with the real libvirtd: opted-in domains get an agent, others none.
 
+The hook is host-wide: a live test that installs it holds HOOK_LOCK (flock)
+while it is installed, so two such tests never replace each other's hook.
+
 Installs the hook with scripts/install.sh --hook-only (this venv's Python,
 a temporary host config whose ``agent_command`` is tests/standin_agent.py),
 which makes libvirtd reload so it sees the hook. A foreign
@@ -14,6 +17,7 @@ hook -> launcher -> agent path once the real ``vmcache agent`` exists.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -43,6 +47,8 @@ URI = "qemu:///system"
 HOOKS_DIR = Path("/etc/libvirt/hooks")
 PREFIX = f"vmcache-test-hook-{os.getpid()}-"
 TIMEOUT = 15.0
+# The hook is host-wide: live tests that install it take this lock for as long as it is theirs.
+HOOK_LOCK = "/run/lock/vmcache-live-hook.lock"
 
 
 @dataclass
@@ -97,36 +103,49 @@ def env(tmp_path_factory) -> Iterator[Env]:
     config = tmp / "vmcache.yaml"
     config.write_text(f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\n"
                       f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n")
+    os.makedirs(os.path.dirname(HOOK_LOCK), exist_ok=True)
+    lock = os.open(HOOK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # waits for another live test's hook to be gone
     # put back afterwards whatever vmcache hook was there (a real install); a foreign one is never touched
     backups = {p: p.read_bytes() for p in (HOOKS_DIR / "qemu", HOOKS_DIR / "qemu.d" / "vmcache") if _our_hook(p)}
     conn = libvirt.open(URI)
     e = Env(conn, tmp, config, markers, tmp / "run" / "agents", tmp / "log" / "hook.log")
+    installed: dict[Path, bytes] = {}
     try:
         done = subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", sys.executable,
                                "--config", str(config)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr + done.stdout
         print(done.stdout)
+        installed.update({p: p.read_bytes() for p in (HOOKS_DIR / "qemu", HOOKS_DIR / "qemu.d" / "vmcache")
+                          if _our_hook(p)})
         yield e
     finally:
-        for dom in conn.listAllDomains():
-            if dom.name().startswith(PREFIX):
-                try:
-                    dom.destroy()
-                except libvirt.libvirtError:
-                    pass
-                try:
-                    dom.undefine()
-                except libvirt.libvirtError:
-                    pass
-        kill_agents(str(e.agents))
-        subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--uninstall", "--no-reload"],
-                       capture_output=True, timeout=60)
-        for path, content in backups.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-            path.chmod(0o755)
-        conn.close()
+        try:
+            cleanup = libvirt.open(URI)  # a fresh connection: the test's may be broken
+            for dom in cleanup.listAllDomains():
+                if dom.name().startswith(PREFIX):
+                    for undo in (dom.destroy, dom.undefine):
+                        try:
+                            undo()
+                        except libvirt.libvirtError:
+                            pass
+            cleanup.close()
+        finally:
+            kill_agents(str(e.agents))
+        # remove our hook and put back what was there - unless another test replaced it meanwhile:
+        # then it is that test's, and left alone
+        for path, content in installed.items():
+            if path.exists() and path.read_bytes() == content:
+                path.unlink()
+                if path in backups:
+                    path.write_bytes(backups[path])
+                    path.chmod(0o755)
+        try:
+            conn.close()
+        except libvirt.libvirtError:
+            pass
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(lock)
 
 
 def domain_xml(env: Env, name: str, *, opted_in: bool) -> str:
