@@ -216,7 +216,8 @@ def test_disable_stops_the_agent_and_leaves_nothing_in_qemu(env: Env, capsys) ->
     assert main(["disable", name, "--live", "--host-config", str(env.config)]) == 0
     wait_for(lambda: env.agent_pid(name) is None, "the agent to exit once disabled")
     assert qemu_leftovers(dom) == {"bitmaps": [], "nodes": [], "exports": []}
-    assert not list((env.tmp / "run" / "nbd").glob("*")) if (env.tmp / "run" / "nbd").exists() else True
+    nbd = env.tmp / "run" / "nbd"
+    assert not (list(nbd.rglob("*")) if nbd.exists() else []), list(nbd.rglob("*"))
     dom.destroy()
 
 
