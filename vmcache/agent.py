@@ -92,6 +92,7 @@ class Agent:
         self._info: DomainInfo | None = None
         self._workers: dict[str, DiskWorker] = {}
         self._skipped: list[DiskStatus] = []
+        self._resync = False
         self._ledger = Ledger(config.ledger_path, None)
         self._metrics: AgentMetrics | None = None
         self._server: Any = None
@@ -178,7 +179,10 @@ class Agent:
                     return
             if pending and pending.metadata_changed and not self._reload():
                 return
-            if pending and (pending.devices_changed or pending.metadata_changed):
+            if pending and (pending.devices_changed or pending.metadata_changed) or self._resync:
+                # A disk whose cycle failed may have been replaced (blockcopy pivot, media
+                # change: no device event): the XML says what its image is now.
+                self._resync = False
                 self._sync_disks()
             self._cycle()
             self._wake.clear()
@@ -230,6 +234,7 @@ class Agent:
             self._metrics.set_host_memory(read_meminfo().available_bytes)
         self.status.state = "backing-off" if backing_off else "running"
         self.status.last_error = next((w.status.error for w in self._workers.values() if w.status.error), None)
+        self._resync = self.status.last_error is not None
         self._write_status()
 
     def _reload(self) -> bool:
@@ -415,6 +420,12 @@ class Agent:
                 cleanup()
             except Exception as err:  # noqa: BLE001 - keep cleaning up the rest
                 self._log.warning(event("agent.cleanup_failed", error=err))
+        try:
+            os.rmdir(self.nbd_dir)  # empty once the trackers stopped
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            self._log.warning(event("agent.nbd_dir_left", path=self.nbd_dir, error=err))
         try:
             os.unlink(self._status_path)
         except FileNotFoundError:

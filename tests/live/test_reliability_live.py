@@ -48,7 +48,7 @@ pytestmark = pytest.mark.live
 REPO = Path(__file__).resolve().parents[2]
 URI = "qemu:///system"
 HOOKS_DIR = Path("/etc/libvirt/hooks")
-PREFIX = "vmcache-test-rel-"
+PREFIX = f"vmcache-test-rel-{os.getpid()}-"
 MiB = 1 << 20
 GiB = 1 << 30
 INTERVAL = 1.0
@@ -135,8 +135,18 @@ class Env:
     def reconnect(self) -> None:
         self.conn = wait_for(_open, "libvirtd to answer", timeout=30)
 
+    def live(self):  # type: ignore[no-untyped-def]
+        """The connection, opened again if libvirtd was restarted under it."""
+        try:
+            if self.conn is not None and self.conn.isAlive():
+                return self.conn
+        except libvirt.libvirtError:
+            pass
+        self.reconnect()
+        return self.conn
+
     def lookup(self, name: str):  # type: ignore[no-untyped-def]
-        return self.conn.lookupByName(name)
+        return self.live().lookupByName(name)
 
 
 def _open():  # type: ignore[no-untyped-def]
@@ -257,12 +267,16 @@ def domain_xml(env: Env, name: str, *, budget: str | None = "32M", size: int = 6
 
 def start(env: Env, cleanup: list[str], name: str, **kwargs):  # type: ignore[no-untyped-def]
     cleanup.append(name)
-    return env.conn.createXML(domain_xml(env, name, **kwargs), libvirt.VIR_DOMAIN_START_PAUSED)
+    return env.live().createXML(domain_xml(env, name, **kwargs), libvirt.VIR_DOMAIN_START_PAUSED)
 
 
 def running(env: Env, name: str, timeout: float = 30.0) -> dict:
-    return wait_for(lambda: (s := env.status(name)) and s["state"] in ("running", "backing-off") and s,
-                    f"the agent of {name} to run a cycle", timeout=timeout)
+    try:
+        return wait_for(lambda: (s := env.status(name)) and s["state"] in ("running", "backing-off") and s,
+                        f"the agent of {name} to run a cycle", timeout=timeout)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; status {env.status(name)}; agent log:\n{env.agent_log(name)[-2000:]}"
+                             f"\nhook log:\n{env.hook_log()[-1500:]}") from None
 
 
 def guest_write(dom, offset: int, length: int, dev: str = "ua-vda", pattern: int = 0xAB) -> None:  # type: ignore[no-untyped-def]
@@ -323,7 +337,7 @@ def memory_eater(nbytes: int, cgroup_limit: int) -> Iterator[subprocess.Popen]:
     The cap bounds it whatever happens: past it the kernel kills the eater,
     never anything else. Removed (process and cgroup) on exit.
     """
-    cg = Path(f"/sys/fs/cgroup/memory/{PREFIX}eater-{os.getpid()}")
+    cg = Path(f"/sys/fs/cgroup/memory/{PREFIX}eater")
     cg.mkdir()
     proc = None
     try:
@@ -358,7 +372,7 @@ def _pressure_removals(log: str) -> list[tuple[int, int]]:
 
 def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_return(env: Env, cleanup) -> None:
     """A memory eater (in a capped cgroup) takes MemAvailable under the floor: pins go, then come back."""
-    name = PREFIX + "memfloor"
+    name = PREFIX + "mem"
     avail = mem_available()
     if avail < 6 * GiB:
         pytest.skip("needs 6 GiB available to squeeze safely")
@@ -542,3 +556,174 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
     # VMs ran throughout.
     for n in doms:
         assert qemu_pid(n) == qpids[n] and doms[n].isActive()
+
+
+# -- a libvirt pull-mode backup ---------------------------------------------------------------
+
+
+def backup_begin(dom, xml: str) -> int:  # type: ignore[no-untyped-def]
+    """virDomainBackupBegin; retried when it meets the agent's NBD server (up a few ms per cycle).
+
+    Returns how many attempts met it (see docs/reliability.md).
+    """
+    for attempt in range(5):
+        try:
+            dom.backupBegin(xml, None, 0)
+            return attempt
+        except libvirt.libvirtError as err:
+            if "already running" not in str(err) or attempt == 4:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
+def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_write(env: Env, cleanup) -> None:
+    import nbd
+
+    name = PREFIX + "backup"
+    dom = start(env, cleanup, name, budget="16M")
+    running(env, name)
+    guest_write(dom, 0, 4 * MiB, pattern=0x11)
+    wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
+    url = env.status(name)["metrics_url"]
+    written = scrape(url, "vmcache_guest_written_bytes_total")
+    deferred = scrape(url, "vmcache_bitmap_reads_total", {"result": "deferred"})
+    sock, scratch = env.tmp / "backup.sock", env.tmp / "backup-scratch.qcow2"
+    xml = (f"<domainbackup mode='pull'><server transport='unix' socket='{sock}'/><disks>"
+           f"<disk name='vda' backup='yes' type='file'><scratch file='{scratch}'/></disk></disks></domainbackup>")
+    backup_begin(dom, xml)
+    try:
+        # The guest writes during the backup: over backed-up data and elsewhere.
+        guest_write(dom, 0, 1 * MiB, pattern=0x22)
+        guest_write(dom, 8 * MiB, 2 * MiB, pattern=0x33)
+        wait_for(lambda: scrape(url, "vmcache_bitmap_reads_total", {"result": "deferred"}) >= deferred + 2,
+                 "the agent to defer its reads during the backup")
+        handle = nbd.NBD()
+        handle.set_export_name("vda")
+        handle.connect_unix(str(sock))
+        try:
+            assert handle.get_size() == 64 * MiB
+            assert handle.pread(4 * MiB, 0) == b"\x11" * (4 * MiB)   # as at backup start
+            assert handle.pread(2 * MiB, 8 * MiB) == bytes(2 * MiB)
+        finally:
+            handle.shutdown()
+        assert scrape(url, "vmcache_guest_written_bytes_total") == written  # nothing read yet: deferred
+        assert env.agent_pid(name)
+    finally:
+        dom.abortJob()
+    # After the backup: exactly the 3 MiB written during it, no more, no less.
+    wait_for(lambda: scrape(url, "vmcache_guest_written_bytes_total") > written, "the deferred read", timeout=10)
+    assert scrape(url, "vmcache_guest_written_bytes_total") - written == 3 * MiB
+    assert scrape(url, "vmcache_bitmap_reads_total", {"result": "failed"}) == 0
+    left = leftovers(dom)   # the agent's own active bitmap and its view node, nothing else
+    assert len(left["bitmaps"]) == 1 and left["exports"] == [] and len(left["nodes"]) <= 1, left
+    assert not sock.exists()
+
+
+# -- disks that grow, are replaced, unplugged; domains destroyed --------------------------------
+
+
+def _disk_status(env: Env, name: str, target: str) -> dict | None:
+    s = env.status(name)
+    return next((d for d in s["disks"] if d["target"] == target), None) if s else None
+
+
+def test_disk_growth_raw_resize_and_qcow2_allocation_resize_the_maps(env: Env, cleanup) -> None:
+    name = PREFIX + "grow"
+    qcow = env.tmp / "grow.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(qcow), "256M"], check=True)
+    vdb = (f"<disk type='file' device='disk'><driver name='qemu' type='qcow2' cache='writethrough'/>"
+           f"<source file='{qcow}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>")
+    dom = start(env, cleanup, name, budget="64M", size=32 * MiB, disks=vdb)
+    running(env, name)
+    pid = env.agent_pid(name)
+    url = env.status(name)["metrics_url"]
+    guest_write(dom, 0, 2 * MiB)
+    wait_for(lambda: (d := _disk_status(env, name, "vda")) and d["pinned_bytes"] >= 2 * MiB, "a pin on vda")
+
+    dom.blockResize("vda", 96 * MiB, libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
+    guest_write(dom, 80 * MiB, 8 * MiB)                     # past the old end
+    small = qcow.stat().st_size
+    guest_write(dom, 100 * MiB, 8 * MiB, dev="ua-vdb")      # qcow2 allocates: the file grows
+    assert qcow.stat().st_size >= small + 8 * MiB
+    wait_for(lambda: scrape(url, "vmcache_image_size_bytes", {"disk": "vda"}) == 96 * MiB, "vda's maps to grow")
+    wait_for(lambda: scrape(url, "vmcache_image_size_bytes", {"disk": "vdb"}) == qcow.stat().st_size,
+             "vdb's maps to follow the file")
+    wait_for(lambda: _disk_status(env, name, "vda")["pinned_bytes"] >= 8 * MiB, "the new region of vda pinned")
+    wait_for(lambda: _disk_status(env, name, "vdb")["pinned_bytes"] >= 8 * MiB, "the new clusters of vdb pinned")
+    # The writes past the old end were tracked (bitmaps grow with the node).
+    assert scrape(url, "vmcache_guest_written_bytes_total", {"disk": "vda"}) >= 10 * MiB
+    assert env.agent_pid(name) == pid
+    log = env.agent_log(name)
+    assert "Traceback" not in log and "cycle_failed" not in log and "read_failed" not in log, log[-3000:]
+
+
+def test_replaced_image_blockcopy_pivot_is_followed_without_crash(env: Env, cleanup) -> None:
+    name = PREFIX + "replace"
+    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    running(env, name)
+    pid = env.agent_pid(name)
+    guest_write(dom, 0, 2 * MiB)
+    wait_for(lambda: env.pinned(name) >= 2 * MiB, "a pin")
+    copy = env.tmp / "replace-copy.raw"
+    dom.blockCopy("vda", f"<disk type='file'><source file='{copy}'/><driver type='raw'/></disk>", None, 0)
+    wait_for(lambda: (info := dom.blockJobInfo("vda", 0)) and info["end"] > 0 and info["cur"] == info["end"],
+             "the copy to be ready")
+    dom.blockJobAbort("vda", libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+    guest_write(dom, 8 * MiB, 4 * MiB)
+    wait_for(lambda: (d := _disk_status(env, name, "vda")) and d["source"] == str(copy) and not d["error"]
+             and d["pinned_bytes"] >= 4 * MiB, "the agent to follow the new image", timeout=15)
+    assert env.agent_pid(name) == pid
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert str(copy) in maps and f"{file_stem(name)}.raw" not in maps
+
+
+def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: Env, cleanup) -> None:
+    name = PREFIX + "unplug"
+    extra = env.tmp / "unplug-sda.raw"
+    with open(extra, "wb") as f:
+        f.truncate(32 * MiB)
+    dom = start(env, cleanup, name, budget="32M", disks="<controller type='scsi' model='virtio-scsi'/>")
+    running(env, name)
+    pid = env.agent_pid(name)
+    sda = (f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
+           f"<source file='{extra}'/><target dev='sda' bus='scsi'/><alias name='ua-sda'/></disk>")
+    dom.attachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    wait_for(lambda: (d := _disk_status(env, name, "sda")) and d["eligible"] and d["last_cycle_at"],
+             "the hotplugged disk to be managed")
+    assert len(leftovers(dom)["bitmaps"]) == 2
+    guest_write(dom, 0, 2 * MiB)
+    wait_for(lambda: _disk_status(env, name, "vda")["pinned_bytes"] >= 2 * MiB, "a pin on vda")
+    dom.detachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    wait_for(lambda: _disk_status(env, name, "sda") is None, "the unplugged disk to be dropped")
+    assert env.agent_pid(name) == pid
+    fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    assert str(extra) not in fds and str(extra) not in Path(f"/proc/{pid}/maps").read_text()
+    assert len(leftovers(dom)["bitmaps"]) == 1
+    before = written_total(env, name)
+    guest_write(dom, 16 * MiB, 1 * MiB)
+    wait_for(lambda: written_total(env, name) - before >= 1 * MiB, "vda still tracked")
+    assert "Traceback" not in env.agent_log(name)
+
+
+def test_domain_destroyed_mid_cycle_the_agent_exits_cleanly_leaving_nothing(env: Env, cleanup) -> None:
+    names = [PREFIX + f"destroy{i}" for i in range(2)]
+    doms = [start(env, cleanup, n, budget="16M") for n in names]
+    for n, dom in zip(names, doms):
+        running(env, n)
+        guest_write(dom, 0, 8 * MiB)
+    for n in names:
+        wait_for(lambda n=n: env.pinned(n) >= 8 * MiB, "pins")
+    # Destroy while the agents are busy: right after a large write, at different points of their cycles.
+    for i, (n, dom) in enumerate(zip(names, doms)):
+        guest_write(dom, 16 * MiB, 32 * MiB)
+        time.sleep(0.35 * i)
+        dom.destroy()
+    for n in names:
+        wait_for(lambda n=n: env.agent_pid(n) is None, f"agent of {n} to exit")
+        log = env.agent_log(n)
+        assert "agent.stopped" in log and "agent.failed" not in log and "Traceback" not in log, log[-2000:]
+        assert env.status(n) is None
+        assert not nbd_dir(env, n).exists()
+        assert not (env.run / "prometheus" / f"{file_stem(n)}.json").exists()
+        assert n not in (env.run / "ledger.json").read_text()
