@@ -727,3 +727,156 @@ def test_domain_destroyed_mid_cycle_the_agent_exits_cleanly_leaving_nothing(env:
         assert not nbd_dir(env, n).exists()
         assert not (env.run / "prometheus" / f"{file_stem(n)}.json").exists()
         assert n not in (env.run / "ledger.json").read_text()
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def _hook_xml(name: str, metadata: str, disk: str = "/nonexistent.raw") -> str:
+    from xml.sax.saxutils import escape
+
+    return (f"<domain type='qemu'><name>{escape(name)}</name><uuid>{uuidlib.uuid4()}</uuid>{metadata}"
+            f"<devices><disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
+            f"<source file='{disk}'/><target dev='vda' bus='virtio'/></disk></devices></domain>")
+
+
+_WRITE_CALL = re.compile(r'^\d+\s+(openat|open|creat|mkdir|mkdirat|rename|renameat2?|unlink|unlinkat|symlink|link|'
+                         r'truncate|chmod|fchmodat)\((.*)$')
+
+
+def _written_paths(trace: Path) -> set[str]:
+    """Paths the traced processes created, wrote, renamed, removed or changed (strace -f output)."""
+    out = set()
+    for line in trace.read_text(errors="replace").splitlines():
+        m = _WRITE_CALL.match(line)
+        if not m or "= -1" in line:
+            continue
+        call, args = m.groups()
+        if call in ("openat", "open") and not re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC", args):
+            continue
+        out.update(re.findall(r'"((?:[^"\\]|\\.)*)"', args))
+    return out
+
+
+def run_hook_traced(env: Env, args: list[str], xml: str | bytes, config: Path, trace: Path) -> subprocess.CompletedProcess:
+    data = xml.encode() if isinstance(xml, str) else xml
+    return subprocess.run(
+        ["strace", "-f", "-qq", "-o", str(trace), "-e",
+         "trace=open,openat,creat,mkdir,mkdirat,rename,renameat,renameat2,unlink,unlinkat,symlink,link,truncate,"
+         "chmod,fchmodat",
+         sys.executable, "-I", "-B", "-m", "vmcache.hook", "--config", str(config), *args],
+        input=data, capture_output=True, timeout=60, cwd="/")
+
+
+def test_hostile_input_gives_one_line_errors_exit_0_and_writes_only_in_vmcache_dirs(env: Env, cleanup) -> None:
+    bomb = ("<?xml version='1.0'?><!DOCTYPE d [<!ENTITY a 'aaaaaaaaaa'><!ENTITY b '&a;&a;&a;&a;&a;&a;&a;&a;'>"
+            "<!ENTITY c '&b;&b;&b;&b;&b;&b;&b;&b;'>]>")
+    meta = "<metadata><vmcache:cache xmlns:vmcache='" + NAMESPACE + "' {}</metadata>"
+    cases = {
+        "negative": meta.format("budget='-1G'/>"),
+        "huge": meta.format("budget='99999999999999T'/>"),
+        "parsecs": meta.format("budget='12 parsecs'/>"),
+        "unknown": meta.format("budget='1G'><vmcache:evil cmd='rm -rf /'/></vmcache:cache>"),
+        "attr": meta.format("budget='1G' exec='/bin/sh'/>"),
+    }
+    # Through libvirt: every such domain starts, and gets no agent.
+    for tag, metadata in cases.items():
+        name = PREFIX + "bad-" + tag
+        dom = start(env, cleanup, name, metadata=metadata)
+        assert dom.isActive()
+    for tag in cases:
+        name = PREFIX + "bad-" + tag
+        line = wait_for(lambda n=name: next((ln for ln in env.hook_log().splitlines()
+                                             if f"domain={n} " in ln and "hook.ignore" in ln), None),
+                        f"the hook's reason for {name}")
+        assert "unusable XML or metadata" in line, line
+        assert env.agent_pid(name) is None
+    # Names with spaces, quotes, unicode: the agent runs, files are named safely.
+    odd = PREFIX + "sp ace 'q\"uote' ünï☃"
+    start(env, cleanup, odd, budget="1048576")   # a unit-less budget is bytes
+    status = running(env, odd)
+    assert status["domain"] == odd and status["disks"][0]["budget_bytes"] == 1 * MiB
+    assert all("/" not in p.name and " " not in p.name for p in env.agents.iterdir())
+
+    # Straight through the hook (what libvirt would not pass): entity expansion, a slash, bad YAML.
+    hook_tmp = env.tmp / "hook-sandbox"
+    hook_tmp.mkdir()
+    bad_yaml = hook_tmp / "bad.yaml"
+    bad_yaml.write_text("budget: [1G\nruntime_dir: /etc\n")
+    good = hook_tmp / "good.yaml"
+    good.write_text(yaml.safe_dump({**env.base, "runtime_dir": f"{hook_tmp}/run", "log_dir": f"{hook_tmp}/log"}))
+    calls = [
+        ([PREFIX + "bomb", "started", "begin", "-"],
+         bomb + _hook_xml(PREFIX + "bomb", meta.format("budget='&c;'/>")), good),
+        ([PREFIX + "x/../../../etc/vmcache-owned", "started", "begin", "-"],
+         _hook_xml(PREFIX + "x/../../../etc/vmcache-owned", meta.format("budget='1M'/>")), good),
+        ([PREFIX + "yaml", "started", "begin", "-"], _hook_xml(PREFIX + "yaml", meta.format("budget='1M'/>")),
+         bad_yaml),
+        ([PREFIX + "bin", "started", "begin", "-"], b"\xff\xfe<domain>\x00", good),
+    ]
+    for i, (args, xml, config) in enumerate(calls):
+        trace = hook_tmp / f"trace-{i}"
+        started = time.monotonic()
+        done = run_hook_traced(env, args, xml, config, trace)
+        assert done.returncode == 0 and time.monotonic() - started < 20, done.stderr
+        time.sleep(2)  # an agent the slash name started fails to find its domain and exits
+        # vmcache's own: the configured directories, or the default ones when the config is unusable.
+        own = (str(hook_tmp),) if config is good else (str(hook_tmp), "/var/log/vmcache/", "/run/vmcache/")
+        outside = {p for p in _written_paths(trace) if not p.startswith(own) and p not in ("/dev/null", "/dev/tty")}
+        assert not outside, (args[0], outside)
+    log = (hook_tmp / "log" / "hook.log").read_text()
+    lines = [ln for ln in log.splitlines() if "hook." in ln]
+    assert any("bomb" in ln and "unusable XML" in ln for ln in lines), log
+    default_log = Path("/var/log/vmcache/hook.log")
+    default_lines = default_log.read_text(errors="replace").splitlines() if default_log.exists() else []
+    assert any(PREFIX + "yaml" in ln and "host config" in ln and "invalid YAML" in ln for ln in default_lines)
+    assert not Path("/etc/vmcache-owned").exists()
+    for ln in log.splitlines():   # one line per event: a continuation line would not start with the date
+        assert re.match(r"^\d{4}-\d\d-\d\d ", ln), ln
+
+
+# -- security ----------------------------------------------------------------------------------
+
+
+def test_security_loopback_metrics_root_only_sockets_own_disks_only_and_allowed_qmp_only(env: Env, cleanup) -> None:
+    name = PREFIX + "sec"
+    _psi, record, command = instrumented(env, "sec")
+    other = env.tmp / "not-a-disk-of-this-domain.raw"
+    other.write_bytes(b"\0" * 4096)
+    with env.config_override(agent_command=command):
+        dom = start(env, cleanup, name, budget="16M")
+        running(env, name)
+    pid = env.agent_pid(name)
+    guest_write(dom, 0, 4 * MiB)
+    wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
+    status = env.status(name)
+    # Metrics on loopback (the default listen address).
+    port = int(status["metrics_url"].rsplit(":", 1)[1].split("/")[0])
+    assert status["metrics_url"].startswith("http://127.0.0.1:")
+    listening = [ln.split() for ln in Path("/proc/net/tcp").read_text().splitlines()[1:]
+                 + Path("/proc/net/tcp6").read_text().splitlines()[1:]]
+    ours = [f[1] for f in listening if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port]
+    assert ours == ["0100007F:" + f"{port:04X}"], ours
+    # The NBD socket directory is root's only.
+    nbd = nbd_dir(env, name)
+    info = nbd.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == 0
+    # Mapped and opened: only the domain's own image (besides Python's libraries).
+    image = str(env.tmp / f"{file_stem(name)}.raw")
+    mapped = {ln.split(None, 5)[5] for ln in Path(f"/proc/{pid}/maps").read_text().splitlines()
+              if len(ln.split(None, 5)) == 6 and ln.split(None, 5)[5].startswith("/")}
+    assert {p for p in mapped if p.startswith(str(env.tmp))} == {image}
+    assert not {p for p in mapped if not p.startswith(("/usr/", "/lib", str(REPO), "/etc/ld.so", "/tmp/pytest", "/dev/"))
+                and not p.endswith((".so", ".cache"))} - {image}
+    opened = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    assert str(other) not in opened and image in opened
+    # Only the allow-listed QMP commands were ever sent.
+    dom.destroy()
+    wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
+    sent = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sent
+    commands = {m["execute"] for m in sent}
+    assert commands <= ALLOWED_COMMANDS, commands - ALLOWED_COMMANDS
+    actions = {a["type"] for m in sent if m["execute"] == "transaction" for a in m["arguments"]["actions"]}
+    assert actions <= TRANSACTION_ACTIONS
+    assert {"block-dirty-bitmap-add", "nbd-server-start", "block-export-add"} <= commands | actions
