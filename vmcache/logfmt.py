@@ -9,8 +9,11 @@ __all__ = ["event", "domain_logger"]
 
 def _quote(value: object) -> str:
     text = str(value)
-    if text == "" or any(c.isspace() or c in '"=' for c in text):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if text == "" or any(c.isspace() or c in '"=' or not c.isprintable() for c in text):
+        text = text.replace("\\", "\\\\").replace('"', '\\"')
+        # One event, one line: newlines and other control characters (a domain name may hold them) escaped.
+        text = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+        return '"' + text + '"'
     return text
 
 
