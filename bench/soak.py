@@ -1,0 +1,357 @@
+"""Soak: three domains with agents, random guest writes, libvirtd restarts and agent kills (``make soak``).
+
+Installs the libvirt hook with a private host config (as the live tests
+do), starts three transient TCG domains (paused; "guest" writes are HMP
+``qemu-io`` on the virtio disk) and, for ``--duration`` seconds:
+
+- writes random ranges to random domains every ``--write-every`` seconds;
+- every ``--kill-every`` seconds ``kill -9`` one agent at random, then
+  restarts libvirtd a few seconds later (its ``reconnect`` hook call is what
+  brings a killed agent back where there is no systemd);
+- every ``--restart-every`` seconds restarts libvirtd on its own;
+- samples each agent's RSS and open file descriptors.
+
+At the end it checks, with the domains still running, that QEMU holds no
+bitmap, node or export of vmcache's beyond each live agent's own (one
+active bitmap, one view node), then destroys the domains and checks that
+no agent, pidfile lock, status file, NBD socket or directory, file_sd
+target or ledger entry is left. Prints a JSON report; exit 1 when a check
+failed. Run as root with libvirtd up (scripts/soak.sh does both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import libvirt_qemu
+import yaml
+
+from vmcache.launcher import pidfile_holder
+from vmcache.metadata import NAMESPACE
+from vmcache.status import file_stem
+
+REPO = Path(__file__).resolve().parents[1]
+URI = "qemu:///system"
+HOOKS = (Path("/etc/libvirt/hooks/qemu"), Path("/etc/libvirt/hooks/qemu.d/vmcache"))
+MiB = 1 << 20
+DISK = 256 * MiB
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+def wait_for(pred: Any, what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(what)
+
+
+def connect() -> Any:
+    def attempt() -> Any:
+        try:
+            return libvirt.open(URI)
+        except libvirt.libvirtError:
+            return None
+    return wait_for(attempt, "libvirtd", 60)
+
+
+def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:
+    msg = {"execute": cmd, **({"arguments": args} if args else {})}
+    return json.loads(libvirt_qemu.qemuMonitorCommand(dom, json.dumps(msg), 0))["return"]
+
+
+def ours_in_qemu(dom: Any) -> dict:
+    nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
+    return {
+        "bitmaps": sorted({b["name"] for n in nodes for b in n.get("dirty-bitmaps", []) if b["name"].startswith("vmcache")}),
+        "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
+        "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
+    }
+
+
+def proc_figures(pid: int) -> tuple[int, int] | None:
+    try:
+        rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:"))
+        return rss, len(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return None
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.tmp = Path(tempfile.mkdtemp(prefix="vmcache-soak-"))
+        self.tmp.chmod(0o755)
+        self.config = self.tmp / "vmcache.yaml"
+        self.config.write_text(yaml.safe_dump({
+            "runtime_dir": f"{self.tmp}/run", "log_dir": f"{self.tmp}/log", "interval": "1s",
+            "min_free": "512M", "pinned_cap": "256M",
+            "agent_command": [sys.executable, "-m", "vmcache", "agent"],
+            "model": {"decay": 0.8, "block_size": "1M"},
+        }))
+        self.names = [f"vmcache-test-rel-soak-{os.getpid()}-{i}" for i in range(3)]
+        self.conn: Any = None
+        self.backups = {p: p.read_bytes() for p in HOOKS if p.is_file() and "vmcache-hook" in p.read_text(errors="replace")}
+        self.samples: dict[str, list[tuple[float, int, int, int]]] = {n: [] for n in self.names}
+        self.events = {"writes": 0, "written_bytes": 0, "agent_kills": 0, "libvirtd_restarts": 0,
+                       "agent_restarts_seen": 0}
+        self.failures: list[str] = []
+
+    # -- set-up and tear-down ---------------------------------------------------------------
+
+    def install(self) -> None:
+        done = subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", sys.executable,
+                               "--config", str(self.config)], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr + done.stdout)
+        self.conn = connect()
+
+    def start_domains(self) -> None:
+        for name in self.names:
+            disk = self.tmp / f"{name}.raw"
+            with open(disk, "wb") as f:
+                f.truncate(DISK)
+            xml = f"""<domain type='qemu'><name>{name}</name><uuid>{uuidlib.uuid4()}</uuid>
+  <memory unit='MiB'>32</memory><vcpu>1</vcpu>
+  <metadata><vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='64M'/></metadata>
+  <os><type arch='x86_64'>hvm</type></os>
+  <devices><disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>
+    <source file='{disk}'/><target dev='vda' bus='virtio'/><alias name='ua-vda'/></disk></devices>
+</domain>"""
+            self.conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED)
+        for name in self.names:
+            wait_for(lambda n=name: self.agent_pid(n), f"agent of {name}")
+
+    def cleanup(self) -> None:
+        conn = self.conn or connect()
+        for dom in conn.listAllDomains():
+            if dom.name() in self.names:
+                try:
+                    dom.destroy()
+                except libvirt.libvirtError:
+                    pass
+        for name in self.names:
+            pid = self.agent_pid(name)
+            if pid:
+                try:
+                    wait_for(lambda n=name: self.agent_pid(n) is None, "agent exit", 20)
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+        self.stop_foreign_agents()
+        subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--uninstall", "--no-reload"],
+                       capture_output=True, timeout=60)
+        for path, content in self.backups.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+            path.chmod(0o755)
+        if not self.args.keep:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def stop_foreign_agents(self) -> None:
+        """Agents our hook started for other running domains (libvirtd's reconnect calls): SIGTERM them."""
+        agents = self.tmp / "run" / "agents"
+        for pidfile in agents.glob("*.pid") if agents.exists() else []:
+            pid = pidfile_holder(str(pidfile))
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+                try:
+                    wait_for(lambda f=pidfile: pidfile_holder(str(f)) is None, "agent exit", 20)
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def agent_pid(self, name: str) -> int | None:
+        return pidfile_holder(str(self.tmp / "run" / "agents" / (file_stem(name) + ".pid")))
+
+    def dom(self, name: str) -> Any:
+        try:
+            return self.conn.lookupByName(name)
+        except libvirt.libvirtError:
+            self.conn = connect()
+            return self.conn.lookupByName(name)
+
+    def write(self) -> None:
+        name = self.rng.choice(self.names)
+        hot = self.rng.random() < 0.7
+        offset = (self.rng.randrange(0, 16) if hot else self.rng.randrange(0, DISK // MiB - 4)) * MiB
+        length = self.rng.choice([64 * 1024, 256 * 1024, MiB, 4 * MiB])
+        cmd = f'qemu-io -d /machine/peripheral/ua-vda/virtio-backend "write -P 0x5a {offset} {length}"'
+        try:
+            libvirt_qemu.qemuMonitorCommand(self.dom(name), cmd, libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
+            self.events["writes"] += 1
+            self.events["written_bytes"] += length
+        except libvirt.libvirtError:
+            self.conn = connect()
+
+    def restart_libvirtd(self) -> None:
+        pid = int(Path("/run/libvirtd.pid").read_text().strip())
+        try:
+            self.conn.close()
+        except libvirt.libvirtError:
+            pass
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "libvirtd exit", 30)
+        subprocess.run([str(REPO / "scripts" / "libvirtd.sh")], check=True, capture_output=True, timeout=60)
+        self.conn = connect()
+        self.events["libvirtd_restarts"] += 1
+
+    def sample(self, now: float) -> None:
+        for name in self.names:
+            pid = self.agent_pid(name)
+            figures = proc_figures(pid) if pid else None
+            if figures:
+                self.samples[name].append((now, pid, *figures))
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        a = self.args
+        self.install()
+        self.start_domains()
+        started = time.monotonic()
+        next_kill, next_restart, next_sample = a.kill_every, a.restart_every, 0.0
+        pending_restart: float | None = None
+        while (now := time.monotonic() - started) < a.duration:
+            self.write()
+            if now >= next_sample:
+                self.sample(now)
+                next_sample += a.sample_every
+            if now >= next_kill:
+                victim = self.rng.choice(self.names)
+                pid = self.agent_pid(victim)
+                if pid:
+                    log(f"kill -9 agent of {victim} ({pid})")
+                    os.kill(pid, signal.SIGKILL)
+                    self.events["agent_kills"] += 1
+                pending_restart = now + 5
+                next_kill += a.kill_every
+            if (pending_restart is not None and now >= pending_restart) or now >= next_restart:
+                log("restart libvirtd")
+                self.restart_libvirtd()
+                if now >= next_restart:
+                    next_restart += a.restart_every
+                pending_restart = None
+            time.sleep(a.write_every)
+        # Everything back: each domain has its agent, cycling.
+        for name in self.names:
+            try:
+                wait_for(lambda n=name: self.agent_pid(n), f"agent of {name}", 30)
+            except TimeoutError:
+                self.failures.append(f"{name}: no agent at the end")
+        time.sleep(3)
+        self.sample(time.monotonic() - started)
+        report = self.report()
+        return report
+
+    def report(self) -> dict:
+        qemu = {}
+        for name in self.names:
+            left = ours_in_qemu(self.dom(name))
+            qemu[name] = left
+            if len(left["bitmaps"]) > 2 or left["exports"] or len(left["nodes"]) > 1:
+                self.failures.append(f"{name}: leftovers in QEMU while running: {left}")
+        agents = {}
+        for name, samples in self.samples.items():
+            pids = sorted({s[1] for s in samples}, key=lambda p: next(s[0] for s in samples if s[1] == p))
+            self.events["agent_restarts_seen"] += max(0, len(pids) - 1)
+            longest = max(pids, key=lambda p: sum(1 for s in samples if s[1] == p)) if pids else None
+            life = [s for s in samples if s[1] == longest]
+            # Flat RSS is judged on a life long enough to have warmed up (60 s in, to its end).
+            warm = [s for s in life if s[0] - life[0][0] >= 60] if life and life[-1][0] - life[0][0] >= 180 else []
+            agents[name] = {
+                "pids": len(pids),
+                "longest_life_seconds": round(life[-1][0] - life[0][0]) if life else 0,
+                "rss_mib_start": round(life[0][2] / MiB, 1) if life else None,
+                "rss_mib_after_warmup": round(warm[0][2] / MiB, 1) if warm else None,
+                "rss_mib_end": round(life[-1][2] / MiB, 1) if life else None,
+                "rss_mib_max": round(max(s[2] for s in life) / MiB, 1) if life else None,
+                "fds_start": life[0][3] if life else None,
+                "fds_after_warmup": warm[0][3] if warm else None,
+                "fds_end": life[-1][3] if life else None,
+                "fds_max": max(s[3] for s in life) if life else None,
+            }
+            if warm and life[-1][2] - warm[0][2] > 16 * MiB:
+                self.failures.append(f"{name}: RSS grew {(life[-1][2] - warm[0][2]) / MiB:.1f} MiB after warm-up")
+            if warm and life[-1][3] > warm[0][3] + 2:
+                self.failures.append(f"{name}: fds grew from {warm[0][3]} to {life[-1][3]}")
+        # Stop everything; nothing may be left.
+        for name in self.names:
+            self.dom(name).destroy()
+        for name in self.names:
+            try:
+                wait_for(lambda n=name: self.agent_pid(n) is None, f"agent of {name} to exit", 20)
+            except TimeoutError:
+                self.failures.append(f"{name}: agent did not exit after destroy")
+        run = self.tmp / "run"
+        import hashlib
+
+        mine = {file_stem(n) for n in self.names} | {hashlib.sha256(n.encode()).hexdigest()[:12] for n in self.names}
+        left_files = sorted(rel for p in run.rglob("*")
+                            if (p.is_socket() or p.suffix == ".json" and p.name != "ledger.json"
+                                or p.is_dir() and p.parent.name == "nbd")
+                            and any(m in (rel := str(p.relative_to(run))) for m in mine))
+        ledger = json.loads((run / "ledger.json").read_text()) if (run / "ledger.json").exists() else {}
+        if left_files:
+            self.failures.append(f"files left: {left_files}")
+        if any(name in json.dumps(ledger) for name in self.names):
+            self.failures.append(f"ledger entries left: {ledger}")
+        errors = sum(p.read_text(errors="replace").count("Traceback") for p in (self.tmp / "log").glob("agent-*.log"))
+        if errors:
+            self.failures.append(f"{errors} tracebacks in agent logs")
+        return {
+            "duration_seconds": self.args.duration, "events": self.events, "agents": agents,
+            "qemu_at_end": qemu, "files_left": left_files,
+            "tracebacks": errors, "failures": self.failures, "logs": str(self.tmp / "log") if self.args.keep else None,
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=600)
+    parser.add_argument("--write-every", type=float, default=0.25)
+    parser.add_argument("--kill-every", type=float, default=90)
+    parser.add_argument("--restart-every", type=float, default=130)
+    parser.add_argument("--sample-every", type=float, default=10)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("soak: needs root", file=sys.stderr)
+        return 2
+    libvirt.registerErrorHandler(lambda _c, _e: None, None)
+    soak = Soak(args)
+    report: dict = {}
+    try:
+        report = soak.run()
+    except Exception as err:  # noqa: BLE001 - report what broke, clean up, fail
+        soak.failures.append(f"soak aborted: {err!r}")
+        report = {"failures": soak.failures, "events": soak.events}
+    finally:
+        soak.cleanup()
+    print(json.dumps(report, indent=2))
+    return 1 if report.get("failures") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
