@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit demo demo-clean fixtures bench libvirtd install uninstall clean
+.PHONY: setup test unit demo demo-clean fixtures bench soak libvirtd install uninstall clean
 
 setup:
 	scripts/setup.sh
@@ -30,6 +30,10 @@ fixtures: setup
 
 bench: setup
 	scripts/bench.sh
+
+# About 10 minutes: 3 domains, random writes, libvirtd restarts, agent kills (not in make test).
+soak: setup
+	scripts/soak.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
