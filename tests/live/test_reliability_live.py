@@ -209,8 +209,11 @@ def _cleanup_domains(e: Env) -> None:
         except libvirt.libvirtError:
             pass
     if e.agents.exists():
+        # Also agents our hook started for other running domains (libvirtd's reconnect calls).
         deadline = time.monotonic() + 10
         for pidfile in e.agents.glob("*.pid"):
+            if pid := pidfile_holder(str(pidfile)):
+                os.kill(pid, signal.SIGTERM)
             while (pid := pidfile_holder(str(pidfile))) and time.monotonic() < deadline:
                 time.sleep(0.1)
             if pid:
