@@ -30,7 +30,7 @@ import defusedxml.ElementTree as SafeET
 from defusedxml import DefusedXmlException
 
 from .errors import ConfigError
-from .units import parse_size
+from .units import number_or_text, parse_size
 
 __all__ = [
     "NAMESPACE",
@@ -57,8 +57,6 @@ _TRUE = ("yes", "true", "1", "on")
 _FALSE = ("no", "false", "0", "off")
 _DEV_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _MODEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_INT_RE = re.compile(r"^[+-]?[0-9]+$")
-_FLOAT_RE = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
 
 
 @dataclass(frozen=True)
@@ -259,17 +257,8 @@ def _model(element: Element) -> dict[str, Any]:
     for name, text in element.attrib.items():
         if not _MODEL_KEY_RE.match(name):
             raise ConfigError(f"metadata model {name}", text, "not a model parameter name")
-        model[name] = _number(text.strip())
+        model[name] = number_or_text(text.strip())
     return model
-
-
-def _number(text: str) -> Any:
-    """``"3"`` -> 3, ``"0.9"`` -> 0.9; anything else (``"1M"``, ``"10s"``) stays text."""
-    if _INT_RE.match(text):
-        return int(text)
-    if _FLOAT_RE.match(text):
-        return float(text)
-    return text
 
 
 def build_settings(settings: DomainSettings) -> str:

@@ -7,7 +7,7 @@ import re
 
 from .errors import ConfigError
 
-__all__ = ["parse_size", "format_size", "parse_duration", "parse_fraction"]
+__all__ = ["parse_size", "format_size", "parse_duration", "parse_fraction", "number_or_text"]
 
 # libvirt's convention: a bare letter or an "iB" suffix is binary, "B" after
 # a letter is decimal (K = KiB = 1024, KB = 1000).
@@ -103,3 +103,20 @@ def parse_fraction(value: object, *, key: str, low: float = 0.0, high: float = 1
     if not math.isfinite(number) or not low <= number <= high:
         raise ConfigError(key, value, f"must be between {low:g} and {high:g}")
     return number
+
+
+_INT_RE = re.compile(r"^[+-]?[0-9]+$")
+_FLOAT_RE = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
+
+
+def number_or_text(text: str) -> int | float | str:
+    """``"3"`` -> 3, ``"0.9"`` -> 0.9; anything else (``"1M"``, ``"10s"``) stays text.
+
+    For parameters given as strings (XML attributes, ``--option VALUE``)
+    whose validation, later, wants numbers as numbers.
+    """
+    if _INT_RE.match(text):
+        return int(text)
+    if _FLOAT_RE.match(text):
+        return float(text)
+    return text

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigError, HostError
-from ..units import format_size, parse_size
+from ..units import format_size, number_or_text, parse_size
 from ._args import duration_arg, size_arg
 
 NAME = "replay"
@@ -73,7 +73,7 @@ def _model_params(items: list[str], block_size: int, interval: float | None) -> 
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError("--model", item, "expected KEY=VALUE")
-        given[key.strip()] = _number(value.strip())
+        given[key.strip()] = number_or_text(value.strip())
     if "block_size" in given or "interval" in given:
         raise ConfigError("--model", items, "set block_size and interval with --block-size and --interval")
     given["block_size"] = block_size
@@ -85,15 +85,6 @@ def _model_params(items: list[str], block_size: int, interval: float | None) -> 
         if err.key == "--model block_size":
             raise ConfigError("--block-size", err.value, err.reason) from None
         raise
-
-
-def _number(text: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _generate(args: argparse.Namespace) -> int:

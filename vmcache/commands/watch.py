@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..model.params import ModelParams
-from ..units import format_size
+from ..units import format_size, number_or_text
 from ._args import duration_arg, size_arg
 
 NAME = "watch"
@@ -52,22 +52,13 @@ def _params(args: argparse.Namespace) -> ModelParams:
     for f in fields(ModelParams):
         raw = getattr(args, "model_" + f.name, None)
         if raw is not None:
-            given[f.name] = _number(raw) if f.name != "block_size" else raw
+            given[f.name] = number_or_text(raw) if f.name != "block_size" else raw
     if args.interval is not None:
         given["interval"] = args.interval
     try:
         return ModelParams.from_mapping(given)
     except ConfigError as err:
         raise ConfigError("--" + err.key.replace("_", "-"), err.value, err.reason) from None
-
-
-def _number(text: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _line(cycle: int, stats: Any) -> str:
