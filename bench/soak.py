@@ -1,8 +1,9 @@
 """Soak: three domains with agents, random guest writes, libvirtd restarts and agent kills (``make soak``).
 
 Installs the libvirt hook with a private host config (as the live tests
-do), starts three transient TCG domains (paused; "guest" writes are HMP
-``qemu-io`` on the virtio disk) and, for ``--duration`` seconds:
+do, with tests/live/livelib.py, under their host-wide hook lock), starts
+three transient TCG domains (paused; "guest" writes are HMP ``qemu-io`` on
+the virtio disk) and, for ``--duration`` seconds:
 
 - writes random ranges to random domains every ``--write-every`` seconds;
 - every ``--kill-every`` seconds ``kill -9`` one agent at random, then
@@ -27,64 +28,39 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import uuid as uuidlib
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import libvirt
-import libvirt_qemu
 import yaml
 
-from vmcache.launcher import pidfile_holder
-from vmcache.metadata import NAMESPACE
+from tests.live.livelib import (
+    MiB,
+    LiveEnv,
+    cache_metadata,
+    connect,
+    destroy_domains,
+    domain_xml,
+    guest_write,
+    installed_hook,
+    leftovers,
+    nbd_dir,
+    restart_libvirtd,
+    start_paused,
+    stop_agents,
+    wait_for,
+)
 from vmcache.status import file_stem
 
-REPO = Path(__file__).resolve().parents[1]
-URI = "qemu:///system"
-HOOKS = (Path("/etc/libvirt/hooks/qemu"), Path("/etc/libvirt/hooks/qemu.d/vmcache"))
-MiB = 1 << 20
 DISK = 256 * MiB
 
 
 def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-
-def wait_for(pred: Any, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(what)
-
-
-def connect() -> Any:
-    def attempt() -> Any:
-        try:
-            return libvirt.open(URI)
-        except libvirt.libvirtError:
-            return None
-    return wait_for(attempt, "libvirtd", 60)
-
-
-def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:
-    msg = {"execute": cmd, **({"arguments": args} if args else {})}
-    return json.loads(libvirt_qemu.qemuMonitorCommand(dom, json.dumps(msg), 0))["return"]
-
-
-def ours_in_qemu(dom: Any) -> dict:
-    nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
-    return {
-        "bitmaps": sorted({b["name"] for n in nodes for b in n.get("dirty-bitmaps", []) if b["name"].startswith("vmcache")}),
-        "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
-        "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
-    }
 
 
 def proc_figures(pid: int) -> tuple[int, int] | None:
@@ -100,18 +76,18 @@ class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
-        self.tmp = Path(tempfile.mkdtemp(prefix="vmcache-soak-"))
-        self.tmp.chmod(0o755)
-        self.config = self.tmp / "vmcache.yaml"
-        self.config.write_text(yaml.safe_dump({
-            "runtime_dir": f"{self.tmp}/run", "log_dir": f"{self.tmp}/log", "interval": "1s",
+        tmp = Path(tempfile.mkdtemp(prefix="vmcache-soak-"))
+        tmp.chmod(0o755)
+        self.env = LiveEnv(None, tmp, tmp / "vmcache.yaml")
+        self.env.config.write_text(yaml.safe_dump({
+            "runtime_dir": str(self.env.run), "log_dir": str(self.env.logs), "interval": "1s",
             "min_free": "512M", "pinned_cap": "256M",
             "agent_command": [sys.executable, "-m", "vmcache", "agent"],
             "model": {"decay": 0.8, "block_size": "1M"},
         }))
-        self.names = [f"vmcache-test-rel-soak-{os.getpid()}-{i}" for i in range(3)]
-        self.conn: Any = None
-        self.backups = {p: p.read_bytes() for p in HOOKS if p.is_file() and "vmcache-hook" in p.read_text(errors="replace")}
+        self.prefix = f"vmcache-test-rel-soak-{os.getpid()}-"
+        self.names = [f"{self.prefix}{i}" for i in range(3)]
+        self.hook = ExitStack()
         self.samples: dict[str, list[tuple[float, int, int, int]]] = {n: [] for n in self.names}
         self.events = {"writes": 0, "written_bytes": 0, "agent_kills": 0, "libvirtd_restarts": 0,
                        "agent_restarts_seen": 0}
@@ -120,105 +96,57 @@ class Soak:
     # -- set-up and tear-down ---------------------------------------------------------------
 
     def install(self) -> None:
-        done = subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", sys.executable,
-                               "--config", str(self.config)], capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr + done.stdout)
-        self.conn = connect()
+        """The hook for our host config, held (with the live tests' hook lock) until cleanup()."""
+        self.hook.enter_context(installed_hook(self.env.config))
+        self.env.conn = connect(timeout=60)
 
     def start_domains(self) -> None:
         for name in self.names:
-            disk = self.tmp / f"{name}.raw"
-            with open(disk, "wb") as f:
-                f.truncate(DISK)
-            xml = f"""<domain type='qemu'><name>{name}</name><uuid>{uuidlib.uuid4()}</uuid>
-  <memory unit='MiB'>32</memory><vcpu>1</vcpu>
-  <metadata><vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='64M'/></metadata>
-  <os><type arch='x86_64'>hvm</type></os>
-  <devices><disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>
-    <source file='{disk}'/><target dev='vda' bus='virtio'/><alias name='ua-vda'/></disk></devices>
-</domain>"""
-            self.conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED)
+            xml = domain_xml(name, self.env.disk(name, DISK), metadata=cache_metadata("64M"))
+            start_paused(self.env.conn, xml)
         for name in self.names:
-            wait_for(lambda n=name: self.agent_pid(n), f"agent of {name}")
+            wait_for(lambda n=name: self.env.agent_pid(n), f"agent of {name}")
 
     def cleanup(self) -> None:
-        conn = self.conn or connect()
-        for dom in conn.listAllDomains():
-            if dom.name() in self.names:
-                try:
-                    dom.destroy()
-                except libvirt.libvirtError:
-                    pass
-        for name in self.names:
-            pid = self.agent_pid(name)
-            if pid:
-                try:
-                    wait_for(lambda n=name: self.agent_pid(n) is None, "agent exit", 20)
-                except TimeoutError:
-                    os.kill(pid, signal.SIGKILL)
-        self.stop_foreign_agents()
-        subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--uninstall", "--no-reload"],
-                       capture_output=True, timeout=60)
-        for path, content in self.backups.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-            path.chmod(0o755)
+        destroy_domains(self.prefix)
+        stop_agents(self.env.agents, grace=20)  # ours, and any our hook started for other domains
+        self.hook.close()
         if not self.args.keep:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def stop_foreign_agents(self) -> None:
-        """Agents our hook started for other running domains (libvirtd's reconnect calls): SIGTERM them."""
-        agents = self.tmp / "run" / "agents"
-        for pidfile in agents.glob("*.pid") if agents.exists() else []:
-            pid = pidfile_holder(str(pidfile))
-            if pid:
-                os.kill(pid, signal.SIGTERM)
-                try:
-                    wait_for(lambda f=pidfile: pidfile_holder(str(f)) is None, "agent exit", 20)
-                except TimeoutError:
-                    os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(self.env.tmp, ignore_errors=True)
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def agent_pid(self, name: str) -> int | None:
-        return pidfile_holder(str(self.tmp / "run" / "agents" / (file_stem(name) + ".pid")))
-
     def dom(self, name: str) -> Any:
         try:
-            return self.conn.lookupByName(name)
+            return self.env.conn.lookupByName(name)
         except libvirt.libvirtError:
-            self.conn = connect()
-            return self.conn.lookupByName(name)
+            self.env.conn = connect(timeout=60)
+            return self.env.conn.lookupByName(name)
 
     def write(self) -> None:
         name = self.rng.choice(self.names)
         hot = self.rng.random() < 0.7
         offset = (self.rng.randrange(0, 16) if hot else self.rng.randrange(0, DISK // MiB - 4)) * MiB
         length = self.rng.choice([64 * 1024, 256 * 1024, MiB, 4 * MiB])
-        cmd = f'qemu-io -d /machine/peripheral/ua-vda/virtio-backend "write -P 0x5a {offset} {length}"'
         try:
-            libvirt_qemu.qemuMonitorCommand(self.dom(name), cmd, libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
+            guest_write(self.dom(name), offset, length, pattern=0x5A)
             self.events["writes"] += 1
             self.events["written_bytes"] += length
         except libvirt.libvirtError:
-            self.conn = connect()
+            self.env.conn = connect(timeout=60)
 
     def restart_libvirtd(self) -> None:
-        pid = int(Path("/run/libvirtd.pid").read_text().strip())
         try:
-            self.conn.close()
+            self.env.conn.close()
         except libvirt.libvirtError:
             pass
-        os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "libvirtd exit", 30)
-        subprocess.run([str(REPO / "scripts" / "libvirtd.sh")], check=True, capture_output=True, timeout=60)
-        self.conn = connect()
+        restart_libvirtd()
+        self.env.conn = connect(timeout=60)
         self.events["libvirtd_restarts"] += 1
 
     def sample(self, now: float) -> None:
         for name in self.names:
-            pid = self.agent_pid(name)
+            pid = self.env.agent_pid(name)
             figures = proc_figures(pid) if pid else None
             if figures:
                 self.samples[name].append((now, pid, *figures))
@@ -239,7 +167,7 @@ class Soak:
                 next_sample += a.sample_every
             if now >= next_kill:
                 victim = self.rng.choice(self.names)
-                pid = self.agent_pid(victim)
+                pid = self.env.agent_pid(victim)
                 if pid:
                     log(f"kill -9 agent of {victim} ({pid})")
                     os.kill(pid, signal.SIGKILL)
@@ -256,8 +184,8 @@ class Soak:
         # Everything back: each domain has its agent, cycling.
         for name in self.names:
             try:
-                wait_for(lambda n=name: self.agent_pid(n), f"agent of {name}", 30)
-            except TimeoutError:
+                wait_for(lambda n=name: self.env.agent_pid(n), f"agent of {name}", 30)
+            except AssertionError:
                 self.failures.append(f"{name}: no agent at the end")
         time.sleep(3)
         self.sample(time.monotonic() - started)
@@ -267,7 +195,7 @@ class Soak:
     def report(self) -> dict:
         qemu = {}
         for name in self.names:
-            left = ours_in_qemu(self.dom(name))
+            left = leftovers(self.dom(name))
             qemu[name] = left
             if len(left["bitmaps"]) > 2 or left["exports"] or len(left["nodes"]) > 1:
                 self.failures.append(f"{name}: leftovers in QEMU while running: {left}")
@@ -300,13 +228,11 @@ class Soak:
             self.dom(name).destroy()
         for name in self.names:
             try:
-                wait_for(lambda n=name: self.agent_pid(n) is None, f"agent of {name} to exit", 20)
-            except TimeoutError:
+                wait_for(lambda n=name: self.env.agent_pid(n) is None, f"agent of {name} to exit", 20)
+            except AssertionError:
                 self.failures.append(f"{name}: agent did not exit after destroy")
-        run = self.tmp / "run"
-        import hashlib
-
-        mine = {file_stem(n) for n in self.names} | {hashlib.sha256(n.encode()).hexdigest()[:12] for n in self.names}
+        run = self.env.run
+        mine = {file_stem(n) for n in self.names} | {nbd_dir(run, n).name for n in self.names}
         left_files = sorted(rel for p in run.rglob("*")
                             if (p.is_socket() or p.suffix == ".json" and p.name != "ledger.json"
                                 or p.is_dir() and p.parent.name == "nbd")
@@ -316,13 +242,13 @@ class Soak:
             self.failures.append(f"files left: {left_files}")
         if any(name in json.dumps(ledger) for name in self.names):
             self.failures.append(f"ledger entries left: {ledger}")
-        errors = sum(p.read_text(errors="replace").count("Traceback") for p in (self.tmp / "log").glob("agent-*.log"))
+        errors = sum(p.read_text(errors="replace").count("Traceback") for p in self.env.logs.glob("agent-*.log"))
         if errors:
             self.failures.append(f"{errors} tracebacks in agent logs")
         return {
             "duration_seconds": self.args.duration, "events": self.events, "agents": agents,
             "qemu_at_end": qemu, "files_left": left_files,
-            "tracebacks": errors, "failures": self.failures, "logs": str(self.tmp / "log") if self.args.keep else None,
+            "tracebacks": errors, "failures": self.failures, "logs": str(self.env.logs) if self.args.keep else None,
         }
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import stat
@@ -29,43 +28,41 @@ import time
 import uuid as uuidlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
 
 libvirt = pytest.importorskip("libvirt")
-import libvirt_qemu  # noqa: E402
 
 from vmcache.host.qmp import ALLOWED_COMMANDS, TRANSACTION_ACTIONS  # noqa: E402
-from vmcache.launcher import pidfile_holder  # noqa: E402
 from vmcache.metadata import NAMESPACE  # noqa: E402
 from vmcache.status import file_stem  # noqa: E402
 
+from tests.live import livelib  # noqa: E402
+from tests.live.livelib import (  # noqa: E402
+    REPO,
+    GiB,
+    LiveEnv,
+    MiB,
+    cache_metadata,
+    connect,
+    domain_xml,
+    guest_write,
+    leftovers,
+    nbd_dir,
+    qemu_pid,
+    qmp,
+    scrape,
+    start_paused,
+    wait_for,
+)
+
 pytestmark = pytest.mark.live
 
-REPO = Path(__file__).resolve().parents[2]
-URI = "qemu:///system"
-HOOKS_DIR = Path("/etc/libvirt/hooks")
 PREFIX = f"vmcache-test-rel-{os.getpid()}-"
-MiB = 1 << 20
-GiB = 1 << 30
 INTERVAL = 1.0
-
-
-def _our_hook(path: Path) -> bool:
-    return path.is_file() and "vmcache-hook" in path.read_text(errors="replace")
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0, step: float = 0.1):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def mem_available() -> int:
@@ -77,48 +74,10 @@ def mem_available() -> int:
 
 
 @dataclass
-class Env:
-    conn: object
-    tmp: Path
-    config: Path
-    base: dict
+class Env(LiveEnv):
+    """The module's host config (``base``, overridable for agents started meanwhile) and its files."""
 
-    @property
-    def run(self) -> Path:
-        return self.tmp / "run"
-
-    @property
-    def agents(self) -> Path:
-        return self.run / "agents"
-
-    @property
-    def logs(self) -> Path:
-        return self.tmp / "log"
-
-    def status(self, name: str) -> dict | None:
-        try:
-            return json.loads((self.agents / (file_stem(name) + ".json")).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-
-    def agent_pid(self, name: str) -> int | None:
-        return pidfile_holder(str(self.agents / (file_stem(name) + ".pid")))
-
-    def agent_log(self, name: str) -> str:
-        try:
-            return (self.logs / f"agent-{file_stem(name)}.log").read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def hook_log(self) -> str:
-        try:
-            return (self.logs / "hook.log").read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def pinned(self, name: str, disk: int = 0) -> int:
-        s = self.status(name)
-        return s["disks"][disk]["pinned_bytes"] if s and len(s["disks"]) > disk else -1
+    base: dict = field(default_factory=dict)
 
     def write_config(self, **changes: object) -> None:
         self.config.write_text(yaml.safe_dump({**self.base, **changes}))
@@ -133,7 +92,7 @@ class Env:
             self.write_config()
 
     def reconnect(self) -> None:
-        self.conn = wait_for(_open, "libvirtd to answer", timeout=30)
+        self.conn = connect(timeout=30)
 
     def live(self):  # type: ignore[no-untyped-def]
         """The connection, opened again if libvirtd was restarted under it."""
@@ -149,75 +108,23 @@ class Env:
         return self.live().lookupByName(name)
 
 
-def _open():  # type: ignore[no-untyped-def]
-    try:
-        return libvirt.open(URI)
-    except libvirt.libvirtError:
-        return None
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> Iterator[Env]:  # type: ignore[no-untyped-def]
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    libvirt.registerErrorHandler(lambda _c, _e: None, None)
-    conn = _open()
-    if conn is None:
-        pytest.skip("libvirtd does not answer on qemu:///system (scripts/libvirtd.sh starts it)")
-    tmp = tmp_path_factory.mktemp("rel-live")
-    tmp.chmod(0o755)
-    config = tmp / "vmcache.yaml"
+def env(live_tmp: Path, hooked) -> Iterator[Env]:  # type: ignore[no-untyped-def]
     base = {
-        "runtime_dir": f"{tmp}/run", "log_dir": f"{tmp}/log", "interval": "1s", "min_free": "256M",
+        "runtime_dir": f"{live_tmp}/run", "log_dir": f"{live_tmp}/log", "interval": "1s", "min_free": "256M",
         "pinned_cap": "256M", "agent_command": [sys.executable, "-m", "vmcache", "agent"],
         "model": {"decay": 0.5, "block_size": "1M"},
     }
-    e = Env(conn, tmp, config, base)
+    e = Env(connect(), live_tmp, live_tmp / "vmcache.yaml", base)
     e.write_config()
-    backups = {p: p.read_bytes() for p in (HOOKS_DIR / "qemu", HOOKS_DIR / "qemu.d" / "vmcache") if _our_hook(p)}
+    hooked(e.config, PREFIX, e.agents)
     try:
-        done = subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", sys.executable,
-                               "--config", str(config)], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr + done.stdout
         yield e
     finally:
-        _cleanup_domains(e)
-        subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--uninstall", "--no-reload"],
-                       capture_output=True, timeout=60)
-        for path, content in backups.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-            path.chmod(0o755)
         try:
             e.conn.close()
-        except libvirt.libvirtError:
+        except (libvirt.libvirtError, AttributeError):
             pass
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _cleanup_domains(e: Env) -> None:
-    """Destroy every test domain of ours and kill any agent left (even when a test failed)."""
-    conn = e.conn if e.conn is not None else _open()
-    if conn is not None:
-        try:
-            for dom in conn.listAllDomains():
-                if dom.name().startswith(PREFIX):
-                    try:
-                        dom.destroy()
-                    except libvirt.libvirtError:
-                        pass
-        except libvirt.libvirtError:
-            pass
-    if e.agents.exists():
-        # Also agents our hook started for other running domains (libvirtd's reconnect calls).
-        deadline = time.monotonic() + 10
-        for pidfile in e.agents.glob("*.pid"):
-            if pid := pidfile_holder(str(pidfile)):
-                os.kill(pid, signal.SIGTERM)
-            while (pid := pidfile_holder(str(pidfile))) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if pid:
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -239,38 +146,12 @@ def cleanup(env: Env) -> Iterator[list[str]]:
                 os.kill(pid, signal.SIGKILL)
 
 
-def domain_xml(env: Env, name: str, *, budget: str | None = "32M", size: int = 64 * MiB,
-               metadata: str | None = None, disks: str = "") -> str:
-    disk = env.tmp / f"{file_stem(name)}.raw"
-    with open(disk, "wb") as f:
-        f.truncate(size)
-    if metadata is None:
-        metadata = (f"<metadata><vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='{budget}'/></metadata>"
-                    if budget else "")
-    from xml.sax.saxutils import escape
-
-    return f"""<domain type='qemu'>
-  <name>{escape(name)}</name>
-  <uuid>{uuidlib.uuid4()}</uuid>
-  <memory unit='MiB'>32</memory>
-  <vcpu>1</vcpu>
-  {metadata}
-  <os><type arch='x86_64'>hvm</type></os>
-  <devices>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='raw' cache='writethrough'/>
-      <source file='{escape(str(disk))}'/>
-      <target dev='vda' bus='virtio'/>
-      <alias name='ua-vda'/>
-    </disk>
-    {disks}
-  </devices>
-</domain>"""
-
-
-def start(env: Env, cleanup: list[str], name: str, **kwargs):  # type: ignore[no-untyped-def]
+def start(env: Env, cleanup: list[str], name: str, *, budget: str | None = "32M", size: int = 64 * MiB,
+          metadata: str | None = None, disks: str = ""):  # type: ignore[no-untyped-def]
     cleanup.append(name)
-    return env.live().createXML(domain_xml(env, name, **kwargs), libvirt.VIR_DOMAIN_START_PAUSED)
+    xml = domain_xml(name, env.disk(name, size), metadata=cache_metadata(budget) if metadata is None else metadata,
+                     devices=disks)
+    return start_paused(env.live(), xml)
 
 
 def running(env: Env, name: str, timeout: float = 30.0) -> dict:
@@ -280,54 +161,6 @@ def running(env: Env, name: str, timeout: float = 30.0) -> dict:
     except AssertionError as err:
         raise AssertionError(f"{err}; status {env.status(name)}; agent log:\n{env.agent_log(name)[-2000:]}"
                              f"\nhook log:\n{env.hook_log()[-1500:]}") from None
-
-
-def guest_write(dom, offset: int, length: int, dev: str = "ua-vda", pattern: int = 0xAB) -> None:  # type: ignore[no-untyped-def]
-    out = libvirt_qemu.qemuMonitorCommand(
-        dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "write -P {pattern:#x} {offset} {length}"',
-        libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
-    assert "wrote" in out or not out.strip(), out
-
-
-def qmp(dom, cmd: str, args: dict | None = None):  # type: ignore[no-untyped-def]
-    msg = {"execute": cmd, **({"arguments": args} if args else {})}
-    reply = json.loads(libvirt_qemu.qemuMonitorCommand(dom, json.dumps(msg), 0))
-    if "error" in reply:
-        raise RuntimeError(reply["error"]["desc"])
-    return reply["return"]
-
-
-def leftovers(dom) -> dict:  # type: ignore[no-untyped-def]
-    """Bitmaps, nodes and exports of vmcache's still in QEMU."""
-    nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
-    return {
-        "bitmaps": sorted({b["name"] for n in nodes for b in n.get("dirty-bitmaps", [])
-                           if b["name"].startswith("vmcache")}),
-        "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
-        "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
-    }
-
-
-def qemu_pid(name: str) -> int:
-    return int(Path(f"/run/libvirt/qemu/{name}.pid").read_text().strip())
-
-
-def scrape(url: str, metric: str, labels: dict | None = None) -> float:
-    from urllib.request import urlopen
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urlopen(url, timeout=5).read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == metric and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
-                total += sample.value
-    return total
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 # -- memory pressure -------------------------------------------------------------------------
@@ -466,16 +299,12 @@ def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_r
 
 def restart_libvirtd(env: Env) -> None:
     """Stop libvirtd (SIGTERM; running domains stay) and start it again; reconnect ``env``."""
-    pid = int(Path("/run/libvirtd.pid").read_text().strip())
     try:
         env.conn.close()
     except libvirt.libvirtError:
         pass
     env.conn = None
-    os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "libvirtd to exit", timeout=30)
-    done = subprocess.run([str(REPO / "scripts" / "libvirtd.sh")], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    livelib.restart_libvirtd()
     env.reconnect()
 
 
@@ -485,12 +314,6 @@ def storage_node(dom) -> str:  # type: ignore[no-untyped-def]
         if node["drv"] == "file" and node["node-name"].startswith("libvirt-") and node["file"].endswith(".raw"):
             return node["node-name"]
     raise AssertionError("no storage node")
-
-
-def nbd_dir(env: Env, name: str) -> Path:
-    import hashlib
-
-    return env.run / "nbd" / hashlib.sha256(name.encode()).hexdigest()[:12]
 
 
 def written_total(env: Env, name: str) -> float:
@@ -526,7 +349,7 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
     os.kill(old_pid, signal.SIGKILL)
     wait_for(lambda: env.agent_pid(crash) is None, "the killed agent to be gone")
     node = storage_node(doms[crash])
-    sock = nbd_dir(env, crash) / f"nbd-{_short_id(node)}.sock"
+    sock = nbd_dir(env.run, crash) / f"nbd-{_short_id(node)}.sock"
     if not sock.exists():
         qmp(doms[crash], "nbd-server-start", {"addr": {"type": "unix", "data": {"path": str(sock)}}})
     assert env.pinned(survivor) >= 8 * MiB
@@ -727,7 +550,7 @@ def test_domain_destroyed_mid_cycle_the_agent_exits_cleanly_leaving_nothing(env:
         log = env.agent_log(n)
         assert "agent.stopped" in log and "agent.failed" not in log and "Traceback" not in log, log[-2000:]
         assert env.status(n) is None
-        assert not nbd_dir(env, n).exists()
+        assert not nbd_dir(env.run, n).exists()
         assert not (env.run / "prometheus" / f"{file_stem(n)}.json").exists()
         assert n not in (env.run / "ledger.json").read_text()
 
@@ -861,7 +684,7 @@ def test_security_loopback_metrics_root_only_sockets_own_disks_only_and_allowed_
     ours = [f[1] for f in listening if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port]
     assert ours == ["0100007F:" + f"{port:04X}"], ours
     # The NBD socket directory is root's only.
-    nbd = nbd_dir(env, name)
+    nbd = nbd_dir(env.run, name)
     info = nbd.stat()
     assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == 0
     # Mapped and opened: only the domain's own image (besides Python's libraries).

@@ -1,0 +1,375 @@
+"""Plumbing shared by the live tests and bench/soak.py: libvirt domains, the installed hook, agents.
+
+Everything here touches the host (libvirtd, /etc/libvirt/hooks, QEMU
+monitors, agent processes); nothing imports pytest, so bench/soak.py uses
+it too. Pytest fixtures built on it are in tests/live/conftest.py.
+
+The hook is host-wide: :func:`installed_hook` holds :data:`HOOK_LOCK`
+(flock) for as long as a test hook is installed, so two live tests (or a
+test and the soak) never replace each other's hook.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from xml.sax.saxutils import escape
+
+import libvirt
+import libvirt_qemu
+
+from vmcache.launcher import pidfile_holder
+from vmcache.metadata import NAMESPACE
+from vmcache.status import file_stem
+
+__all__ = [
+    "GiB", "HOOK_LOCK", "HOOK_PATHS", "MiB", "REPO", "URI", "LiveEnv", "QMPError", "cache_metadata", "connect",
+    "create_disk", "destroy_domains", "domain_xml", "guest_write", "installed_hook", "is_our_hook", "leftovers",
+    "libvirtd_pid", "nbd_dir", "open_conn", "qemu_pid", "qmp", "read_status", "restart_libvirtd", "scrape",
+    "start_paused", "stop_agents", "wait_for",
+]
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[2]
+URI = "qemu:///system"
+HOOKS_DIR = Path("/etc/libvirt/hooks")
+HOOK_PATHS = (HOOKS_DIR / "qemu", HOOKS_DIR / "qemu.d" / "vmcache")
+# The hook is host-wide: whoever installs a test hook takes this lock for as long as it is theirs.
+HOOK_LOCK = "/run/lock/vmcache-live-hook.lock"
+HOOK_MARKER = "vmcache-hook"
+LIBVIRTD_PIDFILE = Path("/run/libvirtd.pid")
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class QMPError(RuntimeError):
+    """QEMU answered a QMP command with an error (``desc`` is its message)."""
+
+
+def wait_for(predicate: Callable[[], T], what: str, timeout: float = 30.0, step: float = 0.1) -> T:
+    """Poll ``predicate`` every ``step`` s until it returns something true; that value.
+
+    Raises AssertionError naming ``what`` after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# -- libvirtd ---------------------------------------------------------------------------------
+
+
+def open_conn() -> Any:
+    """A connection to qemu:///system, or None when libvirtd does not answer."""
+    try:
+        return libvirt.open(URI)
+    except libvirt.libvirtError:
+        return None
+
+
+def connect(timeout: float = 30.0) -> Any:
+    """A connection to qemu:///system, waiting up to ``timeout`` s for libvirtd; AssertionError if none."""
+    return wait_for(open_conn, "libvirtd to answer", timeout=timeout)
+
+
+def libvirtd_pid() -> int:
+    """The pid of the running libvirtd (from its pidfile); -1 when there is none."""
+    return int(LIBVIRTD_PIDFILE.read_text().strip()) if LIBVIRTD_PIDFILE.exists() else -1
+
+
+def restart_libvirtd() -> None:
+    """Stop libvirtd (SIGTERM: running domains stay) and start it again with scripts/libvirtd.sh.
+
+    Connections opened before are dead afterwards. Raises AssertionError when
+    libvirtd does not exit or does not start.
+    """
+    pid = libvirtd_pid()
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "libvirtd to exit", timeout=30)
+    done = subprocess.run([str(REPO / "scripts" / "libvirtd.sh")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def qemu_pid(name: str) -> int:
+    """The pid of the QEMU process of running domain ``name``."""
+    return int(Path(f"/run/libvirt/qemu/{name}.pid").read_text().strip())
+
+
+# -- domains ----------------------------------------------------------------------------------
+
+
+def cache_metadata(budget: str | None) -> str:
+    """The ``<metadata>`` element that opts a domain in with ``budget``; empty for None."""
+    return f"<metadata><vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='{budget}'/></metadata>" if budget else ""
+
+
+def create_disk(path: Path, size: int) -> Path:
+    """A sparse raw image of ``size`` bytes at ``path``."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def domain_xml(name: str, disk: Path, *, metadata: str = "", devices: str = "") -> str:
+    """A small TCG domain: 32 MiB, one vCPU, ``disk`` as a writethrough raw virtio vda (alias ua-vda).
+
+    ``metadata`` goes in as it is (see :func:`cache_metadata`), and so do
+    extra ``devices``. No guest OS is needed: the domain is started paused.
+    """
+    return f"""<domain type='qemu'>
+  <name>{escape(name)}</name>
+  <uuid>{uuidlib.uuid4()}</uuid>
+  <memory unit='MiB'>32</memory>
+  <vcpu>1</vcpu>
+  {metadata}
+  <os><type arch='x86_64'>hvm</type></os>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw' cache='writethrough'/>
+      <source file='{escape(str(disk))}'/>
+      <target dev='vda' bus='virtio'/>
+      <alias name='ua-vda'/>
+    </disk>
+    {devices}
+  </devices>
+</domain>"""
+
+
+def start_paused(conn: Any, xml: str) -> Any:
+    """Start a transient domain from ``xml``, paused; its virDomain. Raises libvirtError."""
+    return conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED)
+
+
+def destroy_domains(prefix: str) -> None:
+    """Destroy (and undefine) every domain whose name starts with ``prefix``, on a fresh connection.
+
+    Never raises for libvirt errors: it runs in teardowns, after failures.
+    """
+    conn = open_conn()
+    if conn is None:
+        return
+    try:
+        for dom in conn.listAllDomains():
+            if dom.name().startswith(prefix):
+                for undo in (dom.destroy, dom.undefine):
+                    try:
+                        undo()
+                    except libvirt.libvirtError:
+                        pass
+    except libvirt.libvirtError:
+        pass
+    finally:
+        try:
+            conn.close()
+        except libvirt.libvirtError:
+            pass
+
+
+# -- the guest and QEMU -----------------------------------------------------------------------
+
+
+def guest_write(dom: Any, offset: int, length: int, dev: str = "ua-vda", pattern: int = 0xAB) -> None:
+    """Write ``length`` bytes at ``offset`` through virtio device ``dev`` as the guest would (HMP qemu-io)."""
+    out = libvirt_qemu.qemuMonitorCommand(
+        dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "write -P {pattern:#x} {offset} {length}"',
+        libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
+    assert "wrote" in out or not out.strip(), out  # HMP qemu-io prints nothing on success here
+
+
+def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:
+    """Run QMP ``cmd`` through libvirt; its ``return``. Raises QMPError when QEMU answers an error."""
+    msg = {"execute": cmd, **({"arguments": args} if args else {})}
+    reply = json.loads(libvirt_qemu.qemuMonitorCommand(dom, json.dumps(msg), 0))
+    if "error" in reply:
+        raise QMPError(reply["error"]["desc"])
+    return reply["return"]
+
+
+def leftovers(dom: Any) -> dict[str, list[str]]:
+    """Bitmaps, nodes and exports of vmcache's still in QEMU."""
+    nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
+    return {
+        "bitmaps": sorted({b["name"] for n in nodes for b in n.get("dirty-bitmaps", [])
+                           if b["name"].startswith("vmcache")}),
+        "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
+        "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
+    }
+
+
+# -- agents -----------------------------------------------------------------------------------
+
+
+def scrape(url: str, metric: str, labels: dict[str, str] | None = None) -> float:
+    """The sum of the samples of ``metric`` (with ``labels``) at ``url``; 0 when there are none."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urlopen(url, timeout=5).read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == metric and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += sample.value
+    return total
+
+
+def read_status(agents: Path, name: str) -> dict | None:
+    """The status file of ``name``'s agent in ``agents``; None when absent or half written."""
+    try:
+        return json.loads((agents / (file_stem(name) + ".json")).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def nbd_dir(runtime: Path, name: str) -> Path:
+    """The NBD socket directory of ``name``'s agent (as vmcache.agent names it)."""
+    return runtime / "nbd" / hashlib.sha256(name.encode()).hexdigest()[:12]
+
+
+def stop_agents(agents: Path, grace: float = 10.0) -> None:
+    """SIGTERM every agent holding a pidfile lock in ``agents``, SIGKILL those still there after ``grace`` s.
+
+    Also stops agents the hook started for other running domains (libvirtd's
+    reconnect calls). Never raises for agents already gone.
+    """
+    if not agents.exists():
+        return
+    deadline = time.monotonic() + grace
+    for pidfile in agents.glob("*.pid"):
+        while (pid := pidfile_holder(str(pidfile))) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # being started: it records its pid just before its exec
+        if pid:
+            _signal(pid, signal.SIGTERM)
+        while (pid := pidfile_holder(str(pidfile))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid:
+            _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class LiveEnv:
+    """A host config under ``tmp`` (runtime_dir tmp/run, log_dir tmp/log) and the files its agents write."""
+
+    conn: Any
+    tmp: Path
+    config: Path
+
+    @property
+    def run(self) -> Path:
+        return self.tmp / "run"
+
+    @property
+    def agents(self) -> Path:
+        return self.run / "agents"
+
+    @property
+    def logs(self) -> Path:
+        return self.tmp / "log"
+
+    def status(self, name: str) -> dict | None:
+        return read_status(self.agents, name)
+
+    def agent_pid(self, name: str) -> int | None:
+        return pidfile_holder(str(self.agents / (file_stem(name) + ".pid")))
+
+    def agent_log(self, name: str) -> str:
+        try:
+            return (self.logs / f"agent-{file_stem(name)}.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def hook_log(self) -> str:
+        try:
+            return (self.logs / "hook.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def pinned(self, name: str, disk: int = 0) -> int:
+        s = self.status(name)
+        return s["disks"][disk]["pinned_bytes"] if s and len(s["disks"]) > disk else -1
+
+    def disk(self, name: str, size: int) -> Path:
+        """A fresh sparse raw image for domain ``name`` in ``tmp``."""
+        return create_disk(self.tmp / f"{file_stem(name)}.raw", size)
+
+
+# -- the hook ---------------------------------------------------------------------------------
+
+
+def is_our_hook(path: Path) -> bool:
+    """Whether ``path`` is a vmcache hook (ours or an operator's install), not another program's."""
+    return path.is_file() and HOOK_MARKER in path.read_text(errors="replace")
+
+
+_held_by_us = False
+
+
+@contextmanager
+def installed_hook(config: Path, python: str = sys.executable) -> Iterator[str]:
+    """The vmcache hook installed for host config ``config`` while inside; install.sh's output.
+
+    Takes :data:`HOOK_LOCK` first (waits while another test's hook is
+    installed), installs with ``scripts/install.sh --hook-only`` (libvirtd
+    reloads when the hook is new). On exit removes the hook it installed and
+    puts back the vmcache hook that was there, unless someone replaced ours
+    meanwhile (then it is theirs and left alone). A foreign hook is never
+    touched. Raises AssertionError when install.sh fails, RuntimeError when
+    this process already holds the lock.
+    """
+    global _held_by_us
+    if _held_by_us:
+        raise RuntimeError("this process has a test hook installed already")
+    os.makedirs(os.path.dirname(HOOK_LOCK), exist_ok=True)
+    lock = os.open(HOOK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    _held_by_us = True
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for another live test's hook to be gone
+        backups = {p: p.read_bytes() for p in HOOK_PATHS if is_our_hook(p)}
+        had_qemu_d = HOOK_PATHS[1].parent.exists()
+        installed: dict[Path, bytes] = {}
+        try:
+            done = subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", python,
+                                   "--config", str(config)], capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr + done.stdout
+            installed.update({p: p.read_bytes() for p in HOOK_PATHS if is_our_hook(p)})
+            yield done.stdout
+        finally:
+            for path, content in installed.items():
+                if path.exists() and path.read_bytes() == content:
+                    path.unlink()
+                    if path in backups:
+                        path.write_bytes(backups[path])
+                        path.chmod(0o755)
+            if not had_qemu_d:
+                try:
+                    HOOK_PATHS[1].parent.rmdir()
+                except OSError:
+                    pass
+    finally:
+        os.close(lock)  # releases the flock
+        _held_by_us = False
