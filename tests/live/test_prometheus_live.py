@@ -1,19 +1,28 @@
 """A real Prometheus server finds vmcache agents through file_sd and reads their metrics.
 
 Starts Debian's /usr/bin/prometheus on a free loopback port with the
-project's docs/prometheus/scrape.yml (glob pointed at a temporary targets
-directory, 1s intervals) and alerts.yml, then agents for fake domains.
-The agents are stand-ins built from the real parts (AgentMetrics fed with
-CycleStats, serve_metrics, TargetsFile); ``start_agent`` is the one place
-to switch to real per-domain agents once they exist.
+project's docs/prometheus/scrape.yml (its ``/run/vmcache/prometheus/*.json``
+glob pointed at ``<tmp>/run/prometheus/*.json``, 1s intervals) and alerts.yml.
+
+Discovery is tested with real agents, started as operators start them: the
+hook installed (scripts/install.sh --hook-only) with a host config whose
+``runtime_dir`` is ``<tmp>/run``, so the agents write their targets files
+into the directory Prometheus globs, and two transient paused domains with
+vmcache metadata (needs root and libvirtd, see livelib.py). What needs
+metrics a real agent only has in situations that are hard to make (TLS
+with basic auth, every dashboard panel with data) uses stand-in agents
+built from the real parts (AgentMetrics fed with CycleStats,
+serve_metrics, TargetsFile): ``start_agent``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -28,9 +37,10 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from vmcache.exporter import DEFAULT_PORTS, BasicAuth, MetricsServer, TLSOptions, serve_metrics
-from vmcache.filesd import TargetsFile
+from vmcache.filesd import TargetsFile, safe_name
 from vmcache.metrics import AgentMetrics
 from vmcache.stats import CycleStats
+from vmcache.status import file_stem
 
 pytestmark = pytest.mark.live
 
@@ -39,6 +49,7 @@ DOCS = REPO / "docs"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 MiB = 1 << 20
 TIMEOUT = 20.0
+PREFIX = f"vmcache-test-prom-{os.getpid()}-"
 
 
 def _free_port() -> int:
@@ -50,6 +61,7 @@ def _free_port() -> int:
 @dataclass
 class Prometheus:
     url: str
+    runtime_dir: Path  # an agent's runtime_dir whose prometheus/ is targets_dir
     targets_dir: Path
     tls_targets_dir: Path
     log: Path
@@ -63,6 +75,11 @@ class Prometheus:
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         return self.api("query", query=expr)["result"]  # type: ignore[no-any-return]
+
+    def active_domains(self, job: str = "vmcache") -> set[str]:
+        """The ``domain`` labels of the active targets of ``job``."""
+        data = self.api("targets", state="active")
+        return {t["labels"].get("domain", "") for t in data["activeTargets"] if t["labels"]["job"] == job}
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
         deadline = time.monotonic() + timeout
@@ -108,13 +125,14 @@ def secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory, secrets: dict[str, Path]) -> Iterator[Prometheus]:
+def prometheus(live_tmp: Path, secrets: dict[str, Path]) -> Iterator[Prometheus]:
     if not Path(PROMETHEUS).exists():
         pytest.fail(f"{PROMETHEUS} missing: install the Debian package prometheus (scripts/setup.sh)")
-    d = tmp_path_factory.mktemp("prometheus")
-    targets, tls_targets = d / "targets", d / "tls-targets"
-    targets.mkdir()
-    tls_targets.mkdir()
+    d = live_tmp / "prometheus"
+    runtime = live_tmp / "run"
+    targets, tls_targets = runtime / "prometheus", d / "tls-targets"
+    targets.mkdir(parents=True)
+    tls_targets.mkdir(parents=True)
     (d / "prometheus.yml").write_text(yaml.safe_dump(_config(targets, tls_targets, secrets["cert"], secrets["password"])))
     port = _free_port()
     log = d / "prometheus.log"
@@ -125,7 +143,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, secrets: dict[str, Path
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )
     try:
-        server = Prometheus(f"http://127.0.0.1:{port}", targets, tls_targets, log)
+        server = Prometheus(f"http://127.0.0.1:{port}", runtime, targets, tls_targets, log)
 
         def ready() -> bool:
             if proc.poll() is not None:
@@ -200,49 +218,72 @@ def _by_domain(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {r["metric"].get("domain", ""): r for r in results}
 
 
-def test_two_domains_are_discovered_and_queried_through_prometheus(prometheus: Prometheus,
-                                                                   start_agent: Callable[..., StandInAgent]) -> None:
-    a = start_agent("live-web", 192)
-    b = start_agent("live-db", 320)
-    assert a.server.port != b.server.port
+@pytest.fixture(scope="module")
+def host(live_tmp: Path, prometheus: Prometheus, hooked) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    """Real agents: the hook installed for a host config whose runtime_dir is the one Prometheus globs below."""
+    from tests.live import livelib
 
-    def both() -> dict[str, dict[str, Any]]:
-        got = _by_domain(prometheus.query('vmcache_pinned_bytes{domain=~"live-web|live-db"}'))
-        return got if set(got) == {"live-web", "live-db"} else {}
+    config = live_tmp / "vmcache.yaml"
+    config.write_text(yaml.safe_dump({
+        "runtime_dir": str(prometheus.runtime_dir), "log_dir": f"{live_tmp}/log", "interval": "1s",
+        "min_free": "256M", "pinned_cap": "256M", "agent_command": [sys.executable, "-m", "vmcache", "agent"],
+        "model": {"decay": 0.5, "block_size": "1M"},
+    }))
+    env = livelib.LiveEnv(livelib.connect(), live_tmp, config)
+    assert env.run == prometheus.runtime_dir
+    hooked(config, PREFIX, env.agents)
+    try:
+        yield env
+    finally:
+        env.conn.close()
 
-    got = prometheus.wait("both domains' vmcache_pinned_bytes", both)
-    for agent in (a, b):
-        series = got[agent.domain]
-        assert float(series["value"][1]) == agent.pinned_bytes
+
+def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(prometheus: Prometheus,
+                                                                              host: Any) -> None:
+    from tests.live import livelib
+
+    budgets = {PREFIX + "web": 16 * MiB, PREFIX + "db": 24 * MiB}
+    doms = {}
+    for name, budget in budgets.items():
+        xml = livelib.domain_xml(name, host.disk(name, 64 * MiB), metadata=livelib.cache_metadata(f"{budget // MiB}M"))
+        doms[name] = livelib.start_paused(host.conn, xml)
+    for name, dom in doms.items():
+        livelib.wait_for(lambda n=name: (s := host.status(n)) and s["state"] == "running", f"the agent of {name}")
+        livelib.guest_write(dom, 0, 4 * MiB)
+    pattern = "|".join(budgets)
+
+    def pinned() -> dict[str, dict[str, Any]]:
+        got = _by_domain(prometheus.query(f'vmcache_pinned_bytes{{domain=~"{pattern}"}}'))
+        return got if set(got) == set(budgets) and all(float(r["value"][1]) >= 4 * MiB for r in got.values()) else {}
+
+    got = prometheus.wait("both real agents' pinned bytes", pinned, timeout=60)
+    for name, dom in doms.items():
+        series = got[name]
+        assert float(series["value"][1]) <= budgets[name]
         labels = series["metric"]
-        assert labels["uuid"] == agent.uuid
+        assert labels["uuid"] == dom.UUIDString()
         assert labels["disk"] == "vda"
-        assert labels["image"] == f"/var/lib/libvirt/images/{agent.domain}.raw"
+        assert labels["image"] == str(host.tmp / f"{file_stem(name)}.raw")
         assert labels["job"] == "vmcache"
-        assert labels["instance"] == agent.server.target
+        assert labels["instance"] == urllib.parse.urlsplit(host.status(name)["metrics_url"]).netloc
         assert not any(k.startswith("exported_") for k in labels)
+        assert (prometheus.targets_dir / f"{safe_name(name)}.json").exists()
+    budget = _by_domain(prometheus.query(f'vmcache_budget_bytes{{domain=~"{pattern}"}}'))
+    assert {d: float(r["value"][1]) for d, r in budget.items()} == budgets
+    up = _by_domain(prometheus.query(f'up{{job="vmcache", domain=~"{pattern}"}}'))
+    assert {d: float(r["value"][1]) for d, r in up.items()} == {name: 1.0 for name in budgets}
 
-    up = _by_domain(prometheus.query('up{job="vmcache", domain=~"live-web|live-db"}'))
-    assert {d: float(r["value"][1]) for d, r in up.items()} == {"live-web": 1.0, "live-db": 1.0}
-    assert up["live-db"]["metric"]["uuid"] == b.uuid
-    rate = prometheus.query('vmcache_guest_read_miss_bytes_total{domain="live-web"}')
-    assert float(rate[0]["value"][1]) == 6 * MiB
-
-
-def test_a_stopped_agent_leaves_prometheus_targets(prometheus: Prometheus,
-                                                   start_agent: Callable[..., StandInAgent]) -> None:
-    keep = start_agent("live-keep", 64)
-    gone = start_agent("live-gone", 64)
-
-    def active() -> set[str]:
-        data = prometheus.api("targets", state="active")
-        return {t["labels"].get("domain", "") for t in data["activeTargets"] if t["labels"]["job"] == "vmcache"}
-
-    prometheus.wait("both targets", lambda: {"live-keep", "live-gone"} <= active())
-    gone.stop()
-    assert not gone.targets.path.exists()
-    prometheus.wait("the stopped agent's target to go", lambda: "live-gone" not in active())
-    assert keep.domain in active()
+    # virsh destroy: the hook stops the agent, which removes its targets file; Prometheus drops the target.
+    gone, kept = budgets
+    subprocess.run(["virsh", "-c", livelib.URI, "destroy", gone], check=True, capture_output=True, timeout=60)
+    livelib.wait_for(lambda: host.agent_pid(gone) is None, "the destroyed domain's agent to exit")
+    assert not (prometheus.targets_dir / f"{safe_name(gone)}.json").exists()
+    prometheus.wait("the destroyed domain's target to go", lambda: gone not in prometheus.active_domains())
+    assert kept in prometheus.active_domains()
+    subprocess.run(["virsh", "-c", livelib.URI, "destroy", kept], check=True, capture_output=True, timeout=60)
+    livelib.wait_for(lambda: host.agent_pid(kept) is None, "the other agent to exit")
+    prometheus.wait("no target of ours left", lambda: not set(budgets) & prometheus.active_domains())
+    assert not [p for p in prometheus.targets_dir.glob("*.json") if p.stem.startswith(PREFIX)]
 
 
 def test_https_agent_with_basic_auth_is_scraped(prometheus: Prometheus, secrets: dict[str, Path],
