@@ -4,11 +4,16 @@
 
 Installs nothing: it runs a copy of hooks/qemu pointed at this Python and
 a temporary host config whose agent is tests/standin_agent.py, and times
-each call from fork to exit (what libvirtd waits for). Scenarios:
+each call from fork to exit (what libvirtd waits for). As on a real host the
+config is older than a couple of seconds, so the hook reads the validated
+copy vmcache.config caches in /run/vmcache/config-cache (removed at the end)
+instead of parsing the YAML. Scenarios:
 
 - ``ignore``: ``started`` of a domain without vmcache metadata (most domains);
 - ``start``: ``started`` of an opted-in domain, spawning its agent;
-- ``running``: ``started``/``reconnect`` when its agent already runs;
+- ``running``: ``started``/``reconnect`` when its agent already runs (the
+  bench waits until the agent has written its status file: an agent still
+  starting up would compete with the hook for the CPU);
 - ``stop``: ``stopped`` of an opted-in domain (SIGTERM, no wait);
 - ``migrate``: the XML filter (echo);
 - ``python``: baseline, this Python starting and doing nothing (``-I -c pass``),
@@ -34,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.standin_agent import kill_agents  # noqa: E402
+from vmcache.config import CACHE_DIR, cache_path  # noqa: E402
 from vmcache.launcher import pidfile_holder  # noqa: E402
 from vmcache.metadata import NAMESPACE  # noqa: E402
 
@@ -60,6 +66,15 @@ def timed(hook: str, args: list[str], stdin: bytes) -> float:
     return seconds
 
 
+def wait_ready(status_file: str) -> None:
+    """Until the stand-in agent has started: it writes its status file then (and removes it on exit)."""
+    deadline = time.monotonic() + 10
+    while not os.path.exists(status_file):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: the agent did not write {status_file}")
+        time.sleep(0.005)
+
+
 def wait_gone(pid: int) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -81,6 +96,7 @@ def main() -> int:
         config = Path(tmp, "vmcache.yaml")
         config.write_text(f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\n"
                           f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n")
+        time.sleep(2.1)  # the cache keeps only configs unchanged for 2 s (vmcache.config._settled)
         hook = Path(tmp, "qemu")
         text = (REPO / "hooks" / "qemu").read_text()
         text = text.replace("VMCACHE_PYTHON=/opt/vmcache/venv/bin/python", f"VMCACHE_PYTHON={sys.executable}")
@@ -96,15 +112,17 @@ def main() -> int:
                 results["ignore"].append(timed(str(hook), ["bench-off", "started", "begin", "-"], off))
                 results["migrate"].append(timed(str(hook), ["bench-on", "migrate", "begin", "-"], on))
                 results["start"].append(timed(str(hook), ["bench-on", "started", "begin", "-"], on))
-                results["running"].append(timed(str(hook), ["bench-on", "reconnect", "begin", "-"], on))
-                # the launcher recorded the agent's pid before its exec: stop it, wait until it is gone
+                # the launcher recorded the agent's pid before its exec
                 pid = pidfile_holder(pidfile)
                 if not pid:
                     raise SystemExit("bench: the start hook started no agent")
+                wait_ready(f"{tmp}/run/agents/bench-on.json")
+                results["running"].append(timed(str(hook), ["bench-on", "reconnect", "begin", "-"], on))
                 results["stop"].append(timed(str(hook), ["bench-on", "stopped", "end", "-"], on))
                 wait_gone(pid)
         finally:
             kill_agents(f"{tmp}/run/agents")
+            Path(cache_path(str(config), CACHE_DIR)).unlink(missing_ok=True)
     worst = 0.0
     print(f"hook latency over {runs} runs each (ms): median p90 max")
     for name, values in results.items():

@@ -10,19 +10,21 @@ commented default file ``make install`` puts in place.
 This module reads one file and imports no libvirt, numpy or socket code:
 the libvirt hook loads it on every domain start, with ``check_model=False``
 (vmcache.model's package imports numpy; the hook needs no model, and the
-agent it starts checks the ``model`` section and reports it).
+agent it starts checks the ``model`` section and reports it). PyYAML is
+imported only when a file is parsed: with ``cache_dir`` (the hook passes
+:data:`CACHE_DIR`), the validated config is kept as JSON keyed by the
+file's identity, and read back instead while the file is unchanged.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from .errors import ConfigError
 from .units import parse_duration, parse_size
@@ -42,9 +44,14 @@ __all__ = [
     "HeatmapConfig",
     "load_host_config",
     "parse_host_config",
+    "CACHE_DIR",
+    "cache_path",
 ]
 
 DEFAULT_PATH = "/etc/vmcache/vmcache.yaml"
+#: Where load_host_config(cache_dir=CACHE_DIR) keeps validated configs (beside the
+#: default runtime_dir: it is read before the config, and so its runtime_dir, is known).
+CACHE_DIR = "/run/vmcache/config-cache"
 
 #: Cache modes whose image QEMU opens without O_DIRECT (through the page cache).
 CACHE_MODES = ("writethrough", "writeback", "unsafe")
@@ -162,12 +169,24 @@ class HostConfig:
 
 # --- loading ----------------------------------------------------------------
 
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicated keys instead of keeping the last one."""
+_strict_loader: type | None = None
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+def _loader() -> type:
+    """SafeLoader that refuses duplicated keys instead of keeping the last one (PyYAML imported here)."""
+    global _strict_loader
+    if _strict_loader is None:
+        import yaml
+
+        class StrictLoader(yaml.SafeLoader):
+            pass
+
+        StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+        _strict_loader = StrictLoader
+    return _strict_loader
+
+
+def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -182,30 +201,167 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     return loader.construct_mapping(node, deep=deep)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def load_host_config(path: str = DEFAULT_PATH, *, check_model: bool = True) -> HostConfig:
+def load_host_config(path: str = DEFAULT_PATH, *, check_model: bool = True,
+                     cache_dir: str | None = None) -> HostConfig:
     """Read the host config at ``path``; a missing file gives the defaults.
 
     Raises ConfigError for unreadable files, invalid YAML and bad values.
     ``check_model=False`` leaves the ``model`` section's values unchecked
-    (for the hook, which must not import numpy).
+    (for the hook, which must not import numpy). With ``cache_dir``, a
+    valid config is cached there (:func:`cache_path`) and read back, without
+    PyYAML, while the file keeps its identity (device, inode, size, mtime,
+    ctime); a stale, foreign or damaged cache file is ignored.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return HostConfig()
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
         raise ConfigError(path, None, f"cannot read: {err}") from err
-    return parse_host_config(text, source=path, check_model=check_model)
+    try:
+        st = os.fstat(fd)
+        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        cached = _read_cache(cache_path(path, cache_dir), path, key) if cache_dir is not None else None
+        if cached is not None:
+            if check_model:
+                cached.model_params()
+            return cached
+        try:
+            with open(fd, encoding="utf-8", closefd=False) as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(path, None, f"cannot read: {err}") from err
+    finally:
+        os.close(fd)
+    config = parse_host_config(text, source=path, check_model=check_model)
+    if cache_dir is not None and _settled(st):
+        _write_cache(cache_path(path, cache_dir), path, key, config)
+    return config
+
+
+# --- the cache of validated configs (for the hook) ---------------------------
+
+_CACHE_VERSION = 1
+_SETTLE_NS = 2_000_000_000
+_MAX_NAME = 200
+
+
+def cache_path(path: str, cache_dir: str = CACHE_DIR) -> str:
+    """The cache file of the config at ``path``: its absolute path as a file name (``/`` as ``%2F``)."""
+    name = os.path.abspath(path).replace("%", "%25").replace("/", "%2F")
+    if len(name) > _MAX_NAME:
+        import hashlib
+
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        name = f"{name[-(_MAX_NAME - 17):]}~{digest}"
+    return os.path.join(cache_dir, name + ".json")
+
+
+def _settled(st: os.stat_result) -> bool:
+    """False while the file changed within the last 2 s: a write in the same clock tick could
+    keep size and mtime (git's "racily clean" case), so such a file is not cached yet."""
+    import time
+
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > _SETTLE_NS
+
+
+def _read_cache(cache: str, path: str, key: list[int]) -> HostConfig | None:
+    """The cached config if ``cache`` is a regular file owned by root (or us), writable by its
+    owner only, and recorded for ``path`` with this ``key``; else None (parse the file)."""
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid())
+                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            raw = f.read(1 << 20)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    import json
+
+    try:
+        data = json.loads(raw)
+        if data["version"] != _CACHE_VERSION or data["path"] != os.path.abspath(path) or data["key"] != key:
+            return None
+        return _from_json(data["config"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_cache(cache: str, path: str, key: list[int], config: HostConfig) -> None:
+    """Replace ``cache`` atomically with ``config`` if it survives the JSON round trip; never raises."""
+    import json
+
+    try:
+        encoded = _to_json(config)
+        if _from_json(json.loads(json.dumps(encoded))) != config:
+            return  # e.g. model values JSON cannot carry exactly
+        text = json.dumps({"version": _CACHE_VERSION, "path": os.path.abspath(path), "key": key,
+                           "config": encoded}, sort_keys=True)
+    except (ValueError, TypeError, KeyError):
+        return
+    directory = os.path.dirname(cache)
+    tmp = os.path.join(directory, f".{os.path.basename(cache)}.{os.getpid()}.tmp")
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, cache)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _to_json(value: Any) -> Any:
+    """HostConfig and its parts as JSON values (dataclasses as objects, sets sorted)."""
+    if is_dataclass(value):
+        return {f.name: _to_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (frozenset, set)):
+        return sorted(value)
+    if isinstance(value, Mapping):
+        return {k: _to_json(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(data: dict[str, Any]) -> HostConfig:
+    """The inverse of :func:`_to_json` for a HostConfig (KeyError/TypeError if it does not fit)."""
+    metrics = dict(data["metrics"])
+    if metrics["tls"] is not None:
+        metrics["tls"] = MetricsTLS(**metrics["tls"])
+    if metrics["basic_auth"] is not None:
+        metrics["basic_auth"] = MetricsBasicAuth(**metrics["basic_auth"])
+    command = data["agent_command"]
+    return HostConfig(**{
+        **data,
+        "cache_modes": frozenset(data["cache_modes"]),
+        "pinned_cap": PinnedCap(**data["pinned_cap"]),
+        "model": MappingProxyType(dict(data["model"])),
+        "agent_command": None if command is None else tuple(command),
+        "metrics": MetricsConfig(**metrics),
+        "heatmap": HeatmapConfig(**data["heatmap"]),
+    })
 
 
 def parse_host_config(text: str, *, source: str = DEFAULT_PATH, check_model: bool = True) -> HostConfig:
     """Parse the YAML text of a host config; ConfigError naming key and value if it is wrong."""
+    import yaml  # here, not at import time: the hook mostly reads the cache (load_host_config)
+
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f"{source}:{mark.line + 1}" if mark is not None else source

@@ -30,11 +30,13 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import HostError
 from .host.procs import is_alive, start_time
-from .stats import CycleStats
+
+if TYPE_CHECKING:  # an annotation only: the hook imports this module (file_stem)
+    from .stats import CycleStats
 
 __all__ = [
     "SCHEMA_VERSION",

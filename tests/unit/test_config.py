@@ -222,3 +222,132 @@ def test_hook_mode_leaves_model_values_to_the_agent():
         parse_host_config("model: {decay: 7}\nbudget: x", check_model=False)
     with pytest.raises(ConfigError, match="model: 3: must be a mapping"):
         parse_host_config("model: 3", check_model=False)
+
+
+# --- the cache of validated configs (what the hook reads instead of the YAML) ----
+
+import json  # noqa: E402
+import os  # noqa: E402
+
+import vmcache.config as config_module  # noqa: E402
+from vmcache.config import cache_path  # noqa: E402
+
+FULL = """\
+budget: 2G
+cache_modes: [writeback, writethrough]
+pinned_cap: 25%
+model: {decay: 7}
+runtime_dir: /r
+log_dir: /l
+agent_command: [/usr/bin/agent, --x]
+metrics:
+  listen: "::1"
+  ports: 9000-9010
+  tls: {certfile: /c, keyfile: /k, client_cafile: /ca, client_auth_required: true}
+  basic_auth: {username: u, password_file: /p}
+heatmap: {dir: /h, every: 3, blocks_per_pixel: 8, aspect: 1.5}
+"""
+
+
+@pytest.fixture
+def settled(monkeypatch):
+    """Files count as unchanged for long at once (the cache waits 2 s after a change)."""
+    monkeypatch.setattr(config_module, "_SETTLE_NS", -1)
+
+
+def no_yaml(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("parsed the YAML")
+
+    monkeypatch.setattr(config_module, "parse_host_config", refuse)
+
+
+def test_cache_gives_the_same_config_without_parsing(tmp_path, settled, monkeypatch):
+    path = tmp_path / "vmcache.yaml"
+    path.write_text(FULL)
+    cache = tmp_path / "cache"
+    first = load_host_config(str(path), check_model=False, cache_dir=str(cache))
+    assert first == parse_host_config(FULL, check_model=False)
+    written = cache_path(str(path), str(cache))
+    assert os.path.basename(written) == str(path).replace("/", "%2F") + ".json"
+    assert os.stat(written).st_mode & 0o777 == 0o644
+    no_yaml(monkeypatch)
+    assert load_host_config(str(path), check_model=False, cache_dir=str(cache)) == first
+
+
+def test_cached_config_still_has_its_model_checked(tmp_path, settled):
+    path = tmp_path / "vmcache.yaml"
+    path.write_text("model: {decay: 7}\n")
+    load_host_config(str(path), check_model=False, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="model.decay: 7"):
+        load_host_config(str(path), cache_dir=str(tmp_path))
+
+
+def test_changed_file_is_parsed_again(tmp_path, settled):
+    path = tmp_path / "vmcache.yaml"
+    path.write_text("budget: 2G\n")
+    assert load_host_config(str(path), cache_dir=str(tmp_path)).budget == 2 * GiB
+    path.write_text("budget: 3G\n")  # same size, likely the same mtime tick: the ctime/inode key still differs
+    assert load_host_config(str(path), cache_dir=str(tmp_path)).budget == 3 * GiB
+    path.write_text("budget: x\n")
+    with pytest.raises(ConfigError, match="budget: 'x'"):
+        load_host_config(str(path), cache_dir=str(tmp_path))
+
+
+def test_a_file_changed_just_now_is_not_cached(tmp_path):
+    path = tmp_path / "vmcache.yaml"
+    path.write_text("budget: 2G\n")
+    assert load_host_config(str(path), cache_dir=str(tmp_path / "cache")).budget == 2 * GiB
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("damage", ["group-writable", "foreign-owner", "other-path", "garbage", "symlink"])
+def test_untrusted_or_damaged_cache_is_ignored(tmp_path, settled, monkeypatch, damage):
+    path = tmp_path / "vmcache.yaml"
+    path.write_text("budget: 2G\n")
+    cache_dir = tmp_path / "cache"
+    load_host_config(str(path), cache_dir=str(cache_dir))
+    cache = cache_path(str(path), str(cache_dir))
+    data = json.loads(open(cache).read())
+    data["config"]["budget"] = 5  # what a forged cache would say
+    forged = json.dumps(data)
+    if damage == "group-writable":
+        open(cache, "w").write(forged)
+        os.chmod(cache, 0o664)
+    elif damage == "foreign-owner":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the file away")
+        open(cache, "w").write(forged)
+        os.chown(cache, 65534, 65534)
+    elif damage == "other-path":
+        data["path"] = str(tmp_path / "other.yaml")
+        open(cache, "w").write(json.dumps(data))
+    elif damage == "garbage":
+        open(cache, "w").write('{"version": 1, "path": ')
+    else:
+        elsewhere = tmp_path / "elsewhere.json"
+        elsewhere.write_text(forged)
+        os.unlink(cache)
+        os.symlink(elsewhere, cache)
+    assert load_host_config(str(path), cache_dir=str(cache_dir)).budget == 2 * GiB
+    assert not os.path.islink(cache)  # parsed again and written anew
+    assert json.loads(open(cache).read())["config"]["budget"] == 2 * GiB
+
+
+def test_values_json_cannot_carry_are_not_cached(tmp_path, settled):
+    path = tmp_path / "vmcache.yaml"
+    path.write_text("model: {decay: .nan, when: 2024-01-01}\n")
+    config = load_host_config(str(path), check_model=False, cache_dir=str(tmp_path / "cache"))
+    assert "when" in config.model
+    assert not (tmp_path / "cache").exists() or os.listdir(tmp_path / "cache") == []
+
+
+def test_missing_file_gives_defaults_and_no_cache(tmp_path):
+    assert load_host_config(str(tmp_path / "absent.yaml"), cache_dir=str(tmp_path / "cache")) == HostConfig()
+    assert not (tmp_path / "cache").exists()
+
+
+def test_long_config_paths_get_short_cache_names():
+    name = os.path.basename(cache_path("/" + "d" * 300 + "/vmcache.yaml", "/c"))
+    assert len(name) <= 210 and name.endswith(".json")
+    assert name != os.path.basename(cache_path("/" + "e" + "d" * 299 + "/vmcache.yaml", "/c"))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import vmcache.hook as hook_module
+from vmcache.config import cache_path
 from vmcache.errors import HostError
 from vmcache.hook import Action, decide, run
 from vmcache.launcher import LaunchResult
@@ -51,6 +53,10 @@ class FakeLauncher:
         return LaunchResult("stopping", domain, pid=42)
 
 
+BOMB = (b'<?xml version="1.0"?><!DOCTYPE domain [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;">]>'
+        + domain_xml(name="&b;"))
+
+
 @pytest.mark.parametrize(
     ("argv", "xml", "action", "reason"),
     [
@@ -71,6 +77,7 @@ class FakeLauncher:
          domain_xml(metadata=f"<vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='lots'/>"),
          Action.IGNORE, "unusable XML or metadata: metadata budget: 'lots': not a size"),
         (["web-1", "started", "begin", "-"], b"<domain", Action.IGNORE, "unusable XML or metadata: domain XML"),
+        (["web-1", "started", "begin", "-"], BOMB, Action.IGNORE, "unusable XML or metadata: domain XML"),
         (["web-1", "started", "begin", "-"], domain_xml(name="other"), Action.IGNORE, "XML is for domain 'other'"),
         (["web-1"], b"", Action.IGNORE, "usage: DOMAIN OP SUBOP EXTRA"),
         ([], b"", Action.IGNORE, "usage: DOMAIN OP SUBOP EXTRA"),
@@ -86,8 +93,54 @@ def run_hook(args, data, *, config_path="/nonexistent.yaml", launcher=None):
     out = io.BytesIO()
     launcher = launcher or FakeLauncher()
     decision = run(args, io.BytesIO(data), out, config_path=config_path, launcher_for=launcher,
-                   setup_logging=None)
+                   setup_logging=None, cache_dir=None)
     return decision, out.getvalue(), launcher
+
+
+def test_fast_path_namespace_is_vmcache_metadata_namespace():
+    assert hook_module._NAMESPACE == NAMESPACE.encode()
+
+
+def test_xml_without_the_namespace_is_ignored_unparsed(caplog, monkeypatch):
+    """No vmcache namespace, no opt-in: the XML parser is not even loaded (it would refuse this)."""
+    def refuse(*args):
+        raise AssertionError("parsed the XML")
+
+    monkeypatch.setattr(hook_module, "_decide_by_xml", refuse)
+    caplog.set_level("INFO", logger="vmcache.hook")
+    for xml in (domain_xml(name="plain", metadata=""), b"<domain", BOMB.replace(NAMESPACE.encode(), b"urn:x")):
+        decision, _, launcher = run_hook(["plain", "started", "begin", "-"], xml)
+        assert (decision.action, decision.reason, launcher.calls) == (Action.IGNORE, "no vmcache metadata", [])
+    assert 'hook.ignore domain=plain op=started reason="no vmcache metadata"' in caplog.text
+
+
+def test_entity_expansion_is_refused_on_the_start_path(caplog):
+    caplog.set_level("INFO", logger="vmcache.hook")
+    decision, _, launcher = run_hook(["web-1", "started", "begin", "-"], BOMB)
+    assert decision.action is Action.IGNORE and launcher.calls == []
+    assert "unusable XML or metadata" in caplog.text
+
+
+def test_syslog_lines_are_daemon_facility_datagrams(tmp_path):
+    import socket
+
+    address = str(tmp_path / "log.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(address)
+    log = hook_module.log
+    before = list(log.handlers)
+    try:
+        hook_module._setup_logging(str(tmp_path / "unused"), syslog=address)
+        log.info("hook.ignore domain=web-1")
+        log.error("hook.failed domain=web-1")
+        assert server.recv(4096) == f"<30>vmcache-hook[{os.getpid()}]: hook.ignore domain=web-1\0".encode()
+        assert server.recv(4096) == f"<27>vmcache-hook[{os.getpid()}]: hook.failed domain=web-1\0".encode()
+    finally:
+        for handler in set(log.handlers) - set(before):
+            log.removeHandler(handler)
+            handler.close()
+        server.close()
+    assert not (tmp_path / "unused").exists()
 
 
 @pytest.mark.parametrize("op", ["migrate", "restore"])
@@ -154,6 +207,7 @@ def host(tmp_path):
                       f"agent_command: [{sys.executable}, {STANDIN}, {markers}]\n")
     yield tmp_path, str(config), markers
     kill_agents(f"{tmp_path}/run/agents")
+    Path(cache_path(str(config))).unlink(missing_ok=True)  # the real hook caches in /run/vmcache
 
 
 def hook_process(config, args, stdin):
@@ -219,13 +273,35 @@ def test_hook_imports_nothing_heavy(host, tmp_path):
     _, config, markers = host
     dump = tmp_path / "modules.json"
     code = (
-        "import atexit, json, runpy, sys\n"
-        f"atexit.register(lambda: open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules))))\n"
-        f"sys.argv = ['hook', '--config', {config!r}, 'web-1', 'started', 'begin', '-']\n"
-        "runpy.run_module('vmcache.hook', run_name='__main__')\n"
+        "import json, sys\n"
+        "from vmcache.hook import main\n"
+        f"main(['--config', {config!r}, 'web-1', 'started', 'begin', '-'])\n"
+        f"open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n"
     )
     done = subprocess.run([sys.executable, "-I", "-c", code], input=domain_xml(), capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr
     modules = json.loads(dump.read_text())
     assert "vmcache.launcher" in modules and "defusedxml" in modules  # it did run the start path
     assert [m for m in modules if m.split(".")[0] in HEAVY] == []
+
+
+def test_settled_config_is_read_from_the_cache_without_yaml(host, tmp_path):
+    """The common path: an unchanged host config, a domain without metadata: no PyYAML, no XML parser."""
+    _, config, _ = host
+    time.sleep(2.1)  # the cache keeps configs unchanged for 2 s
+    code, _, _, _ = hook_process(config, ["web-1", "started", "begin", "-"], domain_xml())  # writes the cache
+    assert code == 0 and os.path.exists(cache_path(config))
+    dump = tmp_path / "modules.json"
+    code = (
+        "import json, sys\n"
+        "from vmcache.hook import main\n"
+        f"main(['--config', {config!r}, 'plain', 'started', 'begin', '-'])\n"
+        f"open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", code], input=domain_xml(name="plain", metadata=""),
+                          capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(dump.read_text())
+    assert "vmcache.config" in modules
+    assert [m for m in modules if m.split(".")[0] in ("yaml", "defusedxml", "xml")] == []
+    assert "vmcache.launcher" not in modules and "logging.handlers" not in modules
