@@ -36,6 +36,7 @@ import yaml
 
 libvirt = pytest.importorskip("libvirt")
 
+from vmcache.config import CACHE_DIR  # noqa: E402
 from vmcache.host.qmp import ALLOWED_COMMANDS, TRANSACTION_ACTIONS  # noqa: E402
 from vmcache.metadata import NAMESPACE  # noqa: E402
 from vmcache.status import file_stem  # noqa: E402
@@ -646,8 +647,10 @@ def test_hostile_input_gives_one_line_errors_exit_0_and_writes_only_in_vmcache_d
         done = run_hook_traced(env, args, xml, config, trace)
         assert done.returncode == 0 and time.monotonic() - started < 20, done.stderr
         time.sleep(2)  # an agent the slash name started fails to find its domain and exits
-        # vmcache's own: the configured directories, or the default ones when the config is unusable.
-        own = (str(hook_tmp),) if config is good else (str(hook_tmp), "/var/log/vmcache/", "/run/vmcache/")
+        # vmcache's own: the configured directories and the hook's config cache, or the default
+        # directories when the config is unusable.
+        own = ((str(hook_tmp), CACHE_DIR + "/") if config is good
+               else (str(hook_tmp), "/var/log/vmcache/", "/run/vmcache/"))
         outside = {p for p in _written_paths(trace) if not p.startswith(own) and p not in ("/dev/null", "/dev/tty")}
         assert not outside, (args[0], outside)
     log = (hook_tmp / "log" / "hook.log").read_text()
