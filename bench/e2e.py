@@ -291,7 +291,7 @@ class Settings:
     out: Path
     guest_dir: str
     memory_mib: int
-    decay: float
+    model: dict
 
 
 @dataclass
@@ -359,7 +359,7 @@ def run_arm(arm: Arm, s: Settings) -> ArmResult:
     console = adir / "console.log"
     console.write_text("")
     loops = 1 if arm.mode == "evicted" else 2
-    settings = DomainSettings(budget=s.budget_mib * MIB, model={"decay": s.decay}) if arm.mode == "vmcache" else None
+    settings = DomainSettings(budget=s.budget_mib * MIB, model=s.model) if arm.mode == "vmcache" else None
     spec = GuestSpec(name=name, disk=str(s.disk), console_log=str(console), guest_dir=s.guest_dir,
                      workload=arm.workload, qd=arm.qd, loops=loops, memory_mib=s.memory_mib,
                      runtime=s.runtime, settings=settings)
@@ -558,7 +558,9 @@ def main() -> int:
     p.add_argument("--cache-mib", type=int, default=512,
                    help="page cache every arm may use: cgroup limit = QEMU anon + this (default 512)")
     p.add_argument("--budget-mib", type=int, default=256, help="vmcache budget in the domain metadata (default 256)")
-    p.add_argument("--decay", type=float, default=0.7, help="model decay in the domain metadata (default 0.7)")
+    p.add_argument("--model", default="decay=0.7",
+                   help="model parameters in the vmcache arms' domain metadata, KEY=VALUE,... "
+                        "(default decay=0.7, as make demo)")
     p.add_argument("--disk-gib", type=int, default=2, help="image size (default 2 GiB)")
     p.add_argument("--memory-mib", type=int, default=384, help="guest RAM (default 384)")
     p.add_argument("--noise-gib", type=int, default=8, help="size of the noisy neighbour's sparse file")
@@ -589,7 +591,7 @@ def main() -> int:
     s = Settings(runtime=args.runtime, warmup=args.runtime, cache_mib=args.cache_mib, budget_mib=args.budget_mib,
                  disk=work / "disk.raw", disk_bytes=args.disk_gib << 30, noise_file=work / "noise.sparse",
                  noise_rate=args.noise_rate, out=out, guest_dir=args.guest_dir, memory_mib=args.memory_mib,
-                 decay=args.decay)
+                 model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv))
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
