@@ -336,7 +336,8 @@ class Agent:
             try:
                 self._workers[target] = DiskWorker(
                     choice, node=node.storage_node if node else None, monitor=monitor, params=params,
-                    floor_bytes=self.config.min_free, runtime_dir=self.nbd_dir,
+                    floor_bytes=self.config.min_free, prefetch_rate=self.config.prefetch_rate,
+                    runtime_dir=self.nbd_dir,
                     granularity=self._granularity, metrics=self._metrics_or_new(), logger=self._log)
             except VmcacheError as err:
                 self._log.warning(event("disk.start_failed", disk=target, error=err))

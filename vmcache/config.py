@@ -133,6 +133,7 @@ class HostConfig:
 
     budget: int = 1 << 30
     min_free: int = 1 << 30
+    prefetch_rate: int | None = 8 << 20
     interval: float = 10.0
     cache_modes: frozenset[str] = frozenset({"writethrough"})
     pinned_cap: PinnedCap = PinnedCap()
@@ -385,6 +386,9 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
         values["budget"] = parse_size(data["budget"], key="budget")
     if "min_free" in data:
         values["min_free"] = parse_size(data["min_free"], key="min_free")
+    if "prefetch_rate" in data:
+        values["prefetch_rate"] = (None if data["prefetch_rate"] in ("unlimited", None)
+                                   else parse_size(data["prefetch_rate"], key="prefetch_rate"))
     if "interval" in data:
         values["interval"] = parse_duration(data["interval"], key="interval", minimum=0.1)
         if values["interval"] > 86400:
@@ -410,7 +414,7 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     return config
 
 
-_TOP_KEYS = ("budget", "min_free", "interval", "cache_modes", "pinned_cap", "model",
+_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "interval", "cache_modes", "pinned_cap", "model",
              "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap")
 _METRICS_KEYS = ("listen", "ports", "tls", "basic_auth")
 _TLS_KEYS = ("certfile", "keyfile", "client_cafile", "client_auth_required")

@@ -42,6 +42,7 @@ class DiskWorker:
         monitor: Monitor,
         params: ModelParams,
         floor_bytes: int,
+        prefetch_rate: int | None = None,
         runtime_dir: str,
         granularity: int,
         metrics: AgentMetrics,
@@ -68,6 +69,7 @@ class DiskWorker:
             except VmcacheError as err:
                 self._record_error(err, "tracker.start_failed")
         self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
+                                     prefetch_rate=prefetch_rate,
                                      writes=self._writes if self.tracker else None, logger=logger)
         self._last_cycle: float | None = None
 

@@ -75,6 +75,7 @@ class DiskEngine:
         params: ModelParams,
         budget: int,
         floor_bytes: int,
+        prefetch_rate: int | None = None,
         writes: WriteSource | None = None,
         pinner: Pinner | None = None,
         meminfo: Callable[[], MemInfo] = read_meminfo,
@@ -83,11 +84,15 @@ class DiskEngine:
     ) -> None:
         """Open ``image``; nothing is pinned until the first cycle.
 
-        Raises PageCacheError when the image cannot be opened.
+        ``prefetch_rate``: bytes per second vmcache may read from the device
+        to fill regions it starts pinning (their pages not yet in the page
+        cache); None for no limit. Raises PageCacheError when the image
+        cannot be opened.
         """
         self.image = os.fspath(image)
         self.params = params
         self.budget = budget
+        self.prefetch_rate = prefetch_rate
         self._writes = writes
         self._meminfo = meminfo
         self._clock = clock
@@ -102,6 +107,8 @@ class DiskEngine:
         self._ours = np.zeros(0, dtype=bool)
         self._prev: np.ndarray | None = None
         self._written = np.zeros(0, dtype=np.float32)
+        self._last_plan: float | None = None
+        self._tokens = 0.0
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
 
@@ -164,6 +171,7 @@ class DiskEngine:
         heat = self._model.step(res.fraction, written, self._ours, now)
         regions = plan(heat, params=p, size_bytes=res.size_bytes, budget=self.budget,
                        current=self._pinner.pinned)
+        regions = self._limit_prefetch(regions, res.fraction, now)
         report = self._pinner.apply(regions, self.budget)
         self._ours |= self._pinner.pinned_mask(p.block_size, n)
 
@@ -191,6 +199,45 @@ class DiskEngine:
                               resident=stats.resident_bytes, written=stats.guest_written_bytes,
                               read_miss=read_miss, seconds=f"{stats.duration_seconds:.4f}"))
         return stats
+
+    def _limit_prefetch(self, regions: list[Region], fraction: np.ndarray, now: float) -> list[Region]:
+        """Keep the device reads that pinning new regions causes under ``prefetch_rate``.
+
+        mlock reads every page of a new region that is not cached yet: the
+        hot part of a disk is mostly cached already, but a large or cold
+        region would be read at once, competing with the guest's own I/O.
+        A token bucket (filled at ``prefetch_rate``, holding at most the
+        budget) pays for the uncached bytes of new regions, highest priority
+        first; once one must wait, lower ones wait too (no starving a large
+        region with small ones). The pinned regions a waiting one overlaps
+        stay, so a region that grows never loses what it had.
+        """
+        if self.prefetch_rate is None:
+            return regions
+        elapsed = self.params.interval if self._last_plan is None else max(0.0, now - self._last_plan)
+        self._last_plan = now
+        self._tokens = min(float(self.budget), self._tokens + self.prefetch_rate * elapsed)
+        bs = self.params.block_size
+        current = {r.span: r for r in self._pinner.pinned}
+        kept: dict[tuple[int, int], Region] = {}
+        waiting = 0
+        for region in regions:
+            if region.span in current:
+                kept[region.span] = region
+                continue
+            first, last = region.start // bs, -(-region.end // bs)
+            cold = float((1.0 - fraction[first:last]).sum()) * bs
+            if not waiting and cold <= self._tokens:
+                self._tokens -= cold
+                kept[region.span] = region
+                continue
+            waiting += 1
+            for old in current.values():
+                if old.start < region.end and region.start < old.end:
+                    kept.setdefault(old.span, old)
+        if waiting:
+            self._log.debug(event("prefetch.wait", regions=waiting, tokens=int(self._tokens)))
+        return sorted(kept.values(), key=lambda r: -r.priority)
 
     def _resize(self, nblocks: int) -> None:
         if self._model is None:

@@ -351,3 +351,12 @@ def test_long_config_paths_get_short_cache_names():
     name = os.path.basename(cache_path("/" + "d" * 300 + "/vmcache.yaml", "/c"))
     assert len(name) <= 210 and name.endswith(".json")
     assert name != os.path.basename(cache_path("/" + "e" + "d" * 299 + "/vmcache.yaml", "/c"))
+
+
+def test_prefetch_rate_is_a_size_or_unlimited() -> None:
+    assert parse_host_config("").prefetch_rate == 8 << 20
+    assert parse_host_config("prefetch_rate: 32M").prefetch_rate == 32 << 20
+    assert parse_host_config("prefetch_rate: unlimited").prefetch_rate is None
+    with pytest.raises(ConfigError) as err:
+        parse_host_config("prefetch_rate: fast")
+    assert str(err.value).startswith("prefetch_rate: 'fast'")

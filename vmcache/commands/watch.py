@@ -26,6 +26,11 @@ NAME = "watch"
 HELP = "pin the hot regions of one image file (standalone, no libvirt)"
 
 DEFAULT_MIN_FREE = 512 << 20
+DEFAULT_PREFETCH_RATE = 8 << 20
+
+
+def _rate_arg(text: str) -> int | None:
+    return None if text == "unlimited" else size_arg(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cycle length (default: the model's interval, 10s)")
     parser.add_argument("--min-free", type=size_arg, default=DEFAULT_MIN_FREE,
                         help="never pin while host MemAvailable is under this (default 512MiB)")
+    parser.add_argument("--prefetch-rate", type=_rate_arg, default=DEFAULT_PREFETCH_RATE, metavar="SIZE|unlimited",
+                        help="most bytes per second read from the device to fill new pins (default 8MiB)")
     parser.add_argument("--count", type=int, default=0, help="stop after N cycles (default: run until Ctrl-C)")
     parser.add_argument("--json", action="store_true", help="one JSON object per cycle instead of a status line")
     parser.add_argument("--png", metavar="FILE", help="write a heat-map picture of the image every --png-every cycles")
@@ -82,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with DiskEngine(args.image, params=params, budget=args.budget, floor_bytes=args.min_free) as engine:
+        with DiskEngine(args.image, params=params, budget=args.budget, floor_bytes=args.min_free,
+                        prefetch_rate=args.prefetch_rate) as engine:
             cycle = 0
             while not stop.is_set():
                 started = time.monotonic()
