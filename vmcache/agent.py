@@ -46,6 +46,7 @@ from .heatmap import HeatmapData, HeatmapWriter, RenderOptions, heatmap_page
 from .host.blockdev import discover_disks
 from .host.ledger import Ledger
 from .host.meminfo import MemoryPressure, read_meminfo, read_pressure
+from .host.pagerefs import PageRefs
 from .host.qmp import LibvirtMonitor
 from .host.virtdomain import DEFAULT_URI, connect
 from .host.virtevents import DomainEvents, EventLoop
@@ -84,6 +85,7 @@ class Agent:
         self._share = 1.0  # of the budget, shrunk under memory pressure (PSI)
         self._log = domain_logger("vmcache.agent", domain)
         self._stop = threading.Event()
+        self._refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
         self._state_lock = threading.Lock()  # the loop's cycles vs heat maps served over HTTP
         self._wake = threading.Event()
         self._conn: Any = None
@@ -228,6 +230,7 @@ class Agent:
                         writer.cycle(lambda w=worker: w.engine.heatmap_data(w.target, title=self.domain))
                     except VmcacheError as err:
                         self._log.warning(event("heatmap.failed", disk=target, error=err))
+        self._refs.clear()  # once for all disks: each engine read its pages' bits since the last clear
         held = sum(w.engine.last.pinned_bytes for w in self._workers.values() if w.engine.last)
         self._ledger.reserve(self.domain, held)
         if self._metrics:
@@ -336,7 +339,7 @@ class Agent:
             try:
                 self._workers[target] = DiskWorker(
                     choice, node=node.storage_node if node else None, monitor=monitor, params=params,
-                    floor_bytes=self.config.min_free, prefetch_rate=self.config.prefetch_rate,
+                    floor_bytes=self.config.min_free, prefetch_rate=self.config.prefetch_rate, refs=self._refs,
                     runtime_dir=self.nbd_dir,
                     granularity=self._granularity, metrics=self._metrics_or_new(), logger=self._log)
             except VmcacheError as err:

@@ -14,6 +14,7 @@ import time
 
 from .engine import DiskEngine, WriteSample
 from .errors import BitmapReadError, MonitorError, TrackerError, VmcacheError
+from .host.pagerefs import PageRefs
 from .host.qmp import Monitor
 from .host.tracker import DirtyTracker
 from .logfmt import event
@@ -43,6 +44,7 @@ class DiskWorker:
         params: ModelParams,
         floor_bytes: int,
         prefetch_rate: int | None = None,
+        refs: PageRefs | None = None,
         runtime_dir: str,
         granularity: int,
         metrics: AgentMetrics,
@@ -69,7 +71,7 @@ class DiskWorker:
             except VmcacheError as err:
                 self._record_error(err, "tracker.start_failed")
         self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
-                                     prefetch_rate=prefetch_rate,
+                                     prefetch_rate=prefetch_rate, refs=refs, clear_refs=False,
                                      writes=self._writes if self.tracker else None, logger=logger)
         self._last_cycle: float | None = None
 

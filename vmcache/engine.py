@@ -30,6 +30,7 @@ from .errors import PageCacheError
 from .heatmap import HeatmapData
 from .host.meminfo import MemInfo, read_meminfo
 from .host.pagecache import Residency, scan_residency
+from .host.pagerefs import PageRefs
 from .host.pinner import Pinner
 from .host.tracker import extents_to_blocks
 from .logfmt import event
@@ -78,6 +79,8 @@ class DiskEngine:
         prefetch_rate: int | None = None,
         writes: WriteSource | None = None,
         pinner: Pinner | None = None,
+        refs: PageRefs | None = None,
+        clear_refs: bool = True,
         meminfo: Callable[[], MemInfo] = read_meminfo,
         clock: Callable[[], float] = time.monotonic,
         logger: logging.Logger | None = None,
@@ -86,8 +89,11 @@ class DiskEngine:
 
         ``prefetch_rate``: bytes per second vmcache may read from the device
         to fill regions it starts pinning (their pages not yet in the page
-        cache); None for no limit. Raises PageCacheError when the image
-        cannot be opened.
+        cache); None for no limit. ``refs`` reads the referenced bits of
+        pinned pages (the guest's reads of them); ``clear_refs``: clear them
+        at the end of each cycle - an agent running several engines clears
+        once, after all of them. Raises PageCacheError when the image cannot
+        be opened.
         """
         self.image = os.fspath(image)
         self.params = params
@@ -102,12 +108,15 @@ class DiskEngine:
         except OSError as err:
             raise PageCacheError(f"cannot open image: {os.strerror(err.errno or 0)}", path=self.image,
                                  errno=err.errno) from err
+        self._refs = refs if refs is not None else PageRefs()
+        self._clear_refs = clear_refs
         self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, logger=self._log)
         self._model: HeatModel | None = None
         self._ours = np.zeros(0, dtype=bool)
         self._prev: np.ndarray | None = None
         self._written = np.zeros(0, dtype=np.float32)
         self._last_plan: float | None = None
+        self._cycles = 0
         self._tokens = 0.0
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
@@ -167,13 +176,17 @@ class DiskEngine:
         read_miss = self._read_miss(res.fraction, written, res.size_bytes)
         self._prev = res.fraction.copy()
 
+        seen = self._pinner.read_evidence(p.block_size, n, self._refs, phase=self._cycles)
+        self._cycles += 1
         now = self._clock()
-        heat = self._model.step(res.fraction, written, self._ours, now)
+        heat = self._model.step(res.fraction, written, self._ours, now, seen=seen)
         regions = plan(heat, params=p, size_bytes=res.size_bytes, budget=self.budget,
                        current=self._pinner.pinned)
         regions = self._limit_prefetch(regions, res.fraction, now)
         report = self._pinner.apply(regions, self.budget)
         self._ours |= self._pinner.pinned_mask(p.block_size, n)
+        if self._clear_refs:
+            self._refs.clear()  # also forgets the references mlock itself just made
 
         mem = self._meminfo()
         ended = self._clock()

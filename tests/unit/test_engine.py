@@ -193,3 +193,42 @@ def test_prefetch_rate_costs_nothing_for_regions_already_cached(image: Path) -> 
             guest_read(image, 100 * MiB, 16 * MiB)
             stats = e.cycle()
         assert stats.pinned_bytes >= 16 * MiB
+
+
+def test_pinned_region_the_guest_keeps_reading_stays_pinned_by_read_evidence(image: Path) -> None:
+    # No hold at all (pinned_decay == decay): only the referenced bits of the
+    # pinned pages can tell that the guest still reads the region.
+    params = ModelParams(block_size=MiB, interval=1.0, decay=0.5, pinned_decay=0.5, threshold=0.2, keep_factor=1.0)
+    with engine(image, params=params, prefetch_rate=None) as e:
+        for _ in range(30):
+            guest_read(image, 100 * MiB, 16 * MiB)
+            stats = e.cycle()
+        assert stats.pinned_bytes >= 16 * MiB
+        assert any(r.start <= 100 * MiB and r.end >= 116 * MiB for r in e.pinned)
+
+
+def test_pinned_region_the_guest_stops_reading_is_released_by_read_evidence(image: Path) -> None:
+    # A long hold (pinned_decay 0.99) would keep it for hundreds of cycles; the
+    # evidence that nobody reads it any more releases it at the normal decay.
+    params = ModelParams(block_size=MiB, interval=1.0, decay=0.5, pinned_decay=0.99, threshold=0.2)
+    with engine(image, params=params, prefetch_rate=None) as e:
+        for _ in range(5):
+            guest_read(image, 100 * MiB, 16 * MiB)
+            e.cycle()
+        assert e.last is not None and e.last.pinned_bytes >= 16 * MiB
+        released = next((i for i in range(20) if e.cycle().pinned_bytes == 0), None)
+        assert released is not None and released < 10
+
+
+def test_without_read_evidence_an_idle_pinned_region_is_held(image: Path) -> None:
+    from vmcache.host.pagerefs import PageRefs
+
+    params = ModelParams(block_size=MiB, interval=1.0, decay=0.5, pinned_decay=0.99, threshold=0.2)
+    blind = PageRefs(kpageflags="/nonexistent")  # e.g. not root: no PFNs, no evidence
+    with engine(image, params=params, prefetch_rate=None, refs=blind) as e:
+        for _ in range(5):
+            guest_read(image, 100 * MiB, 16 * MiB)
+            e.cycle()
+        for _ in range(20):
+            stats = e.cycle()
+        assert stats.pinned_bytes >= 16 * MiB

@@ -56,12 +56,15 @@ def test_missing_image_is_a_one_line_error(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_json_cycles_pin_what_is_resident(image: Path) -> None:
-    proc = vmcache("watch", str(image), "--budget", "32M", "--interval", "0.2", "--count", "5", "--json", "--decay", "0.5")
+    # The written 8 MiB are resident (guest-loaded) and get pinned; nobody reads them
+    # afterwards, so the read evidence of the pinned pages lets them go again.
+    proc = vmcache("watch", str(image), "--budget", "32M", "--interval", "0.2", "--count", "5", "--json",
+                   "--decay", "0.5", "--prefetch-rate", "unlimited")
     assert proc.returncode == 0, proc.stderr
     cycles = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [c["cycle"] for c in cycles] == [1, 2, 3, 4, 5]
     assert all(c["pinned_bytes"] <= 32 * MiB for c in cycles)
-    assert cycles[-1]["pinned_bytes"] >= 8 * MiB
+    assert max(c["pinned_bytes"] for c in cycles) >= 8 * MiB
     assert cycles[-1]["size_bytes"] == 64 * MiB
 
 

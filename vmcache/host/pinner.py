@@ -24,6 +24,7 @@ from ..errors import PinError
 from ..logfmt import event
 from ..model.region import Region
 from .meminfo import MemInfo, read_meminfo
+from .pagerefs import PageRefs
 from .pagecache import PAGE_SIZE, _libc, map_readonly, unmap
 
 __all__ = ["Pinner", "PinReport", "PinFailure"]
@@ -123,6 +124,38 @@ class Pinner:
         for start, length in self._pins:
             mask[start // block_size : -(-(start + length) // block_size)] = True
         return mask
+
+    def read_evidence(self, block_size: int, nblocks: int, refs: PageRefs, *, per_block: int = 16,
+                      phase: int = 0) -> np.ndarray:
+        """Per block, the fraction of sampled pinned pages read since ``refs`` was last cleared.
+
+        NaN for blocks not pinned, or everywhere when the kernel gives no
+        evidence (see vmcache.host.pagerefs). ``per_block`` pages are
+        sampled evenly over each pinned block, shifted by ``phase`` pages
+        (vary it between calls so that no access pattern aliases the sample).
+        """
+        out = np.full(nblocks, np.nan, dtype=np.float32)
+        for (start, length), pin in self._pins.items():
+            npages = length // PAGE_SIZE
+            first_block = start // block_size
+            offsets = np.arange(first_block * block_size, start + length, block_size, dtype=np.int64)
+            per_page = block_size // PAGE_SIZE
+            step = max(1, per_page // per_block)
+            sample = np.arange(phase % step, per_page, step)
+            idx = ((np.maximum(offsets, start) - start) // PAGE_SIZE)[:, None] + sample[None, :]
+            block_of = np.repeat(np.arange(len(offsets)), idx.shape[1])
+            idx = idx.ravel()
+            keep = idx < npages
+            block_of, idx = block_of[keep], idx[keep]
+            hits = refs.referenced(pin.addr, idx)
+            if hits is None:
+                return np.full(nblocks, np.nan, dtype=np.float32)
+            sampled = np.bincount(block_of, minlength=len(offsets))
+            read = np.bincount(block_of, weights=hits, minlength=len(offsets))
+            blocks = first_block + np.arange(len(offsets))
+            ok = (sampled > 0) & (blocks < nblocks)
+            out[blocks[ok]] = (read[ok] / sampled[ok]).astype(np.float32)
+        return out
 
     # -- changes ---------------------------------------------------------
 

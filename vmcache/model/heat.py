@@ -28,10 +28,17 @@ threshold), and they would never be pinned. The same normalisation treats
 the outside of the disk as unknown, so the first and last blocks are not
 halved. ``gauss(v)`` changes only when ``ours`` does and is cached.
 
-Hold and release (what ``pinned_decay`` and the planner's ``keep_factor``
-are for): while a region is pinned, guest *reads* of it are page-cache hits
-that leave no trace, so a read-only pinned region cannot be told from an
-idle one. With the plain update its heat, which had just crossed the
+Read evidence (``seen``): guest reads of pinned pages are page-cache hits
+that mincore cannot see, but they set the pages' referenced bits, which the
+engine samples (vmcache.host.pagerefs). A pinned block with such evidence is
+no longer "ours" for the step: its residency input is ``min(1, seen_scale *
+seen)`` and its heat follows the plain update, so a region the guest keeps
+reading stays hot and one it abandoned cools at the normal decay.
+
+Hold and release, where there is no evidence (not root, or a simulation
+without it) - what ``pinned_decay`` and the planner's ``keep_factor`` are
+for: while a region is pinned, guest *reads* of it leave no trace, so a
+read-only pinned region cannot be told from an idle one. With the plain update its heat, which had just crossed the
 threshold when it was pinned, would fall back under it within a few cycles
 and the region would flap. So blocks in ``ours`` *hold* their heat: it fades
 at the slower ``pinned_decay`` (no evidence either way), while fresh evidence
@@ -98,15 +105,18 @@ class HeatModel:
         view.flags.writeable = False
         return view
 
-    def step(self, residency: ArrayLike, writes: ArrayLike, ours: ArrayLike, now: float) -> NDArray[np.float32]:
+    def step(self, residency: ArrayLike, writes: ArrayLike, ours: ArrayLike, now: float,
+             seen: ArrayLike | None = None) -> NDArray[np.float32]:
         """Fold one cycle's sample into the heat and return it (read-only view).
 
         ``residency``/``writes``: fractions in [0, 1] per block; ``ours``: bool
         per block, residency vmcache caused (excluded from the read signal);
-        ``now``: monotonic seconds. The first step counts as one full
-        ``interval``; a step at or before the previous ``now`` changes
-        nothing. Raises ValueError when an array's shape is not
-        ``(nblocks,)`` or ``now`` is not finite.
+        ``now``: monotonic seconds; ``seen``: read evidence of pinned blocks
+        (fraction of sampled pages read since the previous step, NaN where
+        there is none): a block with evidence is judged by it, not held.
+        The first step counts as one full ``interval``; a step at or before
+        the previous ``now`` changes nothing. Raises ValueError when an
+        array's shape is not ``(nblocks,)`` or ``now`` is not finite.
         """
         if not math.isfinite(now):
             raise ValueError(f"now must be finite, got {now!r}")
@@ -116,6 +126,8 @@ class HeatModel:
         mine = np.asarray(ours, dtype=bool)
         if mine.shape != (n,):
             raise ValueError(f"ours has shape {mine.shape}, expected ({n},)")
+        if seen is not None:
+            res, mine = self._with_evidence(res, mine, _vector(seen, n, "seen"))
 
         p = self._params
         dt = p.interval if self._last is None else now - self._last
@@ -141,6 +153,16 @@ class HeatModel:
         self._heat += s
         np.maximum(self._heat, held, out=self._heat, where=mine)
         return self.heat
+
+    def _with_evidence(self, res: NDArray[np.floating], mine: NDArray[np.bool_],
+                       seen: NDArray[np.floating]) -> tuple[NDArray[np.floating], NDArray[np.bool_]]:
+        """Blocks with read evidence count as known, with residency ``min(1, seen_scale * seen)``."""
+        evident = ~np.isnan(seen)
+        if not evident.any():
+            return res, mine
+        res = np.array(res, dtype=np.float32, copy=True)
+        res[evident] = np.minimum(np.float32(1.0), seen[evident] * np.float32(self._params.seen_scale))
+        return res, mine & ~evident
 
     def resize(self, nblocks: int) -> None:
         """The disk grew or shrank: keep the heat of surviving blocks, new ones start cold."""

@@ -85,6 +85,12 @@ class ModelParams:
       nothing. Default 4.
     - ``min_region`` [blocks]: hot runs (after merging) shorter than this are
       ignored. Default 1.
+    - ``seen_scale`` [ratio > 0]: weight of the read evidence of pinned
+      blocks (the fraction of a block's sampled pages the guest read since
+      the previous cycle, from the pages' referenced bits): evidence ``e``
+      counts as residency ``min(1, seen_scale * e)``, so by default a block
+      of which a quarter of the pages were read in one interval is fully
+      hot. Default 4.0.
     """
 
     block_size: int = 1 << 20
@@ -100,6 +106,7 @@ class ModelParams:
     max_regions: int = 1024
     merge_gap: int = 4
     min_region: int = 1
+    seen_scale: float = 4.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -167,6 +174,7 @@ _RANGES: dict[str, tuple[type, float, float, bool, bool]] = {
     "max_regions": (int, 1, MAX_REGIONS, False, False),
     "merge_gap": (int, 0, 1 << 30, False, False),
     "min_region": (int, 1, 1 << 30, False, False),
+    "seen_scale": (float, 0.0, 1e6, True, False),
 }
 
 

@@ -50,7 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..model.heat import HeatModel
-from ..model.params import ModelParams
+from ..model.params import PAGE_SIZE, ModelParams
 from ..model.planner import plan
 from ..model.region import Region
 from .trace import Trace
@@ -253,13 +253,19 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         # one engine cycle at the end of the interval
         written = np.zeros(nb, dtype=np.float32)
         written[bt.block[begin:end][bt.write[begin:end]]] = 1.0
+        # read evidence of pinned blocks, as the engine gets it from the pages'
+        # referenced bits: the share of the block's pages read (4 KiB reads)
+        read = bt.block[begin:end][~bt.write[begin:end]]
+        read = read[pinned[read]]
+        seen = np.full(nb, np.nan, dtype=np.float32)
+        seen[pinned] = np.minimum(1.0, np.bincount(read, minlength=nb)[pinned] * (PAGE_SIZE / bs))
         begin = end
         resident = pinned.copy()
         if cache:
             resident[np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))] = True
         ours &= resident
         ours |= pinned
-        heat = model.step(resident.astype(np.float32), written, ours, t0 + params.interval * (k + 1))
+        heat = model.step(resident.astype(np.float32), written, ours, t0 + params.interval * (k + 1), seen=seen)
         current = plan(heat, params=params, size_bytes=size, budget=pin_budget, current=current)
         wanted = np.zeros(nb, dtype=bool)
         for region in current:
