@@ -11,7 +11,7 @@ APT_PACKAGES=(
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config
   python3 python3-venv python3-dev python3-libnbd libnbd-bin
   fio vmtouch busybox-static linux-image-cloud-amd64 cpio gzip
-  gcc make util-linux procps
+  gcc make util-linux procps kmod strace openssl
   prometheus
 )
 
