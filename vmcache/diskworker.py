@@ -13,7 +13,7 @@ import logging
 import time
 
 from .engine import DiskEngine, WriteSample
-from .errors import BitmapReadError, MonitorError, TrackerError, VmcacheError
+from .errors import MonitorError, TrackerError, VmcacheError
 from .host.pagerefs import PageRefs
 from .host.qmp import Monitor
 from .host.tracker import DirtyTracker
@@ -79,10 +79,7 @@ class DiskWorker:
         assert self.tracker is not None
         try:
             read = self.tracker.read()
-        except BitmapReadError as err:
-            self._record_error(err, "tracker.read_failed")
-            return WriteSample(result="failed", error=str(err))
-        except (TrackerError, MonitorError) as err:
+        except (TrackerError, MonitorError) as err:  # BitmapReadError among them: bitmaps kept for later
             self._record_error(err, "tracker.read_failed")
             return WriteSample(result="failed", error=str(err))
         if read.deferred:
