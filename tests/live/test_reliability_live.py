@@ -239,6 +239,11 @@ def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_r
         assert removals[0][0] >= 40 * MiB, removals
         time.sleep(2 * INTERVAL)
         assert env.pinned(name) == 0  # nothing new pinned while under the floor
+    # The eater's 2 GiB are back; the check needs the host itself back over the floor.
+    try:
+        wait_for(lambda: mem_available() >= floor + 64 * MiB, "MemAvailable back over the floor", timeout=15)
+    except AssertionError:
+        pytest.skip(f"host memory stayed under the floor after the eater left ({mem_available()} < {floor})")
     guest_write(dom, 0, 16 * MiB)
     guest_write(dom, 48 * MiB, 2 * MiB)
     wait_for(lambda: env.pinned(name) >= 16 * MiB, "pins to come back once the eater is gone", timeout=15)

@@ -148,6 +148,64 @@ def test_under_the_floor_nothing_new_and_lowest_priority_released_first(image: P
     assert vmlck() == base
 
 
+def test_a_grown_region_needs_headroom_only_for_its_new_bytes(image: Path) -> None:
+    floor = 1 * GiB
+    memory = {"available": 8 * GiB}
+    base = vmlck()
+    with Pinner(image, floor_bytes=floor, meminfo=lambda: fake_meminfo(memory["available"])()) as pinner:
+        pinner.apply([Region(4 * MiB, 2 * MiB, 1.0)], budget=SIZE)
+        memory["available"] = floor + 1 * MiB + 512 * 1024  # 1.5 MiB of headroom: the whole 3 MiB would not fit
+        grown = Region(3 * MiB, 3 * MiB, 2.0)
+        report = pinner.apply([grown], budget=SIZE)
+        assert report.added == (grown,) and report.skipped_for_floor == 0
+        assert [r.span for r in report.removed] == [(4 * MiB, 2 * MiB)]
+        assert [r.span for r in pinner.pinned] == [grown.span]
+        assert vmlck() - base == 3 * MiB
+        np.testing.assert_array_equal(blocks(image)[3:6], 1.0)
+    assert vmlck() == base
+
+
+def test_a_moved_region_is_locked_before_the_old_one_goes(image: Path, caplog: pytest.LogCaptureFixture) -> None:
+    base = vmlck()
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        pinner.apply([Region(0, 4 * MiB, 1.0)], budget=4 * MiB)
+        moved = Region(2 * MiB, 4 * MiB, 1.0)
+        with caplog.at_level(logging.INFO, logger="vmcache.host.pinner"):
+            report = pinner.apply([moved], budget=4 * MiB)
+        assert report.added == (moved,)
+        assert [r.span for r in pinner.pinned] == [moved.span]
+        assert vmlck() - base == 4 * MiB
+        messages = [r.getMessage() for r in caplog.records]
+        add = next(i for i, m in enumerate(messages) if m.startswith("pin.add"))
+        remove = next(i for i, m in enumerate(messages) if m.startswith("pin.remove"))
+        assert add < remove and "reason=reshape" in messages[remove], messages
+        frac = blocks(image)
+        np.testing.assert_array_equal(frac[2:6], 1.0)
+    assert vmlck() == base
+
+
+def test_under_the_floor_a_reshaped_region_keeps_its_old_pin_and_priority_order_holds(image: Path) -> None:
+    """The plan reshapes the top region while MemAvailable is under the floor:
+    nothing new is pinned, the old pin of that region stays (at its new
+    priority), and pressure releases the low-priority region first."""
+    big, small = Region(0, 8 * MiB, 10.0), Region(20 * MiB, 2 * MiB, 1.0)
+    floor = 1 * GiB
+    memory = {"available": 8 * GiB}
+    base = vmlck()
+    with Pinner(image, floor_bytes=floor, meminfo=lambda: fake_meminfo(memory["available"])()) as pinner:
+        pinner.apply([big, small], budget=SIZE)
+        memory["available"] = floor - 1 * MiB  # releasing the small pin is enough
+        bigger = Region(0, 10 * MiB, 12.0)
+        report = pinner.apply([bigger, small], budget=SIZE)
+        assert report.added == ()
+        assert report.skipped_for_floor == bigger.length
+        assert [r.span for r in report.removed] == [small.span]
+        assert report.released_for_pressure == small.length
+        assert pinner.pinned == [Region(0, 8 * MiB, 12.0)]
+        assert vmlck() - base == 8 * MiB
+    assert vmlck() == base
+
+
 def test_truncate_and_grow_while_pinned(image: Path) -> None:
     base = vmlck()
     with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:

@@ -191,6 +191,18 @@ class Pinner:
         self._log.info(event("pin.add", start=region.start, length=region.length, priority=f"{region.priority:g}"))
         return None
 
+    def _unlock_outside(self, span: Span, keep: Region) -> None:
+        """munlock the parts of pin ``span`` outside ``keep`` (the mapping stays until released).
+
+        Before a reshaped pin's replacement is locked: the bytes locked at
+        any moment stay within the union of the old and new plans' totals.
+        """
+        pin = self._pins[span]
+        start, end = span[0], span[0] + span[1]
+        for lo, hi in ((start, min(end, keep.start)), (max(start, keep.end), end)):
+            if hi > lo:
+                _libc.munlock(ctypes.c_void_p(pin.addr + lo - start), hi - lo)
+
     def _release(self, span: Span, reason: str) -> PinFailure | None:
         pin = self._pins[span]
         _libc.munlock(ctypes.c_void_p(pin.addr), span[1])  # munmap unlocks anyway
@@ -209,9 +221,13 @@ class Pinner:
         Regions are taken by priority (highest first), clipped to the
         current file size; a region that does not fit the ``budget`` (bytes
         in total) or the headroom above the floor is skipped and the next
-        one tried. When MemAvailable is already under the floor nothing new
-        is pinned and the lowest-priority pins are released until the
-        estimate (MemAvailable plus the bytes released) is back above it.
+        one tried. A planned region that overlaps pins of another extent
+        (it grew, shrank or moved) replaces them: it is locked first (only
+        its new bytes need headroom), then they are released; if it cannot
+        be pinned they stay, at its priority. When MemAvailable is already
+        under the floor nothing new is pinned and the lowest-priority pins
+        are released until the estimate (MemAvailable plus the bytes
+        released) is back above it.
 
         Raises PinError (with ``.report``) when some region could not be
         pinned or released; every other region is still applied and tracked.
@@ -237,43 +253,79 @@ class Pinner:
             removed.append(region)
             return span[1]
 
-        # 1. spans that left the plan (or changed extent) go first: their bytes count as freed.
+        # 1. pins that overlap nothing in the plan go first: their bytes count as freed.
+        #    A pin that overlaps a planned region of another extent (the region
+        #    grew, shrank or moved) is "reshaped": it stays locked until its
+        #    replacement is, so the shared pages are never unlocked in between
+        #    and only the new bytes need headroom. If the replacement cannot be
+        #    pinned (floor), the old pin stays with the new priority.
         wanted_spans = {r.span for r in wanted}
-        for span in [s for s in self._pins if s not in wanted_spans]:
+        overlapping: dict[Span, list[Span]] = {}
+        for region in wanted:
+            if region.span not in self._pins:
+                overlapping[region.span] = [s for s in self._pins if s not in wanted_spans
+                                            and s[0] < region.end and region.start < s[0] + s[1]]
+        reshaped = {s for spans in overlapping.values() for s in spans}
+        for span in [s for s in self._pins if s not in wanted_spans and s not in reshaped]:
             available += release(span, "plan")
 
-        # 2. walk the plan by priority: keep, add, or skip for budget / floor.
+        # 2. walk the plan by priority: keep, add (replacing what it overlaps), or skip for budget / floor.
         total = 0
         headroom = 0 if pressure else max(0, available - self.floor_bytes)
-        to_add: list[Region] = []
+        to_add: list[tuple[Region, list[Span]]] = []
+        claimed: set[Span] = set()
         skipped_budget = skipped_floor = kept = 0
         for region in wanted:
-            if total + region.length > budget:
-                skipped_budget += region.length
-                if region.span in self._pins:
-                    available += release(region.span, "budget")
-                continue
             if region.span in self._pins:
+                if total + region.length > budget:
+                    skipped_budget += region.length
+                    available += release(region.span, "budget")
+                    continue
                 self._pins[region.span].region = region  # priority may have changed
                 total += region.length
                 kept += 1
-            elif region.length <= headroom:
-                to_add.append(region)
-                headroom -= region.length
+                continue
+            old = [s for s in overlapping[region.span] if s not in claimed]
+            if total + region.length > budget:
+                skipped_budget += region.length
+                continue
+            shared = sum(max(0, min(s[0] + s[1], region.end) - max(s[0], region.start)) for s in old)
+            if region.length - shared <= headroom:
+                to_add.append((region, old))
+                claimed.update(old)
+                headroom -= region.length - shared
                 total += region.length
-            else:
-                skipped_floor += region.length
+                continue
+            skipped_floor += region.length
+            # keep what is already locked of it, within the budget, at the new priority
+            for span in old:
+                if total + span[1] <= budget:
+                    self._pins[span].region = Region(span[0], span[1], region.priority)
+                    claimed.add(span)
+                    total += span[1]
+                    kept += 1
         if skipped_floor:
             self._log.info(event("pin.skip", reason="floor", bytes=skipped_floor, available=available, floor=self.floor_bytes))
 
-        # 3. pin the additions.
+        # 3. pin the additions; the pins they replace go once the new one holds the pages.
         added: list[Region] = []
-        for region in to_add:
+        for region, old in to_add:
+            for span in old:
+                self._unlock_outside(span, region)
             failure = self._pin(region)
             if failure:
                 failures.append(failure)
-            else:
-                added.append(region)
+                for span in old:  # lock the old pins whole again, or let them go
+                    try:
+                        _mlock(self._pins[span].addr, span[1])
+                    except OSError:
+                        available += release(span, "reshape")
+                continue
+            added.append(region)
+            for span in old:
+                available += release(span, "reshape")
+        for span in [s for s in reshaped if s not in claimed and s in self._pins]:
+            available += release(span, "budget")
 
         # 4. under pressure, give back the lowest-priority pins until above the floor.
         released_for_pressure = 0
