@@ -16,6 +16,7 @@ import sys
 import time
 
 from vmcache.config import load_host_config
+from vmcache.launcher import remove_own_pidfile
 from vmcache.status import AgentStatus, file_stem, status_path, write_status
 
 MAX_LIFETIME = 300.0  # never outlive a test run by long, even if nobody stops it
@@ -70,6 +71,7 @@ def main() -> int:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    remove_own_pidfile()
     return 0
 
 

@@ -50,6 +50,7 @@ from .host.pagerefs import PageRefs
 from .host.qmp import LibvirtMonitor
 from .host.virtdomain import DEFAULT_URI, connect
 from .host.virtevents import DomainEvents, EventLoop
+from .launcher import remove_own_pidfile
 from .logfmt import domain_logger, event
 from .metadata import DomainInfo, parse_domain
 from .metrics import AgentMetrics
@@ -437,3 +438,4 @@ class Agent:
         except OSError as err:
             self._log.warning(event("status.remove_failed", error=err))
         self._log.info(event("agent.stopped", qemu_alive=alive, version=__version__))
+        remove_own_pidfile()  # last: the lock it guards ends with this process

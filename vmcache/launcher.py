@@ -12,6 +12,10 @@ Two ways, chosen by :func:`make_launcher`:
   agent inherits an open, ``flock``-ed ``<agents_dir>/<stem>.pid`` that
   holds its pid: the lock lives exactly as long as the agent, so a second
   start is a no-op and a stale pidfile is never mistaken for a live agent.
+  The agent learns the descriptor and path from ``VMCACHE_PIDFILE_FD`` and
+  ``VMCACHE_PIDFILE`` and removes the pidfile as it exits
+  (:func:`remove_own_pidfile`), still holding the lock; a start that locked
+  a pidfile removed under it sees that (inode check) and opens it anew.
   Stop sends SIGTERM to that pid if the lock is held and /proc/PID/cmdline
   ends with ``--domain NAME``, and does not wait.
 
@@ -46,6 +50,7 @@ __all__ = [
     "make_launcher",
     "systemd_escape",
     "pidfile_holder",
+    "remove_own_pidfile",
     "default_agent_command",
     "UNIT_TEMPLATE",
     "SYSTEMD_RUN_DIR",
@@ -56,6 +61,8 @@ UNIT_TEMPLATE = "vmcache-agent@{}.service"
 SYSTEMCTL_TIMEOUT = 10.0
 _LOCK_ATTEMPTS = 5
 _LOCK_RETRY_SECONDS = 0.01
+PIDFILE_ENV = "VMCACHE_PIDFILE"
+PIDFILE_FD_ENV = "VMCACHE_PIDFILE_FD"
 
 
 @dataclass(frozen=True)
@@ -167,24 +174,30 @@ class DetachedLauncher:
         path = self.pidfile(domain)
         try:
             os.makedirs(self.agents_dir, mode=0o755, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as err:
             raise HostError(f"cannot open pidfile: {err.strerror}", path=path, errno=err.errno) from err
-        try:
-            for attempt in range(_LOCK_ATTEMPTS):
+        for attempt in range(_LOCK_ATTEMPTS):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as err:
+                raise HostError(f"cannot open pidfile: {err.strerror}", path=path, errno=err.errno) from err
+            try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
                 except BlockingIOError:
                     pid = _read_pid(fd)
                     # An agent holds it - or a reader (running()) for a moment: look again.
                     if (pid and self._is_agent(pid, domain)) or attempt == _LOCK_ATTEMPTS - 1:
                         return LaunchResult("already-running", domain, pid=pid)
                     time.sleep(_LOCK_RETRY_SECONDS)
-            pid = self._spawn(self.argv(domain), fd, self._log_path(domain))
-            return LaunchResult("started", domain, pid=pid)
-        finally:
-            os.close(fd)  # the agent keeps its own copy of the locked description
+                    continue
+                if not _is_at(fd, path):
+                    continue  # an exiting agent removed it after we opened it: open the new one
+                pid = self._spawn(self.argv(domain), fd, path, self._log_path(domain))
+                return LaunchResult("started", domain, pid=pid)
+            finally:
+                os.close(fd)  # the agent keeps its own copy of the locked description
+        raise HostError("pidfile kept being replaced while starting the agent", path=path)
 
     def _is_agent(self, pid: int, domain: str) -> bool:
         argv = cmdline(pid, proc=self._proc)
@@ -215,7 +228,7 @@ class DetachedLauncher:
             return None
         return os.path.join(self.log_dir, f"agent-{file_stem(domain)}.log")
 
-    def _spawn(self, argv: list[str], lock_fd: int, log_path: str | None) -> int:
+    def _spawn(self, argv: list[str], lock_fd: int, pidfile: str, log_path: str | None) -> int:
         """Double fork + setsid + exec ``argv``; the grandchild inherits ``lock_fd`` and writes its pid there."""
         log_fd = -1
         if log_path is not None:
@@ -229,7 +242,7 @@ class DetachedLauncher:
         try:
             child = os.fork()
             if child == 0:  # pragma: no cover - runs in the forked process, tested through its effects
-                _detached_child(argv, lock_fd, null_fd, log_fd if log_fd >= 0 else null_fd, report_w)
+                _detached_child(argv, lock_fd, pidfile, null_fd, log_fd if log_fd >= 0 else null_fd, report_w)
             os.close(report_w)
             report_w = -1
             os.waitpid(child, 0)  # the intermediate exits at once
@@ -247,7 +260,8 @@ class DetachedLauncher:
         return int(lines["pid"])
 
 
-def _detached_child(argv: list[str], lock_fd: int, null_fd: int, out_fd: int, report_w: int) -> None:  # pragma: no cover
+def _detached_child(argv: list[str], lock_fd: int, pidfile: str, null_fd: int, out_fd: int,  # pragma: no cover
+                    report_w: int) -> None:
     """In the first child: setsid, fork again, and exec ``argv`` in the grandchild. Never returns."""
     code = 0
     try:
@@ -271,6 +285,8 @@ def _detached_child(argv: list[str], lock_fd: int, null_fd: int, out_fd: int, re
         os.ftruncate(lock_fd, 0)
         os.pwrite(lock_fd, f"{pid}\n".encode(), 0)
         os.write(report_w, f"pid {pid}".encode())
+        os.environ[PIDFILE_ENV] = pidfile
+        os.environ[PIDFILE_FD_ENV] = str(lock_fd)
         try:
             os.execvp(argv[0], argv)
         except OSError as err:
@@ -300,6 +316,37 @@ def _read_pid(fd: int) -> int | None:
         return int(text) if text else None
     except (OSError, ValueError, UnicodeDecodeError):
         return None
+
+
+def _is_at(fd: int, path: str) -> bool:
+    """True if ``path`` still names the file open as ``fd``."""
+    try:
+        st, here = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def remove_own_pidfile(environ: dict[str, str] | None = None) -> bool:
+    """In an agent started by :class:`DetachedLauncher`, as it exits: remove its pidfile.
+
+    Unlinked while the inherited lock is still held, and only if the path
+    still names the locked file, so it can never remove another agent's.
+    True if it was removed; a no-op (False) outside such an agent.
+    """
+    env = os.environ if environ is None else environ
+    path, fd_text = env.get(PIDFILE_ENV), env.get(PIDFILE_FD_ENV)
+    if not path or not fd_text or not fd_text.isdigit():
+        return False
+    fd = int(fd_text)
+    if not _is_at(fd, path):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: succeeds unless the fd is not the lock
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
 
 
 def pidfile_holder(path: str) -> int | None:

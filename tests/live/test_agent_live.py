@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("libvirt")
 
 from vmcache.cli import main  # noqa: E402
+from vmcache.status import file_stem  # noqa: E402
 
 from tests.live.livelib import (  # noqa: E402
     MiB,
@@ -112,6 +113,9 @@ def test_disable_stops_the_agent_and_leaves_nothing_in_qemu(env: LiveEnv, capsys
     assert leftovers(dom) == {"bitmaps": [], "nodes": [], "exports": []}
     nbd = env.tmp / "run" / "nbd"
     assert not (list(nbd.rglob("*")) if nbd.exists() else []), list(nbd.rglob("*"))
+    # no pidfile (the lock file) nor status file of it left in the agents directory
+    stem = file_stem(name)
+    assert not [p.name for p in env.agents.iterdir() if p.stem == stem], list(env.agents.iterdir())
     dom.destroy()
 
 

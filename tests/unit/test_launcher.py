@@ -15,11 +15,13 @@ import pytest
 
 from vmcache.config import HostConfig, parse_host_config
 from vmcache.errors import HostError
+from vmcache import launcher as launcher_mod
 from vmcache.launcher import (
     DetachedLauncher,
     SystemdLauncher,
     default_agent_command,
     make_launcher,
+    remove_own_pidfile,
     systemd_escape,
 )
 from vmcache.status import file_stem
@@ -168,8 +170,10 @@ def test_detached_start_runs_agent_detached_and_second_start_is_noop(host):
     wait_for(lambda: pid_gone(first.pid), what="agent exit")
     assert json.loads((markers / (file_stem("web 1") + ".stopped")).read_text())["signal"] == "TERM"
     assert launcher.running("web 1") is None
+    assert not pidfile.exists()  # removed by the agent as it exited
     assert launcher.stop("web 1").action == "not-running"
-    # and a new start after the stale pidfile works
+    # and a new start after a stale pidfile (an agent killed before it could remove it) works
+    pidfile.write_text(f"{first.pid}\n")
     third = launcher.start("web 1")
     assert third.action == "started" and third.pid != first.pid
     launcher.stop("web 1")
@@ -208,6 +212,47 @@ def test_concurrent_starts_give_one_agent(host):
     time.sleep(0.2)
     assert len(started.read_text().splitlines()) == 1
     make_launcher(config, config_path=config_path, systemd_dir="/nonexistent").stop("race")
+
+
+def test_a_start_that_locked_a_removed_pidfile_opens_the_new_one(tmp_path, monkeypatch):
+    """An exiting agent unlinks its pidfile between a start's open and flock: the start must not
+    lock the orphaned inode (a second start would then create a new file and a second agent)."""
+    agents = tmp_path / "agents"
+    launcher = DetachedLauncher([sys.executable, "-c", "import time; time.sleep(30)"], str(agents))
+    real_flock = launcher_mod.fcntl.flock
+    replaced = []
+
+    def flock(fd, op):
+        if not replaced and op & launcher_mod.fcntl.LOCK_EX:
+            os.unlink(agents / "x.pid")  # what remove_own_pidfile does in the exiting agent
+            replaced.append(fd)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(launcher_mod.fcntl, "flock", flock)
+    result = launcher.start("x")
+    assert result.action == "started" and replaced
+    try:
+        assert launcher.running("x") == result.pid  # the lock is on the file the path names
+        assert DetachedLauncher(["/bin/true"], str(agents)).start("x").action == "already-running"
+    finally:
+        os.kill(result.pid, signal.SIGKILL)
+        wait_for(lambda: pid_gone(result.pid), what="sleeper exit")
+
+
+def test_remove_own_pidfile_only_removes_the_file_it_holds_locked(tmp_path):
+    path = tmp_path / "a.pid"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        env = {launcher_mod.PIDFILE_ENV: str(path), launcher_mod.PIDFILE_FD_ENV: str(fd)}
+        assert remove_own_pidfile({}) is False  # not started by the launcher: a no-op
+        os.rename(path, tmp_path / "moved.pid")
+        path.write_text("1\n")  # another agent's pidfile now at the path
+        assert remove_own_pidfile(env) is False and path.exists()
+        os.unlink(path)
+        os.rename(tmp_path / "moved.pid", path)
+        assert remove_own_pidfile(env) is True and not path.exists()
+    finally:
+        os.close(fd)
 
 
 def test_stop_refuses_a_process_that_is_not_our_agent(tmp_path):
