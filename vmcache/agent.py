@@ -12,7 +12,7 @@ that go through the host page cache, and for each runs a
 - asks the host-wide ledger for its share of the pinned-bytes cap;
 - backs off under host memory pressure: each disk's pinner releases its
   lowest-priority pins while MemAvailable is under the floor, and while
-  memory PSI (``some avg10``) is above :data:`PSI_THRESHOLD` the agent
+  memory PSI (``some avg10``) is above the host config's ``psi_threshold`` the agent
   halves its pinned budget every cycle (the planner drops the
   lowest-priority regions first), doubling it back once PSI falls under
   half the threshold;
@@ -62,9 +62,6 @@ __all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE"]
 EXIT_OK = 0
 EXIT_FAILURE = 1
 RECONNECT_SECONDS = 2.0
-#: Memory PSI ``some avg10`` (percent of the last 10 s some task stalled on memory)
-#: above which agents shrink their pinned budget; they grow it back under half of it.
-PSI_THRESHOLD = 10.0
 #: Smallest budget share under PSI pressure before it drops to nothing.
 _MIN_SHARE = 1 / 8
 
@@ -74,15 +71,16 @@ class Agent:
 
     def __init__(self, domain: str, config: HostConfig, *, uri: str = DEFAULT_URI,
                  connect_: Callable[[str], Any] = connect, granularity: int = 64 * 1024,
-                 pressure: Callable[[], MemoryPressure | None] = read_pressure,
-                 psi_threshold: float = PSI_THRESHOLD) -> None:
+                 pressure: Callable[[], MemoryPressure | None] = read_pressure) -> None:
         self.domain = domain
         self.config = config
         self.uri = uri
         self._connect = connect_
         self._granularity = granularity
         self._pressure = pressure
-        self.psi_threshold = psi_threshold
+        #: Memory PSI ``some avg10`` (percent of the last 10 s some task stalled on memory)
+        #: above which the agent shrinks its pinned budget; it grows it back under half of it.
+        self.psi_threshold = config.psi_threshold
         self._share = 1.0  # of the budget, shrunk under memory pressure (PSI)
         self._log = domain_logger("vmcache.agent", domain)
         self._stop = threading.Event()

@@ -134,6 +134,7 @@ class HostConfig:
     budget: int = 1 << 30
     min_free: int = 1 << 30
     prefetch_rate: int | None = 8 << 20
+    psi_threshold: float = 10.0
     interval: float = 10.0
     cache_modes: frozenset[str] = frozenset({"writethrough"})
     pinned_cap: PinnedCap = PinnedCap()
@@ -389,6 +390,8 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     if "prefetch_rate" in data:
         values["prefetch_rate"] = (None if data["prefetch_rate"] in ("unlimited", None)
                                    else parse_size(data["prefetch_rate"], key="prefetch_rate"))
+    if "psi_threshold" in data:
+        values["psi_threshold"] = _percent(data["psi_threshold"], "psi_threshold")
     if "interval" in data:
         values["interval"] = parse_duration(data["interval"], key="interval", minimum=0.1)
         if values["interval"] > 86400:
@@ -414,7 +417,7 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     return config
 
 
-_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "interval", "cache_modes", "pinned_cap", "model",
+_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "psi_threshold", "interval", "cache_modes", "pinned_cap", "model",
              "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap")
 _METRICS_KEYS = ("listen", "ports", "tls", "basic_auth")
 _TLS_KEYS = ("certfile", "keyfile", "client_cafile", "client_auth_required")
@@ -458,6 +461,20 @@ def _cache_modes(value: object) -> frozenset[str]:
 
 _PARAM_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _PERCENT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+
+
+def _percent(value: object, key: str) -> float:
+    """A percentage in (0, 100]: a number or a number with ``%`` (``10``, ``12.5%``)."""
+    text = value[:-1].strip() if isinstance(value, str) and value.strip().endswith("%") else value
+    try:
+        if isinstance(text, bool):
+            raise ValueError
+        number = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(key, value, "must be a percentage, e.g. 10 or 12.5%") from None
+    if not 0 < number <= 100:
+        raise ConfigError(key, value, "must be in (0, 100]")
+    return number
 
 
 def _pinned_cap(value: object) -> PinnedCap:

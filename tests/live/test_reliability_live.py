@@ -283,11 +283,14 @@ def instrumented(env: Env, tag: str) -> tuple[Path, Path, list[str]]:
 def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_return(env: Env, cleanup) -> None:
     name = PREFIX + "psi"
     psi, _record, command = instrumented(env, "psi")
-    with env.config_override(agent_command=command):
+    with env.config_override(agent_command=command, psi_threshold=30):
         dom = start(env, cleanup, name, budget="16M")
         running(env, name)
     guest_write(dom, 0, 32 * MiB)
     full = wait_for(lambda: (p := env.pinned(name)) >= 12 * MiB and p, "the budget to be pinned")
+    psi.write_text(_PSI.format(25.0))  # over the default 10 %, under the configured 30 %: no back-off
+    time.sleep(2 * INTERVAL + 0.5)
+    assert env.pinned(name) >= full * 3 // 4 and "psi.share" not in env.agent_log(name)
     psi.write_text(_PSI.format(40.0))
     pressed = time.monotonic()
     wait_for(lambda: 0 <= env.pinned(name) <= full // 2, "pins to shrink under PSI", timeout=2 * INTERVAL + 1.5)

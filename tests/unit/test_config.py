@@ -353,6 +353,17 @@ def test_long_config_paths_get_short_cache_names():
     assert name != os.path.basename(cache_path("/" + "e" + "d" * 299 + "/vmcache.yaml", "/c"))
 
 
+def test_psi_threshold_is_a_percentage() -> None:
+    assert parse_host_config("").psi_threshold == 10.0
+    assert parse_host_config("psi_threshold: 25").psi_threshold == 25.0
+    assert parse_host_config("psi_threshold: 12.5%").psi_threshold == 12.5
+    for bad, why in (("0", "must be in (0, 100]"), ("150", "must be in (0, 100]"), ("-1", "must be in (0, 100]"),
+                     ("high", "must be a percentage"), ("true", "must be a percentage"), ("[1]", "must be a percentage")):
+        with pytest.raises(ConfigError) as err:
+            parse_host_config(f"psi_threshold: {bad}")
+        assert str(err.value).startswith("psi_threshold: ") and why in str(err.value), str(err.value)
+
+
 def test_prefetch_rate_is_a_size_or_unlimited() -> None:
     assert parse_host_config("").prefetch_rate == 8 << 20
     assert parse_host_config("prefetch_rate: 32M").prefetch_rate == 32 << 20
