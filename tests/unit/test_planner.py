@@ -78,7 +78,7 @@ def test_short_runs_are_dropped() -> None:
 
 
 def test_budget_takes_highest_priority_and_trims_to_hottest_window() -> None:
-    p = params(threshold=0.5, merge_gap=0, spike_trim=0.0)  # the hot core alone would be a spike (step 3)
+    p = params(threshold=0.5, merge_gap=0)
     heat = np.zeros(100, np.float32)
     heat[10:20] = 1.0
     heat[14:17] = 5.0  # hot core
@@ -90,51 +90,6 @@ def test_budget_takes_highest_priority_and_trims_to_hottest_window() -> None:
     # budget for the big one plus part of the next
     regions = plan(heat, params=p, size_bytes=100 * BS, budget=11 * BS)
     assert blocks(regions) == [(10, 20), (60, 61)]
-
-
-def modelled_heat(p: ModelParams, hot: list[tuple[int, int]], n: int = 200, cycles: int = 10) -> np.ndarray:
-    """Heat after ``cycles`` of the guest reading and writing the blocks of ``hot`` ([start, end) pairs)."""
-    m = HeatModel(p, n)
-    active = np.zeros(n, np.float32)
-    for s, e in hot:
-        active[s:e] = 1.0
-    for k in range(cycles):
-        m.step(active, active, np.zeros(n, bool), k * p.interval)
-    return np.array(m.heat)
-
-
-def test_an_isolated_hot_block_is_pinned_without_its_warmed_neighbours() -> None:
-    p = params()
-    heat = modelled_heat(p, [(50, 51), (120, 121)])
-    assert (heat[46:55] > p.threshold).sum() >= 5  # the Gaussian spread it over several blocks
-    regions = plan(heat, params=p, size_bytes=200 * BS, budget=200 * BS)
-    assert sorted(blocks(regions)) == [(50, 51), (120, 121)]
-    assert regions[0].priority == pytest.approx(float(heat[50]), rel=1e-5)  # heat of the trimmed region
-    # spike_trim=0: the old, wide regions
-    wide = plan(heat, params=params(spike_trim=0.0), size_bytes=200 * BS, budget=200 * BS)
-    assert all(e - s >= 5 for s, e in blocks(wide))
-    # a tight budget now holds both hot blocks instead of one block and its neighbours
-    assert sorted(blocks(plan(heat, params=p, size_bytes=200 * BS, budget=2 * BS))) == [(50, 51), (120, 121)]
-
-
-@pytest.mark.parametrize("width", [1, 2, 3, 6, 8, 20])
-def test_contiguous_hot_runs_keep_every_hot_block(width: int) -> None:
-    p = params()
-    heat = modelled_heat(p, [(100, 100 + width)])
-    (s, e), = blocks(plan(heat, params=p, size_bytes=200 * BS, budget=200 * BS))
-    assert s <= 100 and e >= 100 + width
-    if width <= 3:  # a spike: trimmed to exactly the hot blocks
-        assert (s, e) == (100, 100 + width)
-    else:  # contiguous hot data: the edges stay
-        assert (s, e) == tuple(blocks(plan(heat, params=params(spike_trim=0.0), size_bytes=200 * BS,
-                                           budget=200 * BS))[0])
-
-
-def test_spike_trim_does_not_touch_runs_without_smoothing() -> None:
-    p = params(read_sigma=0.0, write_sigma=0.0, threshold=0.5, merge_gap=0)
-    heat = np.zeros(100, np.float32)
-    heat[10:13] = [0.6, 3.0, 0.6]
-    assert blocks(plan(heat, params=p, size_bytes=100 * BS, budget=100 * BS)) == [(10, 13)]
 
 
 def test_written_region_outranks_read_only_region_of_equal_residency() -> None:
@@ -230,7 +185,6 @@ def test_nothing_to_plan() -> None:
     budget=st.integers(0, 400 * 8 * PAGE),
     size_slack=st.integers(-2 * 8 * PAGE, 8 * PAGE),
     current=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 40)), max_size=6),
-    spike_trim=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
 )
 def test_budget_and_count_are_never_exceeded(
     heat: np.ndarray,
@@ -243,17 +197,15 @@ def test_budget_and_count_are_never_exceeded(
     budget: int,
     size_slack: int,
     current: list[tuple[int, int]],
-    spike_trim: float,
 ) -> None:
     bs = block_pages * PAGE
     p = ModelParams(block_size=bs, threshold=threshold, merge_gap=merge_gap, min_region=min_region,
-                    max_regions=max_regions, keep_factor=keep, spike_trim=spike_trim)
+                    max_regions=max_regions, keep_factor=keep)
     size = max(0, heat.size * bs + size_slack)
     cur = [Region(s * bs, n * bs) for s, n in current]
     regions = plan(heat, params=p, size_bytes=size, budget=budget, current=cur)
     check_invariants(regions, p, size, budget)
     # when neither budget nor cap binds, every hot block of the file is covered
-    # (with spike_trim, the edges of spikes may go, but never the hottest block)
     if keep == 1.0 or not cur:
         nfile = min(heat.size, -(-size // bs))
         hot = np.flatnonzero(heat[:nfile] > threshold)
@@ -262,7 +214,7 @@ def test_budget_and_count_are_never_exceeded(
             covered = np.zeros(heat.size, bool)
             for s, e in blocks(regions, bs):
                 covered[s:e] = True
-            assert covered[hot].all() if spike_trim == 0 else not hot.size or covered[hot[np.argmax(heat[hot])]]
+            assert covered[hot].all()
 
 
 # ------------------------------------------------- the loop: model + plan + pin

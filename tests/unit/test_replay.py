@@ -274,21 +274,6 @@ def guard_moving() -> dict[int, dict[int, tuple[float, float]]]:
     return {seed: {b: (vm, lru) for b, vm, lru in _guard("moving", seed)} for seed in (1, 2)}
 
 
-def test_zipf_pinning_scattered_hot_blocks_without_their_neighbours_helps() -> None:
-    # spike_trim (planner step 3): each isolated hot block is pinned alone, not with the cold neighbours the
-    # Gaussian warmed; better than the wide regions at every budget, and better than LRU where memory is tight
-    trace = generate.zipf(GUARD_IMAGE, 20000, seed=1, rate=10)
-
-    def hit_ratios(policy: str, spike_trim: float) -> list[float]:
-        results = sim.replay(trace, GUARD_BUDGETS, block_size=BS, params=ModelParams(spike_trim=spike_trim),
-                             pin_share=0.5, size_bytes=GUARD_IMAGE, policies=(policy,))
-        return [r.hit_ratio for r in results]
-
-    trimmed, wide, lru = hit_ratios("vmcache", 0.9), hit_ratios("vmcache", 0.0), hit_ratios("lru", 0.9)
-    assert all(a > b for a, b in zip(trimmed, wide)), (trimmed, wide)
-    assert trimmed[0] > lru[0], (trimmed, lru)
-
-
 # --- the command ----------------------------------------------------------------------------------------------
 
 def test_cli_generate_then_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -85,15 +85,6 @@ class ModelParams:
       nothing. Default 4.
     - ``min_region`` [blocks]: hot runs (after merging) shorter than this are
       ignored. Default 1.
-    - ``spike_trim`` [ratio in 0..1]: a hot run whose heat adds up to no more
-      than the Gaussian spread of one block as hot as its peak (1.25 times
-      ``sqrt(2 pi) * sigma * peak``, sigma the wider of ``read_sigma`` and
-      ``write_sigma``) is an isolated hot block (or two or three) widened by
-      the smoothing; its edges are cut back to the first and last block whose
-      heat is at least this share of the run's peak, so scattered hot blocks
-      do not pin their cold neighbours. Runs holding more heat (contiguous
-      hot data) keep their edges. 0 disables. Default 0.9 (the spread heat of
-      one hot block is 0.88 of its peak one block away).
     - ``seen_scale`` [ratio > 0]: weight of the read evidence of pinned
       blocks (the fraction of a block's sampled pages the guest read since
       the previous cycle, from the pages' referenced bits): evidence ``e``
@@ -115,7 +106,6 @@ class ModelParams:
     max_regions: int = 1024
     merge_gap: int = 4
     min_region: int = 1
-    spike_trim: float = 0.9
     seen_scale: float = 4.0
 
     def __post_init__(self) -> None:
@@ -184,7 +174,6 @@ _RANGES: dict[str, tuple[type, float, float, bool, bool]] = {
     "max_regions": (int, 1, MAX_REGIONS, False, False),
     "merge_gap": (int, 0, 1 << 30, False, False),
     "min_region": (int, 1, 1 << 30, False, False),
-    "spike_trim": (float, 0.0, 1.0, False, False),
     "seen_scale": (float, 0.0, 1e6, True, False),
 }
 

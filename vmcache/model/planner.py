@@ -1,6 +1,6 @@
 """Heat per block -> regions to pin under a byte budget, bounded in number (pure).
 
-:func:`plan` works in six vectorised steps (no Python loop over blocks):
+:func:`plan` works in five vectorised steps (no Python loop over blocks):
 
 1. Hysteresis: heat of blocks inside ``current`` (the regions pinned now) is
    multiplied by ``keep_factor``; "heat" below means this effective heat.
@@ -11,29 +11,17 @@
 2. Runs: maximal runs of blocks with heat > ``threshold``; runs separated by
    at most ``merge_gap`` cold blocks are merged (the gap is pinned too);
    runs shorter than ``min_region`` blocks are dropped.
-3. Spikes: the heat model spreads one hot block over a Gaussian, so an
-   isolated hot block (scattered hot data, e.g. zipf) becomes a run several
-   blocks wide whose heat sums to about ``sqrt(2 pi) sigma`` times its peak
-   (sigma: the wider of ``read_sigma``/``write_sigma``). A run whose heat
-   sums to at most 1.25 times that is such a spike: its edges are cut back
-   to the first and last block whose heat is at least ``spike_trim`` times
-   the run's peak, so the budget does not go to the cold neighbours the
-   smoothing warmed. At the default sigma of 2, a run of 1-3 hot blocks
-   keeps exactly its hot blocks (they are all near the peak), one of 4-5
-   loses its outer blocks, and from 6 hot blocks on (contiguous hot data)
-   a run holds more heat than a spike and keeps its edges. (``min_region``
-   applies to the runs before this step.)
-4. Cap: while there are more than ``max_regions`` runs, neighbours are
+3. Cap: while there are more than ``max_regions`` runs, neighbours are
    merged across the smallest gaps first, but only where the gap is no
    longer than the shorter of the two runs (the merged span stays at least
    half hot, so little budget goes to cold blocks); if that is not enough,
    the weakest runs are dropped. Priority = sum of heat over the region.
-5. Budget: regions are taken by priority until the budget is used. A region
+4. Budget: regions are taken by priority until the budget is used. A region
    larger than what is left is trimmed to the hottest window of whole blocks
    that fits (a remainder smaller than one block stays unused), so a big
    lukewarm region cannot starve the budget, nor a hot core be lost because
    its region is too big.
-6. Bytes: ``start = block * block_size``; the end is clipped to the file size
+5. Bytes: ``start = block * block_size``; the end is clipped to the file size
    rounded up to a page (mlock works on pages; the last page of an unaligned
    file is partly past EOF but still mappable). Blocks past the file size
    are ignored.
@@ -46,7 +34,6 @@ the pinner's "release lowest priority first" agrees with this order.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -58,10 +45,6 @@ from .region import Region
 __all__ = ["plan"]
 
 _Runs = tuple[NDArray[np.intp], NDArray[np.intp]]
-
-_SPIKE_MASS = 1.25
-"""A run is a spike when its heat sums to at most this many times that of the
-Gaussian spread of one block as hot as the run's peak (step 3)."""
 
 
 def plan(
@@ -101,7 +84,6 @@ def plan(
 
     sums = np.zeros(nblocks + 1, dtype=np.float64)
     np.cumsum(eff, dtype=np.float64, out=sums[1:])
-    starts, ends = _trim_spikes(starts, ends, eff, sums, params)
     starts, ends = _cap(starts, ends, sums, params.max_regions)
     priority = sums[ends] - sums[starts]
     order = np.lexsort((starts, -priority))
@@ -134,28 +116,6 @@ def _merge(starts: NDArray[np.intp], ends: NDArray[np.intp], apart: NDArray[np.b
         return starts, ends
     cut = np.flatnonzero(apart)
     return np.concatenate((starts[:1], starts[cut + 1])), np.concatenate((ends[cut], ends[-1:]))
-
-
-def _trim_spikes(starts: NDArray[np.intp], ends: NDArray[np.intp], eff: NDArray[np.float32],
-                 sums: NDArray[np.float64], params: ModelParams) -> _Runs:
-    """Cut spikes (step 3) back to their blocks within ``spike_trim`` of their peak."""
-    if params.spike_trim == 0:
-        return starts, ends
-    spread = math.sqrt(2.0 * math.pi) * max(params.read_sigma, params.write_sigma)
-    peak = np.maximum.reduceat(np.append(eff, np.float32(0.0)), np.stack((starts, ends), axis=1).ravel())[::2]
-    spike = np.flatnonzero(sums[ends] - sums[starts] <= _SPIKE_MASS * spread * peak)
-    if spike.size == 0:
-        return starts, ends
-    n = ends[spike] - starts[spike]
-    first = np.cumsum(n) - n  # where each spike begins among the flattened blocks below
-    run = np.repeat(np.arange(spike.size), n)
-    block = starts[spike][run] + (np.arange(run.size) - first[run])
-    kept = np.flatnonzero(eff[block] >= np.float32(params.spike_trim) * peak[spike][run])  # the peak stays
-    bounds = np.flatnonzero(np.diff(run[kept], prepend=-1))  # first kept block of each spike
-    starts, ends = starts.copy(), ends.copy()
-    starts[spike] = block[kept[bounds]]
-    ends[spike] = block[kept[np.append(bounds[1:], kept.size) - 1]] + 1
-    return starts, ends
 
 
 def _cap(starts: NDArray[np.intp], ends: NDArray[np.intp], sums: NDArray[np.float64], cap: int) -> _Runs:
