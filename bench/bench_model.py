@@ -96,7 +96,7 @@ def main() -> None:
         t0 = time.process_time()
         heat = model.step(residency, writes, ours, now=cycle * p.interval)
         t1 = time.process_time()
-        regions = plan(heat, params=p, size_bytes=size, budget=budget, current=regions)
+        regions = plan(heat, params=p, size_bytes=size, budget=budget, current=regions, own=model.own)
         t2 = time.process_time()
         step_t.append((t1 - t0) * 1e3)
         plan_t.append((t2 - t1) * 1e3)

@@ -187,7 +187,7 @@ class DiskEngine:
         now = self._clock()
         heat = self._model.step(res.fraction, written, self._ours, now, seen=seen)
         regions = plan(heat, params=p, size_bytes=res.size_bytes, budget=self.budget,
-                       current=self._pinner.pinned)
+                       current=self._pinner.pinned, own=self._model.own)
         regions = self._limit_prefetch(regions, res.fraction, now)
         report = self._pinner.apply(regions, self.budget)
         self._ours |= self._pinner.pinned_mask(p.block_size, n)

@@ -179,9 +179,11 @@ def test_prefetch_rate_limits_device_reads_for_new_cold_regions(image: Path) -> 
             drop(image)
             pinned.append(e.cycle().pinned_bytes)
         assert pinned[0] == 0  # nothing may be read in the first cycle beyond 8 MiB
-        assert max(pinned) >= 32 * MiB
+        assert max(pinned) == 32 * MiB
         first = next(i for i, b in enumerate(pinned) if b)
-        assert first >= 3, pinned  # 32+ MiB of cold data needs 4 cycles of allowance
+        assert first >= 2, pinned  # 32 MiB of cold data needs more than two cycles of allowance
+        # exactly the written range: the Gaussian's warm margin is not hot on its own
+        assert pinned_spans(e) == [(64 * MiB, 32 * MiB)]
     with engine(image, budget=64 * MiB, writes=_written([(64 * MiB, 32 * MiB)]), prefetch_rate=None) as e:
         drop(image)
         assert e.cycle().pinned_bytes >= 32 * MiB  # unlimited: pinned in the first cycle

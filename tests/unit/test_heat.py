@@ -251,3 +251,37 @@ def test_smoothing_matches_scipy_gaussian_filter1d(sigma: float) -> None:
         s = p.read_amplitude * gaussian_filter1d(res.astype(np.float64), sigma, mode="constant") / known
         s += p.write_amplitude * gaussian_filter1d(wr.astype(np.float64), sigma / 2, mode="constant")
         np.testing.assert_allclose(m.heat, 0.5 * s, rtol=1e-5, atol=1e-6)
+
+
+def test_own_heat_stays_on_the_block_the_gaussian_spreads_over_its_neighbours() -> None:
+    p = ModelParams(decay=0.5)
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    wr[100] = 1.0            # one written block
+    res[200:210] = 1.0       # a read range
+    run(m, res, wr, ours, 20)
+    assert m.heat[99] > p.threshold and m.heat[101] > p.threshold  # the filter warms the neighbours
+    assert m.own[100] == pytest.approx(p.write_amplitude, rel=1e-3)
+    assert m.own[99] == 0.0 and m.own[101] == 0.0                  # they did nothing themselves
+    np.testing.assert_allclose(m.own[200:210], p.read_amplitude, rtol=1e-3)
+    assert not m.own[190:200].any() and not m.own[210:220].any()
+
+
+def test_own_heat_of_our_blocks_is_held_like_their_heat_and_resize_reset_keep_it_in_step() -> None:
+    p = ModelParams(decay=0.8, pinned_decay=0.95)
+    m = HeatModel(p, N)
+    res, wr, ours = arrays()
+    res[50:150] = 1.0
+    t = run(m, res, wr, ours, 60)
+    o0 = m.own[100]
+    res[:] = 0.0
+    ours[50:150] = True      # pinned: its reads are invisible, own heat held at pinned_decay
+    for k in range(1, 6):
+        m.step(res, wr, ours, t + k * p.interval)
+    assert m.own[100] == pytest.approx(o0 * 0.95**5, rel=1e-3)
+    with pytest.raises(ValueError):
+        m.own[0] = 1.0       # read-only view
+    m.resize(600)
+    assert m.own.shape == (600,) and m.own[100] > 0 and not m.own[N:].any()
+    m.reset()
+    assert not m.own.any()

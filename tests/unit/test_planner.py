@@ -46,6 +46,35 @@ def check_invariants(regions: list[Region], p: ModelParams, size: int, budget: i
 # ---------------------------------------------------------------- plan alone
 
 
+def test_own_heat_trims_a_run_to_the_blocks_hot_on_their_own() -> None:
+    """The Gaussian spreads an isolated hot block over its neighbours; with ``own`` the
+    region is that block alone, while a real 4-block run keeps all four (and no more)."""
+    p = params(threshold=0.2, merge_gap=0)
+    m = HeatModel(p, 200)
+    res, wr, ours = np.zeros(200, np.float32), np.zeros(200, np.float32), np.zeros(200, bool)
+    wr[50] = 1.0
+    wr[100:104] = 1.0
+    for k in range(20):
+        m.step(res, wr, ours, k * p.interval)
+    size, budget = 200 * BS, 200 * BS
+    smoothed = blocks(plan(m.heat, params=p, size_bytes=size, budget=budget))
+    assert (47, 54) in smoothed or any(s < 50 and e > 51 for s, e in smoothed)  # margin without own
+    trimmed = sorted(blocks(plan(m.heat, params=p, size_bytes=size, budget=budget, own=m.own)))
+    assert trimmed == [(50, 51), (100, 104)]
+
+
+def test_a_run_with_no_block_hot_on_its_own_is_kept_whole() -> None:
+    p = params(threshold=0.5, merge_gap=0)
+    heat = np.zeros(100, np.float32)
+    heat[10:20] = 1.0
+    heat[40:50] = 1.0
+    own = np.zeros(100, np.float32)
+    own[42:45] = 1.0  # inside the second run only
+    regions = plan(heat, params=p, size_bytes=100 * BS, budget=100 * BS, own=own)
+    assert sorted(blocks(regions)) == [(10, 20), (42, 45)]
+
+
+
 def test_runs_above_threshold_become_regions_in_bytes() -> None:
     p = params(threshold=0.5, merge_gap=0)
     heat = np.zeros(100, np.float32)

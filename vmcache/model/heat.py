@@ -16,6 +16,14 @@ middle, while an isolated resident block is diluted to
 ``a_r / (sqrt(2 pi) sigma_r)`` (0.2 a_r at the default sigma of 2): heat
 gathers where activity is dense.
 
+Beside ``H`` the model keeps ``own``: the same update of the *unfiltered*
+input (``a_r * R * v + a_w * W``, held where ours like ``H``), the heat each
+block earned itself. Where the Gaussian spreads one hot block over its
+neighbours, ``own`` is high on that block only; the planner cuts runs back
+to their blocks hot on their own, so a scattered hot block is pinned without
+the cold neighbours it warmed, while a contiguous hot range keeps every
+block.
+
 Residency vmcache caused (``ours``: pinned now, or loaded by vmcache and not
 yet evicted) is excluded from R, so pinning never feeds back: a pinned
 region's residency cannot heat its neighbours, and the pinned set cannot creep
@@ -80,13 +88,14 @@ class HeatModel:
     """Decaying heat per block of one disk; ``step`` once per cycle.
 
     Arrays are float32 and reused between steps (a 1 TiB image at 1 MiB
-    blocks is 1M blocks, ~4 MiB per array, five arrays).
+    blocks is 1M blocks, ~4 MiB per array, six arrays).
     """
 
     def __init__(self, params: ModelParams, nblocks: int) -> None:
         """Start with zero heat over ``nblocks`` blocks; ValueError if negative."""
         self._params = params
         self._heat = np.zeros(0, dtype=np.float32)
+        self._own = np.zeros(0, dtype=np.float32)
         self._last: float | None = None
         self._alloc(nblocks)
 
@@ -102,6 +111,18 @@ class HeatModel:
     def heat(self) -> NDArray[np.float32]:
         """Current heat per block (read-only view, updated in place by ``step``)."""
         view = self._heat.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def own(self) -> NDArray[np.float32]:
+        """Per block, the heat it earned itself: the same update without the filters.
+
+        Where the Gaussian spreads one hot block over its neighbours, ``own``
+        is high only on the block itself; the planner trims runs to the
+        blocks that are hot on their own (read-only view).
+        """
+        view = self._own.view()
         view.flags.writeable = False
         return view
 
@@ -152,6 +173,18 @@ class HeatModel:
         s *= np.float32(1.0) - d
         self._heat += s
         np.maximum(self._heat, held, out=self._heat, where=mine)
+
+        # the same update without the filters: what each block showed itself
+        own = s
+        np.multiply(res, np.float32(p.read_amplitude), out=own, casting="unsafe")
+        own[mine] = 0.0
+        if p.write_amplitude and wr.any():
+            own += np.float32(p.write_amplitude) * wr.astype(np.float32, copy=False)
+        np.multiply(self._own, dp, out=held)
+        self._own *= d
+        own *= np.float32(1.0) - d
+        self._own += own
+        np.maximum(self._own, held, out=self._own, where=mine)
         return self.heat
 
     def _with_evidence(self, res: NDArray[np.floating], mine: NDArray[np.bool_],
@@ -171,6 +204,7 @@ class HeatModel:
     def reset(self) -> None:
         """Forget all heat and the time of the last step."""
         self._heat.fill(0.0)
+        self._own.fill(0.0)
         self._last = None
 
     def _known_inverse(self, mine: NDArray[np.bool_]) -> NDArray[np.float32]:
@@ -193,6 +227,9 @@ class HeatModel:
         keep = min(nblocks, self._heat.shape[0])
         heat[:keep] = self._heat[:keep]
         self._heat = heat
+        own = np.zeros(nblocks, dtype=np.float32)
+        own[:keep] = self._own[:keep]
+        self._own = own
         self._r = np.empty(nblocks, dtype=np.float32)
         self._s = np.empty(nblocks, dtype=np.float32)
         self._inverse = np.empty(nblocks, dtype=np.float32)

@@ -8,9 +8,13 @@
    ``threshold / keep_factor``, and a newcomer must be that much hotter to
    take its place in the budget. Blocks outside ``current`` get no bonus, so
    hysteresis never grows a region.
-2. Runs: maximal runs of blocks with heat > ``threshold``; runs separated by
-   at most ``merge_gap`` cold blocks are merged (the gap is pinned too);
-   runs shorter than ``min_region`` blocks are dropped.
+2. Runs: maximal runs of blocks with heat > ``threshold``. With ``own``
+   (``HeatModel.own``, the heat each block earned itself, with the same
+   hysteresis), each run is cut back to its first and last block whose own
+   heat is above the threshold: the margin the Gaussian warmed around hot
+   blocks is not pinned (a run with no such block stays whole). Runs
+   separated by at most ``merge_gap`` cold blocks are then merged (the gap
+   is pinned too); runs shorter than ``min_region`` blocks are dropped.
 3. Cap: while there are more than ``max_regions`` runs, neighbours are
    merged across the smallest gaps first, but only where the gap is no
    longer than the shorter of the two runs (the merged span stays at least
@@ -54,13 +58,15 @@ def plan(
     size_bytes: int,
     budget: int,
     current: Iterable[Region] = (),
+    own: ArrayLike | None = None,
 ) -> list[Region]:
     """Choose the regions to pin for one disk (see the module docstring).
 
     ``heat``: heat per block (``HeatModel.heat``); ``size_bytes``: size of the
     image file; ``budget``: bytes that may be pinned for it; ``current``: the
-    regions pinned now (hysteresis). Raises ValueError for a heat array that
-    is not one-dimensional or a negative size or budget.
+    regions pinned now (hysteresis); ``own``: ``HeatModel.own``, to trim runs
+    to the blocks hot on their own (step 2). Raises ValueError for a heat
+    array that is not one-dimensional or a negative size or budget.
     """
     values = np.asarray(heat)
     if values.ndim != 1:
@@ -76,6 +82,9 @@ def plan(
     eff = _effective_heat(values[:nblocks], current, params)
 
     starts, ends = _hot_runs(eff > params.threshold)
+    if own is not None:
+        own_eff = _effective_heat(np.asarray(own)[:nblocks], current, params)
+        starts, ends = _trim_to_own(starts, ends, own_eff > params.threshold)
     starts, ends = _merge(starts, ends, (starts[1:] - ends[:-1]) > params.merge_gap)
     long_enough = (ends - starts) >= params.min_region
     starts, ends = starts[long_enough], ends[long_enough]
@@ -108,6 +117,20 @@ def _hot_runs(hot: NDArray[np.bool_]) -> _Runs:
     """Maximal runs of True as half-open block ranges [start, end)."""
     edges = np.flatnonzero(np.diff(hot.view(np.int8), prepend=np.int8(0), append=np.int8(0)))
     return edges[0::2], edges[1::2]
+
+
+def _trim_to_own(starts: NDArray[np.intp], ends: NDArray[np.intp], hot_itself: NDArray[np.bool_]) -> _Runs:
+    """Cut each run back to its first and last block hot on its own; runs with none stay whole."""
+    where = np.flatnonzero(hot_itself)
+    if where.size == 0:
+        return starts, ends
+    before = np.searchsorted(where, starts)  # index in ``where`` of a run's first own-hot block
+    upto = np.searchsorted(where, ends)      # one past its last
+    some = upto > before
+    starts, ends = starts.copy(), ends.copy()
+    starts[some] = where[before[some]]
+    ends[some] = where[upto[some] - 1] + 1
+    return starts, ends
 
 
 def _merge(starts: NDArray[np.intp], ends: NDArray[np.intp], apart: NDArray[np.bool_]) -> _Runs:

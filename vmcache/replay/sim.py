@@ -266,7 +266,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         ours &= resident
         ours |= pinned
         heat = model.step(resident.astype(np.float32), written, ours, t0 + params.interval * (k + 1), seen=seen)
-        current = plan(heat, params=params, size_bytes=size, budget=pin_budget, current=current)
+        current = plan(heat, params=params, size_bytes=size, budget=pin_budget, current=current, own=model.own)
         wanted = np.zeros(nb, dtype=bool)
         for region in current:
             wanted[region.start // bs : -(-region.end // bs)] = True
