@@ -234,7 +234,7 @@ class Soak:
         run = self.env.run
         mine = {file_stem(n) for n in self.names} | {nbd_dir(run, n).name for n in self.names}
         left_files = sorted(rel for p in run.rglob("*")
-                            if (p.is_socket() or p.suffix == ".json" and p.name != "ledger.json"
+                            if (p.is_socket() or p.suffix in (".json", ".pid") and p.name != "ledger.json"
                                 or p.is_dir() and p.parent.name == "nbd")
                             and any(m in (rel := str(p.relative_to(run))) for m in mine))
         ledger = json.loads((run / "ledger.json").read_text()) if (run / "ledger.json").exists() else {}
