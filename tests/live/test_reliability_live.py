@@ -42,6 +42,7 @@ from vmcache.metadata import NAMESPACE  # noqa: E402
 from vmcache.status import file_stem  # noqa: E402
 
 from tests.live import livelib  # noqa: E402
+from tests.procutil import open_files  # noqa: E402
 from tests.live.livelib import (  # noqa: E402
     REPO,
     GiB,
@@ -532,7 +533,7 @@ def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: E
     dom.detachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
     wait_for(lambda: _disk_status(env, name, "sda") is None, "the unplugged disk to be dropped")
     assert env.agent_pid(name) == pid
-    fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    fds = open_files(pid)
     assert str(extra) not in fds and str(extra) not in Path(f"/proc/{pid}/maps").read_text()
     assert len(leftovers(dom)["bitmaps"]) == 1
     before = written_total(env, name)
@@ -705,7 +706,7 @@ def test_security_loopback_metrics_root_only_sockets_own_disks_only_and_allowed_
     assert {p for p in mapped if p.startswith(str(env.tmp))} == {image}
     assert not {p for p in mapped if not p.startswith(("/usr/", "/lib", str(REPO), "/etc/ld.so", "/tmp/pytest", "/dev/"))
                 and not p.endswith((".so", ".cache"))} - {image}
-    opened = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    opened = open_files(pid)
     assert str(other) not in opened and image in opened
     # Only the allow-listed QMP commands were ever sent.
     dom.destroy()

@@ -26,6 +26,7 @@ from vmcache.launcher import (
 )
 from vmcache.status import file_stem
 
+from tests.procutil import open_files
 from tests.standin_agent import kill_agents
 
 STANDIN = str(Path(__file__).resolve().parents[1] / "standin_agent.py")
@@ -188,12 +189,7 @@ def test_detached_start_does_not_leak_our_fds(host, tmp_path):
         launcher = make_launcher(config, config_path=config_path, systemd_dir="/nonexistent")
         pid = launcher.start("fds").pid
         wait_for(lambda: (markers / "fds.started").exists(), what="stand-in start")
-        targets = set()
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                targets.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except FileNotFoundError:
-                pass  # a file the stand-in had open for a moment (its status file)
+        targets = open_files(pid)
         assert str(tmp_path / "leak") not in targets
         assert str(Path(config.agents_dir) / "fds.pid") in targets  # the lock it holds
     finally:
