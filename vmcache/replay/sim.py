@@ -146,14 +146,19 @@ def lru(bt: BlockTrace, capacity: int) -> NDArray[np.bool_]:
     hits = bytearray(len(bt))
     cache: OrderedDict[int, None] = OrderedDict()
     for i, b in enumerate(bt.block.tolist()):
-        if b in cache:
-            cache.move_to_end(b)
-            hits[i] = 1
-        else:
-            cache[b] = None
-            if len(cache) > capacity:
-                cache.popitem(last=False)
+        hits[i] = _lru_access(cache, b, capacity)
     return np.frombuffer(bytes(hits), dtype=bool).copy()
+
+
+def _lru_access(cache: OrderedDict[int, None], block: int, capacity: int) -> bool:
+    """One access to an LRU ``cache`` of at most ``capacity`` blocks; True on a hit."""
+    if block in cache:
+        cache.move_to_end(block)
+        return True
+    cache[block] = None
+    if len(cache) > capacity:
+        cache.popitem(last=False)
+    return False
 
 
 def belady(bt: BlockTrace, capacity: int) -> NDArray[np.bool_]:
@@ -241,15 +246,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         end = int(bounds[k])
         for i in range(begin, end):
             b = blocks[i]
-            if b in pinset:
-                hits[i] = 1
-            elif b in cache:
-                cache.move_to_end(b)
-                hits[i] = 1
-            else:
-                cache[b] = None
-                if len(cache) > room:
-                    cache.popitem(last=False)
+            hits[i] = b in pinset or _lru_access(cache, b, room)
         # one engine cycle at the end of the interval
         written = np.zeros(nb, dtype=np.float32)
         written[bt.block[begin:end][bt.write[begin:end]]] = 1.0
