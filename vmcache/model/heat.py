@@ -165,7 +165,8 @@ class HeatModel:
         self._gauss(r, self._read_kernel, s, tmp=r)
         s *= inverse  # normalised: mean residency of the known neighbours
         s *= np.float32(p.read_amplitude)
-        if p.write_amplitude and wr.any():
+        written = bool(p.write_amplitude) and bool(wr.any())
+        if written:
             self._gauss(wr, self._write_kernel, s, tmp=r, scale=p.write_amplitude, add=True)
         held = r  # free again
         np.multiply(self._heat, dp, out=held)
@@ -178,7 +179,7 @@ class HeatModel:
         own = s
         np.multiply(res, np.float32(p.read_amplitude), out=own, casting="unsafe")
         own[mine] = 0.0
-        if p.write_amplitude and wr.any():
+        if written:
             own += np.float32(p.write_amplitude) * wr.astype(np.float32, copy=False)
         np.multiply(self._own, dp, out=held)
         self._own *= d

@@ -79,11 +79,12 @@ def plan(
     nblocks = min(values.shape[0], -(-size_bytes // bs))
     if budget == 0 or nblocks == 0:
         return []
-    eff = _effective_heat(values[:nblocks], current, params)
+    inside = _inside(current, nblocks, params)
+    eff = _effective_heat(values[:nblocks], inside, params)
 
     starts, ends = _hot_runs(eff > params.threshold)
     if own is not None:
-        own_eff = _effective_heat(np.asarray(own)[:nblocks], current, params)
+        own_eff = _effective_heat(np.asarray(own)[:nblocks], inside, params)
         starts, ends = _trim_to_own(starts, ends, own_eff > params.threshold)
     starts, ends = _merge(starts, ends, (starts[1:] - ends[:-1]) > params.merge_gap)
     long_enough = (ends - starts) >= params.min_region
@@ -99,17 +100,24 @@ def plan(
     return _fill_budget(starts[order], ends[order], priority[order], sums, bs, file_end, budget)
 
 
-def _effective_heat(heat: NDArray[np.generic], current: Iterable[Region], params: ModelParams) -> NDArray[np.float32]:
-    """Heat as float32, times ``keep_factor`` inside the current regions."""
-    eff = heat.astype(np.float32, copy=True)
+def _inside(current: Iterable[Region], nblocks: int, params: ModelParams) -> NDArray[np.bool_] | None:
+    """Blocks of the current regions (None when there is no hysteresis to apply)."""
     if params.keep_factor == 1.0:
-        return eff
+        return None
     bs = params.block_size
-    inside = np.zeros(eff.shape[0], dtype=bool)
+    inside = np.zeros(nblocks, dtype=bool)
     for region in current:  # one slice per pinned region, not per block
         if region.length > 0:
             inside[max(region.start // bs, 0) : -(-region.end // bs)] = True
-    np.multiply(eff, np.float32(params.keep_factor), out=eff, where=inside)
+    return inside
+
+
+def _effective_heat(heat: NDArray[np.generic], inside: NDArray[np.bool_] | None,
+                    params: ModelParams) -> NDArray[np.float32]:
+    """Heat as float32, times ``keep_factor`` on the blocks ``inside`` the current regions."""
+    eff = heat.astype(np.float32, copy=True)
+    if inside is not None:
+        np.multiply(eff, np.float32(params.keep_factor), out=eff, where=inside)
     return eff
 
 
