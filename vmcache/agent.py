@@ -57,13 +57,22 @@ from .metrics import AgentMetrics
 from .policy import choose_disks, domain_budget
 from .status import AgentStatus, DiskStatus, file_stem, status_path, write_status
 
-__all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE"]
+__all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE", "nbd_dir"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 RECONNECT_SECONDS = 2.0
 #: Smallest budget share under PSI pressure before it drops to nothing.
 _MIN_SHARE = 1 / 8
+
+
+def nbd_dir(runtime_dir: str, domain: str) -> str:
+    """The directory (0700) of ``domain``'s NBD sockets under ``runtime_dir``.
+
+    Per domain: libvirt names nodes alike in every domain (libvirt-1-storage), and
+    the tracker names its NBD socket after the node. Short: a socket path has 108 bytes.
+    """
+    return os.path.join(runtime_dir, "nbd", hashlib.sha256(domain.encode()).hexdigest()[:12])
 
 
 class Agent:
@@ -78,9 +87,6 @@ class Agent:
         self._connect = connect_
         self._granularity = granularity
         self._pressure = pressure
-        #: Memory PSI ``some avg10`` (percent of the last 10 s some task stalled on memory)
-        #: above which the agent shrinks its pinned budget; it grows it back under half of it.
-        self.psi_threshold = config.psi_threshold
         self._share = 1.0  # of the budget, shrunk under memory pressure (PSI)
         self._log = domain_logger("vmcache.agent", domain)
         self._stop = threading.Event()
@@ -102,9 +108,7 @@ class Agent:
         self.status = AgentStatus(domain=domain, pid=os.getpid(), started_at=time.time(),
                                   interval=config.interval)
         self._status_path = status_path(config.agents_dir, domain)
-        # Per domain: libvirt names nodes alike in every domain (libvirt-1-storage), and
-        # the tracker names its NBD socket after the node. Short: a socket path has 108 bytes.
-        self.nbd_dir = os.path.join(config.runtime_dir, "nbd", hashlib.sha256(domain.encode()).hexdigest()[:12])
+        self.nbd_dir = nbd_dir(config.runtime_dir, domain)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -197,13 +201,14 @@ class Agent:
             self._log.warning(event("psi.unreadable", error=err))
             return self._share
         level = psi.some.avg10 if psi is not None else 0.0
+        threshold = self.config.psi_threshold
         before = self._share
-        if level > self.psi_threshold:
+        if level > threshold:
             self._share = 0.0 if self._share <= _MIN_SHARE else self._share / 2
-        elif level < self.psi_threshold / 2 and self._share < 1.0:
+        elif level < threshold / 2 and self._share < 1.0:
             self._share = min(1.0, max(_MIN_SHARE, self._share * 2))
         if self._share != before:
-            self._log.info(event("psi.share", psi_some_avg10=level, threshold=self.psi_threshold,
+            self._log.info(event("psi.share", psi_some_avg10=level, threshold=threshold,
                                  share=f"{self._share:g}"))
         return self._share
 

@@ -12,7 +12,6 @@ test and the soak) never replace each other's hook.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import signal
@@ -240,8 +239,10 @@ def read_status(agents: Path, name: str) -> dict | None:
 
 
 def nbd_dir(runtime: Path, name: str) -> Path:
-    """The NBD socket directory of ``name``'s agent (as vmcache.agent names it)."""
-    return runtime / "nbd" / hashlib.sha256(name.encode()).hexdigest()[:12]
+    """The NBD socket directory of ``name``'s agent."""
+    from vmcache.agent import nbd_dir as agent_nbd_dir
+
+    return Path(agent_nbd_dir(str(runtime), name))
 
 
 def stop_agents(agents: Path, grace: float = 10.0) -> None:
