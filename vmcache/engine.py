@@ -252,7 +252,7 @@ class DiskEngine:
                 continue
             waiting += 1
             for old in current.values():
-                if old.start < region.end and region.start < old.end:
+                if old.overlap(region):
                     kept.setdefault(old.span, old)
         if waiting:
             self._log.debug(event("prefetch.wait", regions=waiting, tokens=int(self._tokens)))

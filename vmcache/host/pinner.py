@@ -263,8 +263,8 @@ class Pinner:
         overlapping: dict[Span, list[Span]] = {}
         for region in wanted:
             if region.span not in self._pins:
-                overlapping[region.span] = [s for s in self._pins if s not in wanted_spans
-                                            and s[0] < region.end and region.start < s[0] + s[1]]
+                overlapping[region.span] = [s for s, pin in self._pins.items() if s not in wanted_spans
+                                            and pin.region.overlap(region)]
         reshaped = {s for spans in overlapping.values() for s in spans}
         for span in [s for s in self._pins if s not in wanted_spans and s not in reshaped]:
             available += release(span, "plan")
@@ -289,7 +289,7 @@ class Pinner:
             if total + region.length > budget:
                 skipped_budget += region.length
                 continue
-            shared = sum(max(0, min(s[0] + s[1], region.end) - max(s[0], region.start)) for s in old)
+            shared = sum(self._pins[s].region.overlap(region) for s in old)
             if region.length - shared <= headroom:
                 to_add.append((region, old))
                 claimed.update(old)

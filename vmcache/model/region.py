@@ -26,3 +26,7 @@ class Region:
     @property
     def span(self) -> tuple[int, int]:
         return (self.start, self.length)
+
+    def overlap(self, other: Region) -> int:
+        """Bytes this region shares with ``other`` (0 when they are apart)."""
+        return max(0, min(self.end, other.end) - max(self.start, other.start))
