@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vmcache.engine import DiskEngine  # noqa: E402
+from vmcache.service.engine import DiskEngine  # noqa: E402
 from vmcache.model.params import ModelParams  # noqa: E402
 
 MiB, GiB, TiB = 1 << 20, 1 << 30, 1 << 40

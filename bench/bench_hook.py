@@ -1,4 +1,4 @@
-"""Latency of the libvirt hook as libvirtd runs it: hooks/qemu -> python -m vmcache.hook.
+"""Latency of the libvirt hook as libvirtd runs it: hooks/qemu -> python -m vmcache.service.hook.
 
     .venv/bin/python bench/bench_hook.py [--runs 100]
 
@@ -6,7 +6,7 @@ Installs nothing: it runs a copy of hooks/qemu pointed at this Python and
 a temporary host config whose agent is tests/standin_agent.py, and times
 each call from fork to exit (what libvirtd waits for). As on a real host the
 config is older than a couple of seconds, so the hook reads the validated
-copy vmcache.config caches in /run/vmcache/config-cache (removed at the end)
+copy vmcache.settings.config caches in /run/vmcache/config-cache (removed at the end)
 instead of parsing the YAML. Scenarios:
 
 - ``ignore``: ``started`` of a domain without vmcache metadata (most domains);
@@ -39,9 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.standin_agent import kill_agents  # noqa: E402
-from vmcache.config import CACHE_DIR, cache_path  # noqa: E402
-from vmcache.launcher import pidfile_holder  # noqa: E402
-from vmcache.metadata import NAMESPACE  # noqa: E402
+from vmcache.settings.config import CACHE_DIR, cache_path  # noqa: E402
+from vmcache.service.launcher import pidfile_holder  # noqa: E402
+from vmcache.settings.metadata import NAMESPACE  # noqa: E402
 
 GOAL_SECONDS = 0.100
 
@@ -96,7 +96,7 @@ def main() -> int:
         config = Path(tmp, "vmcache.yaml")
         config.write_text(f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\n"
                           f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n")
-        time.sleep(2.1)  # the cache keeps only configs unchanged for 2 s (vmcache.config._settled)
+        time.sleep(2.1)  # the cache keeps only configs unchanged for 2 s (vmcache.settings.config._settled)
         hook = Path(tmp, "qemu")
         text = (REPO / "hooks" / "qemu").read_text()
         text = text.replace("VMCACHE_PYTHON=/opt/vmcache/venv/bin/python", f"VMCACHE_PYTHON={sys.executable}")

@@ -52,9 +52,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vmcache.lab import GuestSpec, domain_xml, fio_results  # noqa: E402
-from vmcache.metadata import DomainSettings  # noqa: E402
-from vmcache.status import file_stem  # noqa: E402
+from tests.lab import GuestSpec, domain_xml, fio_results  # noqa: E402
+from vmcache.settings.metadata import DomainSettings  # noqa: E402
+from vmcache.observe.status import file_stem  # noqa: E402
 
 MIB = 1 << 20
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")

@@ -42,8 +42,8 @@ virsh -q undefine "$NAME" >/dev/null 2>&1 || true
 : > "$DIR/console.log"
 "$PY" - "$NAME" "$DIR" "$guest" > "$DIR/domain.xml" <<'PYEOF'
 import sys
-from vmcache.lab import GuestSpec, domain_xml
-from vmcache.metadata import DomainSettings
+from tests.lab import GuestSpec, domain_xml
+from vmcache.settings.metadata import DomainSettings
 name, d, guest = sys.argv[1:4]
 print(domain_xml(GuestSpec(
     name=name, disk=f"{d}/disk.raw", console_log=f"{d}/console.log", guest_dir=guest,

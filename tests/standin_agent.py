@@ -15,16 +15,16 @@ import signal
 import sys
 import time
 
-from vmcache.config import load_host_config
-from vmcache.launcher import remove_own_pidfile
-from vmcache.status import AgentStatus, file_stem, status_path, write_status
+from vmcache.settings.config import load_host_config
+from vmcache.service.launcher import remove_own_pidfile
+from vmcache.observe.status import AgentStatus, file_stem, status_path, write_status
 
 MAX_LIFETIME = 300.0  # never outlive a test run by long, even if nobody stops it
 
 
 def kill_agents(agents_dir: str) -> list[int]:
     """Test cleanup: SIGKILL every agent holding a pidfile lock in ``agents_dir``; their pids."""
-    from vmcache.launcher import pidfile_holder
+    from vmcache.service.launcher import pidfile_holder
 
     killed = []
     try:

@@ -29,9 +29,9 @@ from xml.sax.saxutils import escape
 import libvirt
 import libvirt_qemu
 
-from vmcache.launcher import pidfile_holder
-from vmcache.metadata import NAMESPACE
-from vmcache.status import file_stem
+from vmcache.service.launcher import pidfile_holder
+from vmcache.settings.metadata import NAMESPACE
+from vmcache.observe.status import file_stem
 
 __all__ = [
     "GiB", "HOOK_LOCK", "HOOK_PATHS", "MiB", "REPO", "URI", "LiveEnv", "QMPError", "cache_metadata", "connect",
@@ -240,7 +240,7 @@ def read_status(agents: Path, name: str) -> dict | None:
 
 def nbd_dir(runtime: Path, name: str) -> Path:
     """The NBD socket directory of ``name``'s agent."""
-    from vmcache.agent import nbd_dir as agent_nbd_dir
+    from vmcache.service.agent import nbd_dir as agent_nbd_dir
 
     return Path(agent_nbd_dir(str(runtime), name))
 

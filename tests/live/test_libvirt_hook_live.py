@@ -31,9 +31,9 @@ import pytest
 libvirt = pytest.importorskip("libvirt")
 
 from vmcache.cli import main  # noqa: E402
-from vmcache.launcher import pidfile_holder  # noqa: E402
-from vmcache.metadata import NAMESPACE  # noqa: E402
-from vmcache.status import file_stem  # noqa: E402
+from vmcache.service.launcher import pidfile_holder  # noqa: E402
+from vmcache.settings.metadata import NAMESPACE  # noqa: E402
+from vmcache.observe.status import file_stem  # noqa: E402
 
 from tests.live import livelib  # noqa: E402
 from tests.live.livelib import REPO, LiveEnv, cache_metadata, connect, domain_xml, start_paused  # noqa: E402

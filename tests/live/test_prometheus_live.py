@@ -36,11 +36,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from vmcache.exporter import DEFAULT_PORTS, BasicAuth, MetricsServer, TLSOptions, serve_metrics
-from vmcache.filesd import TargetsFile, safe_name
-from vmcache.metrics import AgentMetrics
-from vmcache.stats import CycleStats
-from vmcache.status import file_stem
+from vmcache.observe.exporter import DEFAULT_PORTS, BasicAuth, MetricsServer, TLSOptions, serve_metrics
+from vmcache.observe.filesd import TargetsFile, safe_name
+from vmcache.observe.metrics import AgentMetrics
+from vmcache.model.stats import CycleStats
+from vmcache.observe.status import file_stem
 
 pytestmark = pytest.mark.live
 

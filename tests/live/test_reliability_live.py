@@ -36,10 +36,10 @@ import yaml
 
 libvirt = pytest.importorskip("libvirt")
 
-from vmcache.config import CACHE_DIR  # noqa: E402
+from vmcache.settings.config import CACHE_DIR  # noqa: E402
 from vmcache.host.qmp import ALLOWED_COMMANDS, TRANSACTION_ACTIONS  # noqa: E402
-from vmcache.metadata import NAMESPACE  # noqa: E402
-from vmcache.status import file_stem  # noqa: E402
+from vmcache.settings.metadata import NAMESPACE  # noqa: E402
+from vmcache.observe.status import file_stem  # noqa: E402
 
 from tests.live import livelib  # noqa: E402
 from tests.procutil import open_files  # noqa: E402
@@ -259,9 +259,9 @@ _INSTRUMENTED = """
 import functools, json, sys
 import libvirt_qemu
 from vmcache.host.meminfo import read_pressure
-import vmcache.agent
+import vmcache.service.agent
 psi, record = {psi!r}, {record!r}
-vmcache.agent.Agent.__init__.__kwdefaults__["pressure"] = functools.partial(read_pressure, psi)
+vmcache.service.agent.Agent.__init__.__kwdefaults__["pressure"] = functools.partial(read_pressure, psi)
 _send = libvirt_qemu.qemuMonitorCommand
 def send(dom, cmd, flags):
     with open(record, "a") as f:
@@ -600,7 +600,7 @@ def run_hook_traced(env: Env, args: list[str], xml: str | bytes, config: Path, t
         ["strace", "-f", "-qq", "-o", str(trace), "-e",
          "trace=open,openat,creat,mkdir,mkdirat,rename,renameat,renameat2,unlink,unlinkat,symlink,link,truncate,"
          "chmod,fchmodat",
-         sys.executable, "-I", "-B", "-m", "vmcache.hook", "--config", str(config), *args],
+         sys.executable, "-I", "-B", "-m", "vmcache.service.hook", "--config", str(config), *args],
         input=data, capture_output=True, timeout=60, cwd="/")
 
 

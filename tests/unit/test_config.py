@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmcache.config import (
+from vmcache.settings.config import (
     HostConfig,
     MetricsBasicAuth,
     MetricsTLS,
@@ -229,8 +229,8 @@ def test_hook_mode_leaves_model_values_to_the_agent():
 import json  # noqa: E402
 import os  # noqa: E402
 
-import vmcache.config as config_module  # noqa: E402
-from vmcache.config import cache_path  # noqa: E402
+import vmcache.settings.config as config_module  # noqa: E402
+from vmcache.settings.config import cache_path  # noqa: E402
 
 FULL = """\
 budget: 2G

@@ -11,8 +11,8 @@ import libvirt
 import pytest
 
 from vmcache.cli import main
-from vmcache.metadata import NAMESPACE, DiskOverride, DomainSettings, parse_settings
-from vmcache.status import AgentStatus, DiskStatus, status_path, write_status
+from vmcache.settings.metadata import NAMESPACE, DiskOverride, DomainSettings, parse_settings
+from vmcache.observe.status import AgentStatus, DiskStatus, status_path, write_status
 
 from tests.standin_agent import kill_agents
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmcache.engine import DiskEngine, WriteSample
+from vmcache.service.engine import DiskEngine, WriteSample
 from vmcache.host.pagecache import scan_residency
 from vmcache.model.params import ModelParams
 

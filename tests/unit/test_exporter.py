@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from vmcache.errors import ConfigError, HostError
-from vmcache.exporter import BasicAuth, TLSOptions, serve_metrics
+from vmcache.observe.exporter import BasicAuth, TLSOptions, serve_metrics
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vmcache.errors import HostError
-from vmcache.filesd import TargetsFile, safe_name
+from vmcache.observe.filesd import TargetsFile, safe_name
 
 UUID = "6a1f0c3e-2b4d-4e8f-9a0b-1c2d3e4f5a6b"
 

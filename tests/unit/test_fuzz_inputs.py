@@ -4,7 +4,7 @@ test_config.py and test_metadata.py already fuzz each parser alone (any
 text, structured YAML values, structured metadata attributes, round trip).
 This file fuzzes what lies around them:
 
-- the whole hook call (``vmcache.hook.run``) with hostile domain names,
+- the whole hook call (``vmcache.service.hook.run``) with hostile domain names,
   metadata values, operations and host configs: it never raises, echoes
   filter XML byte for byte, starts an agent only for a domain whose XML
   names it and opts in, and logs one line per event;
@@ -26,13 +26,13 @@ from xml.sax.saxutils import escape, quoteattr
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from vmcache.config import HostConfig, parse_host_config
+from vmcache.settings.config import HostConfig, parse_host_config
 from vmcache.errors import ConfigError
-from vmcache.hook import FILTER_OPS, START_OPS, STOP_OPS, Action, run
-from vmcache.launcher import LaunchResult
-from vmcache.metadata import NAMESPACE, DiskInfo, parse_domain
-from vmcache.policy import choose_disks, domain_budget
-from vmcache.status import file_stem, status_path
+from vmcache.service.hook import FILTER_OPS, START_OPS, STOP_OPS, Action, run
+from vmcache.service.launcher import LaunchResult
+from vmcache.settings.metadata import NAMESPACE, DiskInfo, parse_domain
+from vmcache.settings.policy import choose_disks, domain_budget
+from vmcache.observe.status import file_stem, status_path
 from vmcache.units import MAX_SIZE, parse_size
 
 # libvirt allows any character in a name but '/' (and the hook may still be handed one).
@@ -94,12 +94,12 @@ def test_hook_run_never_raises_and_starts_only_opted_in_domains_named_in_their_x
     launcher = RecordingLauncher()
     records: list[str] = []
     handler = _ListHandler(records)
-    logging.getLogger("vmcache.hook").addHandler(handler)
+    logging.getLogger("vmcache.service.hook").addHandler(handler)
     try:
         decision = run([domain, op, "begin", "-"], io.BytesIO(xml), out, config_path=str(config),
                        launcher_for=launcher, setup_logging=None)
     finally:
-        logging.getLogger("vmcache.hook").removeHandler(handler)
+        logging.getLogger("vmcache.service.hook").removeHandler(handler)
     event(f"action={decision.action.value}")
     if op in FILTER_OPS:
         assert out.getvalue() == xml

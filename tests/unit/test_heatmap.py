@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from vmcache.errors import HostError
-from vmcache.heatmap import (
+from vmcache.observe.heatmap import (
     HeatmapData,
     HeatmapWriter,
     RenderOptions,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import vmcache.hook as hook_module
-from vmcache.config import cache_path
+import vmcache.service.hook as hook_module
+from vmcache.settings.config import cache_path
 from vmcache.errors import HostError
-from vmcache.hook import Action, decide, run
-from vmcache.launcher import LaunchResult
-from vmcache.metadata import NAMESPACE
+from vmcache.service.hook import Action, decide, run
+from vmcache.service.launcher import LaunchResult
+from vmcache.settings.metadata import NAMESPACE
 
 from tests.standin_agent import kill_agents
 
@@ -107,7 +107,7 @@ def test_xml_without_the_namespace_is_ignored_unparsed(caplog, monkeypatch):
         raise AssertionError("parsed the XML")
 
     monkeypatch.setattr(hook_module, "_decide_by_xml", refuse)
-    caplog.set_level("INFO", logger="vmcache.hook")
+    caplog.set_level("INFO", logger="vmcache.service.hook")
     for xml in (domain_xml(name="plain", metadata=""), b"<domain", BOMB.replace(NAMESPACE.encode(), b"urn:x")):
         decision, _, launcher = run_hook(["plain", "started", "begin", "-"], xml)
         assert (decision.action, decision.reason, launcher.calls) == (Action.IGNORE, "no vmcache metadata", [])
@@ -115,7 +115,7 @@ def test_xml_without_the_namespace_is_ignored_unparsed(caplog, monkeypatch):
 
 
 def test_entity_expansion_is_refused_on_the_start_path(caplog):
-    caplog.set_level("INFO", logger="vmcache.hook")
+    caplog.set_level("INFO", logger="vmcache.service.hook")
     decision, _, launcher = run_hook(["web-1", "started", "begin", "-"], BOMB)
     assert decision.action is Action.IGNORE and launcher.calls == []
     assert "unusable XML or metadata" in caplog.text
@@ -161,7 +161,7 @@ def test_other_ops_write_nothing():
 
 
 def test_start_and_stop_use_the_launcher(caplog):
-    caplog.set_level("INFO", logger="vmcache.hook")
+    caplog.set_level("INFO", logger="vmcache.service.hook")
     _, _, launcher = run_hook(["web-1", "started", "begin", "-"], domain_xml())
     assert launcher.calls == [("start", "web-1")]
     assert launcher.config_path == "/nonexistent.yaml"
@@ -171,14 +171,14 @@ def test_start_and_stop_use_the_launcher(caplog):
 
 
 def test_no_metadata_means_no_agent_and_a_logged_reason(caplog):
-    caplog.set_level("INFO", logger="vmcache.hook")
+    caplog.set_level("INFO", logger="vmcache.service.hook")
     _, _, launcher = run_hook(["plain", "started", "begin", "-"], domain_xml(name="plain", metadata=""))
     assert launcher.calls == []
     assert 'hook.ignore domain=plain op=started reason="no vmcache metadata"' in caplog.text
 
 
 def test_bad_host_config_skips_start_but_still_stops(tmp_path, caplog):
-    caplog.set_level("INFO", logger="vmcache.hook")
+    caplog.set_level("INFO", logger="vmcache.service.hook")
     bad = tmp_path / "bad.yaml"
     bad.write_text("budget: lots\n")
     decision, _, launcher = run_hook(["web-1", "started", "begin", "-"], domain_xml(), config_path=str(bad))
@@ -189,7 +189,7 @@ def test_bad_host_config_skips_start_but_still_stops(tmp_path, caplog):
 
 
 def test_launcher_failure_is_logged_not_raised(caplog):
-    caplog.set_level("INFO", logger="vmcache.hook")
+    caplog.set_level("INFO", logger="vmcache.service.hook")
     _, _, launcher = run_hook(["web-1", "started", "begin", "-"], domain_xml(), launcher=FakeLauncher(fail=True))
     assert launcher.calls == [("start", "web-1")]
     assert "hook.failed domain=web-1 op=started action=start" in caplog.text
@@ -213,7 +213,7 @@ def host(tmp_path):
 def hook_process(config, args, stdin):
     """Run hooks/qemu's command line; returns (exit code, stdout, stderr, seconds)."""
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-I", "-m", "vmcache.hook", "--config", config, *args],
+    done = subprocess.run([sys.executable, "-I", "-m", "vmcache.service.hook", "--config", config, *args],
                           input=stdin, capture_output=True, timeout=30, cwd="/")
     return done.returncode, done.stdout, done.stderr, time.monotonic() - t0
 
@@ -274,14 +274,14 @@ def test_hook_imports_nothing_heavy(host, tmp_path):
     dump = tmp_path / "modules.json"
     code = (
         "import json, sys\n"
-        "from vmcache.hook import main\n"
+        "from vmcache.service.hook import main\n"
         f"main(['--config', {config!r}, 'web-1', 'started', 'begin', '-'])\n"
         f"open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n"
     )
     done = subprocess.run([sys.executable, "-I", "-c", code], input=domain_xml(), capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr
     modules = json.loads(dump.read_text())
-    assert "vmcache.launcher" in modules and "defusedxml" in modules  # it did run the start path
+    assert "vmcache.service.launcher" in modules and "defusedxml" in modules  # it did run the start path
     assert [m for m in modules if m.split(".")[0] in HEAVY] == []
 
 
@@ -294,7 +294,7 @@ def test_settled_config_is_read_from_the_cache_without_yaml(host, tmp_path):
     dump = tmp_path / "modules.json"
     code = (
         "import json, sys\n"
-        "from vmcache.hook import main\n"
+        "from vmcache.service.hook import main\n"
         f"main(['--config', {config!r}, 'plain', 'started', 'begin', '-'])\n"
         f"open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n"
     )
@@ -302,6 +302,6 @@ def test_settled_config_is_read_from_the_cache_without_yaml(host, tmp_path):
                           capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr
     modules = json.loads(dump.read_text())
-    assert "vmcache.config" in modules
+    assert "vmcache.settings.config" in modules
     assert [m for m in modules if m.split(".")[0] in ("yaml", "defusedxml", "xml")] == []
-    assert "vmcache.launcher" not in modules and "logging.handlers" not in modules
+    assert "vmcache.service.launcher" not in modules and "logging.handlers" not in modules

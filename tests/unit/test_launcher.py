@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from vmcache.config import HostConfig, parse_host_config
+from vmcache.settings.config import HostConfig, parse_host_config
 from vmcache.errors import HostError
-from vmcache import launcher as launcher_mod
-from vmcache.launcher import (
+from vmcache.service import launcher as launcher_mod
+from vmcache.service.launcher import (
     DetachedLauncher,
     SystemdLauncher,
     default_agent_command,
@@ -24,7 +24,7 @@ from vmcache.launcher import (
     remove_own_pidfile,
     systemd_escape,
 )
-from vmcache.status import file_stem
+from vmcache.observe.status import file_stem
 
 from tests.procutil import open_files
 from tests.standin_agent import kill_agents
@@ -200,7 +200,7 @@ def test_detached_start_does_not_leak_our_fds(host, tmp_path):
 def test_concurrent_starts_give_one_agent(host):
     config, config_path, markers = host
     code = (
-        "import sys; from vmcache.config import load_host_config; from vmcache.launcher import make_launcher;"
+        "import sys; from vmcache.settings.config import load_host_config; from vmcache.service.launcher import make_launcher;"
         f"c=load_host_config({config_path!r});"
         f"print(make_launcher(c, config_path={config_path!r}, systemd_dir='/nonexistent').start('race').action)"
     )

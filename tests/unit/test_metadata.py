@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmcache.config import HostConfig, parse_host_config
+from vmcache.settings.config import HostConfig, parse_host_config
 from vmcache.errors import ConfigError
-from vmcache.metadata import (
+from vmcache.settings.metadata import (
     NAMESPACE,
     DiskInfo,
     DiskOverride,
@@ -17,7 +17,7 @@ from vmcache.metadata import (
     parse_domain,
     parse_settings,
 )
-from vmcache.policy import choose_disks, domain_budget
+from vmcache.settings.policy import choose_disks, domain_budget
 
 GiB = 1 << 30
 MiB = 1 << 20

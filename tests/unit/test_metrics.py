@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, enable_created_metrics, generat
 from prometheus_client.parser import text_string_to_metric_families
 
 from vmcache.errors import BitmapReadError, MonitorConnectionError, PinError, VmcacheError
-from vmcache.metrics import BITMAP_RESULTS, ERROR_KINDS, AgentMetrics, error_kind
-from vmcache.stats import CycleStats
+from vmcache.observe.metrics import BITMAP_RESULTS, ERROR_KINDS, AgentMetrics, error_kind
+from vmcache.model.stats import CycleStats
 
 UUID = "6a1f0c3e-2b4d-4e8f-9a0b-1c2d3e4f5a6b"
 DISK = {"domain": "web1", "uuid": UUID, "disk": "vda", "image": "/var/lib/libvirt/images/web1.qcow2"}

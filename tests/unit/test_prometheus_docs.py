@@ -13,8 +13,8 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vmcache.metrics import AgentMetrics
-from vmcache.stats import CycleStats
+from vmcache.observe.metrics import AgentMetrics
+from vmcache.model.stats import CycleStats
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PROMTOOL = shutil.which("promtool")

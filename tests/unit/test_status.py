@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from vmcache.errors import HostError
-from vmcache.stats import CycleStats
-from vmcache.status import (
+from vmcache.model.stats import CycleStats
+from vmcache.observe.status import (
     AgentStatus,
     DiskStatus,
     file_stem,

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..agent import Agent
+    from ..service.agent import Agent
 
     if not args.verbose:
         logging.getLogger().setLevel(logging.INFO)

@@ -15,7 +15,7 @@ import dataclasses
 
 from ..errors import ConfigError
 from ..host.virtdomain import Affect, VirtDomain, connect
-from ..metadata import DiskOverride, DomainSettings, build_settings, parse_settings
+from ..settings.metadata import DiskOverride, DomainSettings, build_settings, parse_settings
 from ..units import format_size, parse_size
 from ._args import size_arg
 from ._host import add_host_options, ensure_agent, host_config

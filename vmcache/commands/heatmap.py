@@ -16,9 +16,9 @@ import urllib.request
 from urllib.parse import quote, urlsplit
 
 from ..errors import ConfigError, DomainError, HostError
-from ..exporter import BasicAuth
-from ..heatmap import write_atomic
-from ..status import read_status, status_path
+from ..observe.exporter import BasicAuth
+from ..observe.heatmap import write_atomic
+from ..observe.status import read_status, status_path
 from ._host import add_host_options, host_config
 
 NAME = "heatmap"

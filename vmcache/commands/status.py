@@ -1,6 +1,6 @@
 """``vmcache status [DOMAIN] [--json]``: what every agent on this host is doing.
 
-Reads the agents' status files (vmcache.status) and, for agents that run
+Reads the agents' status files (vmcache.observe.status) and, for agents that run
 but have written none yet, their pidfiles. An agent whose process is gone
 is shown as not running, with what it last said.
 """
@@ -15,8 +15,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..errors import DomainError
-from ..launcher import pidfile_holder
-from ..status import AgentEntry, read_statuses
+from ..service.launcher import pidfile_holder
+from ..observe.status import AgentEntry, read_statuses
 from ..units import format_size
 from ._host import add_host_options, host_config
 

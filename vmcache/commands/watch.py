@@ -77,7 +77,7 @@ def _line(cycle: int, stats: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine import DiskEngine  # numpy/scipy only once the arguments are good
+    from ..service.engine import DiskEngine  # numpy/scipy only once the arguments are good
 
     params = _params(args)
     if args.png_every < 1:
@@ -113,6 +113,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _picture(engine: Any, path: str) -> None:
-    from ..heatmap import render_png, write_atomic
+    from ..observe.heatmap import render_png, write_atomic
 
     write_atomic(path, render_png(engine.heatmap_data(os.path.basename(engine.image), title="vmcache watch")))

@@ -14,7 +14,7 @@ from typing import Any
 import libvirt
 
 from ..errors import DomainError
-from ..metadata import NAMESPACE, PREFIX, DomainSettings, build_settings, parse_settings
+from ..settings.metadata import NAMESPACE, PREFIX, DomainSettings, build_settings, parse_settings
 
 __all__ = ["DEFAULT_URI", "Affect", "VirtDomain", "connect"]
 

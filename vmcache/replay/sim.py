@@ -15,7 +15,7 @@ blocks:
 - ``vmcache``: the same LRU, but the blocks vmcache pins are never evicted
   and count against the capacity (the LRU holds ``capacity - pinned``).
   Every ``interval`` seconds of trace time it runs what the engine runs
-  each cycle (:class:`~vmcache.engine.DiskEngine`): residency of the
+  each cycle (:class:`~vmcache.service.engine.DiskEngine`): residency of the
   simulated cache with "ours" masked (blocks pinned now, or pinned earlier
   and not evicted since), the blocks written during the interval (the dirty
   bitmap), ``HeatModel.step`` at ``now`` = the trace time, then ``plan``

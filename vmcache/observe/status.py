@@ -32,11 +32,11 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from .errors import HostError
-from .host.procs import is_alive, start_time
+from ..errors import HostError
+from ..host.procs import is_alive, start_time
 
 if TYPE_CHECKING:  # an annotation only: the hook imports this module (file_stem)
-    from .stats import CycleStats
+    from ..model.stats import CycleStats
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
-from .metadata import NAMESPACE, PREFIX, DomainSettings, build_settings
+from vmcache.settings.metadata import NAMESPACE, PREFIX, DomainSettings, build_settings
 
 __all__ = ["GuestSpec", "domain_xml", "fio_results", "GUEST_DIR"]
 

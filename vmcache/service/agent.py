@@ -1,9 +1,9 @@
 """The per-domain agent: ``vmcache agent --domain NAME``.
 
-Started by the libvirt hook (through :mod:`vmcache.launcher`) when an
+Started by the libvirt hook (through :mod:`vmcache.service.launcher`) when an
 opted-in domain starts. It connects to libvirt, finds the domain's disks
 that go through the host page cache, and for each runs a
-:class:`~vmcache.diskworker.DiskWorker` once per interval. Around that it:
+:class:`~vmcache.service.diskworker.DiskWorker` once per interval. Around that it:
 
 - follows the domain's events: stops when the domain stops, re-reads its
   metadata when it changes (budget, exclusions, model; disabled -> exit),
@@ -36,26 +36,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__
-from .config import HostConfig
+from .. import __version__
+from ..settings.config import HostConfig
 from .diskworker import DiskWorker
-from .errors import ConfigError, DomainError, VmcacheError
-from .exporter import BasicAuth, TLSOptions, serve_metrics
-from .filesd import TargetsFile
-from .heatmap import HeatmapData, HeatmapWriter, RenderOptions, heatmap_page
-from .host.blockdev import discover_disks
-from .host.ledger import Ledger
-from .host.meminfo import MemoryPressure, read_meminfo, read_pressure
-from .host.pagerefs import PageRefs
-from .host.qmp import LibvirtMonitor
-from .host.virtdomain import DEFAULT_URI, connect
-from .host.virtevents import DomainEvents, EventLoop
+from ..errors import ConfigError, DomainError, VmcacheError
+from ..observe.exporter import BasicAuth, TLSOptions, serve_metrics
+from ..observe.filesd import TargetsFile
+from ..observe.heatmap import HeatmapData, HeatmapWriter, RenderOptions, heatmap_page
+from ..host.blockdev import discover_disks
+from ..host.ledger import Ledger
+from ..host.meminfo import MemoryPressure, read_meminfo, read_pressure
+from ..host.pagerefs import PageRefs
+from ..host.qmp import LibvirtMonitor
+from ..host.virtdomain import DEFAULT_URI, connect
+from ..host.virtevents import DomainEvents, EventLoop
 from .launcher import remove_own_pidfile
-from .logfmt import domain_logger, event
-from .metadata import DomainInfo, parse_domain
-from .metrics import AgentMetrics
-from .policy import choose_disks, domain_budget
-from .status import AgentStatus, DiskStatus, file_stem, status_path, write_status
+from ..logfmt import domain_logger, event
+from ..settings.metadata import DomainInfo, parse_domain
+from ..observe.metrics import AgentMetrics
+from ..settings.policy import choose_disks, domain_budget
+from ..observe.status import AgentStatus, DiskStatus, file_stem, status_path, write_status
 
 __all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE", "nbd_dir"]
 
@@ -88,7 +88,7 @@ class Agent:
         self._granularity = granularity
         self._pressure = pressure
         self._share = 1.0  # of the budget, shrunk under memory pressure (PSI)
-        self._log = domain_logger("vmcache.agent", domain)
+        self._log = domain_logger("vmcache.service.agent", domain)
         self._stop = threading.Event()
         self._refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
         self._state_lock = threading.Lock()  # the loop's cycles vs heat maps served over HTTP

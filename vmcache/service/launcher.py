@@ -33,11 +33,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .config import DEFAULT_PATH, HostConfig
-from .errors import HostError
-from .host.procs import cmdline
-from .logfmt import event
-from .status import file_stem
+from ..settings.config import DEFAULT_PATH, HostConfig
+from ..errors import HostError
+from ..host.procs import cmdline
+from ..logfmt import event
+from ..observe.status import file_stem
 
 if TYPE_CHECKING:
     import subprocess

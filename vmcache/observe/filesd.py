@@ -23,8 +23,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from .errors import HostError
-from .logfmt import event
+from ..errors import HostError
+from ..logfmt import event
 
 __all__ = ["DEFAULT_DIRECTORY", "TargetsFile", "safe_name", "targets_document"]
 

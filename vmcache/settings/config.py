@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
-from .units import parse_duration, parse_size
+from ..errors import ConfigError
+from ..units import parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from .model.params import ModelParams
+    from ..model.params import ModelParams
 
 __all__ = [
     "DEFAULT_PATH",
@@ -81,7 +81,7 @@ class PinnedCap:
 
 @dataclass(frozen=True)
 class MetricsTLS:
-    """HTTPS for the metrics endpoint (fields as vmcache.exporter.TLSOptions takes them)."""
+    """HTTPS for the metrics endpoint (fields as vmcache.observe.exporter.TLSOptions takes them)."""
 
     certfile: str
     keyfile: str
@@ -91,7 +91,7 @@ class MetricsTLS:
 
 @dataclass(frozen=True)
 class MetricsBasicAuth:
-    """HTTP basic auth: user name and a file holding the password (as vmcache.exporter.BasicAuth)."""
+    """HTTP basic auth: user name and a file holding the password (as vmcache.observe.exporter.BasicAuth)."""
 
     username: str
     password_file: str
@@ -150,7 +150,7 @@ class HostConfig:
 
         Raises ConfigError naming the key when an override is not acceptable.
         """
-        from .model.params import ModelParams  # numpy comes with the package: not at import time
+        from ..model.params import ModelParams  # numpy comes with the package: not at import time
         merged: dict[str, Any] = {"interval": self.interval, **self.model}
         params = ModelParams.from_mapping(merged, prefix="model.")
         if overrides:

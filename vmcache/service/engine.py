@@ -26,19 +26,19 @@ from typing import Literal
 
 import numpy as np
 
-from .errors import PageCacheError
-from .heatmap import HeatmapData
-from .host.meminfo import MemInfo, read_meminfo
-from .host.pagecache import Residency, scan_residency
-from .host.pagerefs import PageRefs
-from .host.pinner import Pinner
-from .host.tracker import extents_to_blocks
-from .logfmt import event
-from .model.heat import HeatModel
-from .model.params import ModelParams
-from .model.planner import plan
-from .model.region import Region
-from .stats import CycleStats
+from ..errors import PageCacheError
+from ..observe.heatmap import HeatmapData
+from ..host.meminfo import MemInfo, read_meminfo
+from ..host.pagecache import Residency, scan_residency
+from ..host.pagerefs import PageRefs
+from ..host.pinner import Pinner
+from ..host.tracker import extents_to_blocks
+from ..logfmt import event
+from ..model.heat import HeatModel
+from ..model.params import ModelParams
+from ..model.planner import plan
+from ..model.region import Region
+from ..model.stats import CycleStats
 
 __all__ = ["DiskEngine", "WriteSample", "BitmapResult"]
 

@@ -35,8 +35,8 @@ from wsgiref.simple_server import WSGIRequestHandler
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from .errors import ConfigError, HostError
-from .logfmt import event
+from ..errors import ConfigError, HostError
+from ..logfmt import event
 
 __all__ = [
     "DEFAULT_ADDRESS",

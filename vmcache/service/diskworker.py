@@ -13,16 +13,16 @@ import logging
 import time
 
 from .engine import DiskEngine, WriteSample
-from .errors import MonitorError, TrackerError, VmcacheError
-from .host.pagerefs import PageRefs
-from .host.qmp import Monitor
-from .host.tracker import DirtyTracker
-from .logfmt import event
-from .metrics import AgentMetrics, DiskMetrics
-from .model.params import ModelParams
-from .policy import DiskChoice
-from .stats import CycleStats
-from .status import DiskStatus
+from ..errors import MonitorError, TrackerError, VmcacheError
+from ..host.pagerefs import PageRefs
+from ..host.qmp import Monitor
+from ..host.tracker import DirtyTracker
+from ..logfmt import event
+from ..observe.metrics import AgentMetrics, DiskMetrics
+from ..model.params import ModelParams
+from ..settings.policy import DiskChoice
+from ..model.stats import CycleStats
+from ..observe.status import DiskStatus
 
 __all__ = ["DiskWorker"]
 

@@ -12,7 +12,7 @@ An operator opts a domain in with one element in the domain's
     </metadata>
 
 This module only maps XML to objects and back (policy, such as which disks
-are eligible, is in :mod:`vmcache.policy`). XML is parsed with defusedxml:
+are eligible, is in :mod:`vmcache.settings.policy`). XML is parsed with defusedxml:
 DTDs, entity expansion and external entities are refused. Every problem
 with the input is a :class:`~vmcache.errors.ConfigError` naming what was
 wrong; nothing else escapes the parsers.
@@ -29,8 +29,8 @@ from xml.etree.ElementTree import Element, ParseError, SubElement, tostring
 import defusedxml.ElementTree as SafeET
 from defusedxml import DefusedXmlException
 
-from .errors import ConfigError
-from .units import number_or_text, parse_size
+from ..errors import ConfigError
+from ..units import number_or_text, parse_size
 
 __all__ = [
     "NAMESPACE",
@@ -74,7 +74,7 @@ class DomainSettings:
 
     ``budget`` None means the host's default budget; ``model`` holds model
     parameter overrides as given (validated against ModelParams by
-    :meth:`vmcache.config.HostConfig.model_params`).
+    :meth:`vmcache.settings.config.HostConfig.model_params`).
     """
 
     enabled: bool = True

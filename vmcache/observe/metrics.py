@@ -2,8 +2,8 @@
 
 One :class:`AgentMetrics` per agent (per domain) holds a registry; each disk
 the agent manages gets a :class:`DiskMetrics` from :meth:`AgentMetrics.disk`
-and is fed one :class:`~vmcache.stats.CycleStats` per cycle. Serving the
-registry over HTTP is :mod:`vmcache.exporter`'s job.
+and is fed one :class:`~vmcache.model.stats.CycleStats` per cycle. Serving the
+registry over HTTP is :mod:`vmcache.observe.exporter`'s job.
 
 Labels are bounded: ``domain`` and ``uuid`` (one value per agent), ``disk``
 (the target, e.g. ``vda``) and ``image`` (its file) per managed disk, and
@@ -29,8 +29,8 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from . import __version__, errors
-from .stats import CycleStats
+from .. import __version__, errors
+from ..model.stats import CycleStats
 
 __all__ = [
     "AgentMetrics",

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from .errors import HostError
-from .units import format_size
+from ..errors import HostError
+from ..units import format_size
 
 __all__ = [
     "HeatmapData",
@@ -498,7 +498,7 @@ def heatmap_page(path: str, lookup: Callable[[str], HeatmapData | None],
                  options: RenderOptions = RenderOptions()) -> tuple[str, bytes] | None:
     """Serve ``/heatmap/<disk>.png`` or ``/heatmap/<disk>.json`` from ``lookup(disk)``.
 
-    For :func:`vmcache.exporter.serve_metrics`'s ``pages``: returns
+    For :func:`vmcache.observe.exporter.serve_metrics`'s ``pages``: returns
     ``(content_type, body)``, or None (404) for another path or a disk
     ``lookup`` does not know.
     """

@@ -1,0 +1,1 @@
+"""What operators see, never what is pinned: metrics, their exporter and file_sd, heat maps, status files."""

@@ -1,0 +1,259 @@
+"""The libvirt qemu hook: decide from argv and the domain XML, start or stop the agent.
+
+libvirt runs ``/etc/libvirt/hooks/qemu DOMAIN OP SUBOP EXTRA`` with the
+domain XML on stdin (hooks/qemu runs ``python -m vmcache.service.hook``):
+
+- ``started``, ``reconnect``, ``attach`` of a domain whose vmcache metadata
+  says enabled: make sure its agent runs (:mod:`vmcache.service.launcher`);
+- ``stopped``, ``release``: stop its agent (a no-op when none runs);
+- ``migrate``, ``restore``: XML filters; the XML is written back unchanged;
+- anything else: nothing.
+
+The hook never calls libvirt (libvirtd waits for it: deadlock), returns
+at once, and exits 0 whatever happens - vmcache must never make a domain
+fail to start - logging why it did nothing to syslog (``/dev/log``) or
+``<log_dir>/hook.log``. It imports no numpy, scipy, libvirt or
+prometheus_client: tests/unit/test_hook.py checks that.
+
+libvirtd waits for every call, so the hook does the cheapest checks first
+(docs/install.md, "The hook"): the operation alone settles filters, stops
+and operations vmcache ignores; a domain XML that does not contain
+vmcache's namespace URI (every opted-in domain's does) is ignored before
+any XML parser is loaded; the host config comes from the JSON cache
+:func:`vmcache.settings.config.load_host_config` keeps (no PyYAML while the file is
+unchanged); the XML parser (defusedxml) and the launcher are imported only
+when needed.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..settings.config import CACHE_DIR, DEFAULT_PATH
+from ..errors import ConfigError, VmcacheError
+from ..logfmt import event
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import BinaryIO
+
+    from .launcher import Launcher
+
+__all__ = ["Action", "Decision", "decide", "main", "START_OPS", "STOP_OPS", "FILTER_OPS"]
+
+START_OPS = frozenset({"started", "reconnect", "attach"})
+STOP_OPS = frozenset({"stopped", "release"})
+FILTER_OPS = frozenset({"migrate", "restore"})
+SYSLOG_SOCKET = "/dev/log"
+#: vmcache.settings.metadata.NAMESPACE, spelled out so that the fast path imports no XML code
+#: (tests/unit/test_hook.py checks they are equal).
+_NAMESPACE = b"urn:x-vmcache:domain:1"
+
+log = logging.getLogger("vmcache.service.hook")
+
+
+class Action(enum.Enum):
+    START = "start"
+    STOP = "stop"
+    FILTER = "filter"
+    IGNORE = "ignore"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the hook does for one call, and why (logged)."""
+
+    action: Action
+    domain: str
+    op: str
+    reason: str
+
+
+def decide(argv: Sequence[str], xml: bytes | str) -> Decision:
+    """Decide from the hook's arguments (DOMAIN OP SUBOP EXTRA) and the domain XML (pure)."""
+    return _decide_by_op(argv) or _decide_by_xml(argv[0], argv[1], xml)
+
+
+def _decide_by_op(argv: Sequence[str]) -> Decision | None:
+    """The decision when the operation alone settles it; None for START_OPS (the XML decides)."""
+    if len(argv) < 2:
+        return Decision(Action.IGNORE, argv[0] if argv else "", "", "usage: DOMAIN OP SUBOP EXTRA")
+    domain, op = argv[0], argv[1]
+    if op in FILTER_OPS:
+        return Decision(Action.FILTER, domain, op, "XML filter: written back unchanged")
+    if op in STOP_OPS:
+        return Decision(Action.STOP, domain, op, "domain stopped")
+    if op not in START_OPS:
+        return Decision(Action.IGNORE, domain, op, "not an operation vmcache acts on")
+    return None
+
+
+def _decide_by_xml(domain: str, op: str, xml: bytes | str) -> Decision:
+    from ..settings.metadata import parse_domain  # defusedxml and xml.etree: only for XML that may opt in
+
+    try:
+        info = parse_domain(xml)
+    except ConfigError as err:
+        return Decision(Action.IGNORE, domain, op, f"unusable XML or metadata: {err}")
+    if info.name != domain:
+        return Decision(Action.IGNORE, domain, op, f"XML is for domain {info.name!r}")
+    if info.settings is None:
+        return Decision(Action.IGNORE, domain, op, "no vmcache metadata")
+    if not info.settings.enabled:
+        return Decision(Action.IGNORE, domain, op, "vmcache metadata says enabled=no")
+    return Decision(Action.START, domain, op, "opted in")
+
+
+def _mentions_namespace(xml: bytes | str) -> bool:
+    """False when vmcache's namespace URI is nowhere in ``xml``: then no element of it can opt in.
+
+    libvirt writes the URI of a metadata element literally, so this never
+    ignores a domain libvirt reports as opted in; it only spares the parser.
+    """
+    return _NAMESPACE in (xml if isinstance(xml, bytes) else xml.encode("utf-8", "surrogatepass"))
+
+
+class _SyslogHandler(logging.Handler):
+    """Datagrams to a syslog socket as logging.handlers.SysLogHandler(facility=LOG_DAEMON) sends
+    them, without importing logging.handlers (pickle, queue, struct, ...: milliseconds per call)."""
+
+    _FACILITY_DAEMON = 3
+    _SEVERITY = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
+
+    def __init__(self, address: str) -> None:
+        """Connect to the socket at ``address`` (datagram, else stream); OSError if neither works."""
+        import socket
+
+        super().__init__()
+        for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+            self.socket = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
+            try:
+                self.socket.connect(address)
+                return
+            except OSError:
+                self.socket.close()
+                if kind == socket.SOCK_STREAM:
+                    raise
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            priority = self._FACILITY_DAEMON << 3 | self._SEVERITY.get(record.levelname, 4)
+            self.socket.sendall(f"<{priority}>{self.format(record)}\000".encode("utf-8", "replace"))
+        except Exception:  # noqa: BLE001 - logging's contract: report through handleError, never raise
+            self.handleError(record)
+
+    def close(self) -> None:
+        self.socket.close()
+        super().close()
+
+
+def _setup_logging(log_dir: str, *, syslog: str = SYSLOG_SOCKET) -> None:
+    """Log to syslog when its socket exists, else append to ``<log_dir>/hook.log``; never raise."""
+    handler: logging.Handler
+    try:
+        if os.path.exists(syslog):
+            handler = _SyslogHandler(syslog)
+            handler.setFormatter(logging.Formatter(f"vmcache-hook[{os.getpid()}]: %(message)s"))
+        else:
+            os.makedirs(log_dir, mode=0o755, exist_ok=True)
+            handler = logging.FileHandler(os.path.join(log_dir, "hook.log"), encoding="utf-8")
+            handler.setFormatter(logging.Formatter(f"%(asctime)s vmcache-hook[{os.getpid()}] %(levelname)s %(message)s"))
+    except OSError:
+        handler = logging.NullHandler()
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _parse_args(argv: Sequence[str]) -> tuple[str, list[str]]:
+    args = list(argv)
+    config_path = DEFAULT_PATH
+    if len(args) >= 2 and args[0] == "--config":
+        config_path, args = args[1], args[2:]
+    return config_path, args
+
+
+def run(
+    args: Sequence[str],
+    stdin: BinaryIO,
+    stdout: BinaryIO,
+    *,
+    config_path: str = DEFAULT_PATH,
+    launcher_for: Callable[..., Launcher] | None = None,
+    setup_logging: Callable[[str], None] | None = _setup_logging,
+    cache_dir: str | None = CACHE_DIR,
+) -> Decision:
+    """One hook call: echo filters, decide, act; returns the decision. Raises nothing vmcache-made.
+
+    ``launcher_for`` defaults to :func:`vmcache.service.launcher.make_launcher`;
+    ``cache_dir`` is where the validated host config is cached (None: no cache).
+    """
+    data = stdin.read()
+    op = args[1] if len(args) > 1 else ""
+    if op in FILTER_OPS:
+        stdout.write(data)
+        stdout.flush()
+    decision = _decide_by_op(args)
+    if decision is None and not _mentions_namespace(data):
+        decision = Decision(Action.IGNORE, args[0], op, "no vmcache metadata")
+    if decision is not None and decision.action is not Action.STOP and decision.op not in START_OPS:
+        return decision  # a filter, or nothing vmcache acts on: nothing to do or log
+    from ..settings.config import HostConfig, load_host_config
+
+    config_error = None
+    try:
+        config = load_host_config(config_path, check_model=False, cache_dir=cache_dir)
+    except ConfigError as err:
+        config, config_error = HostConfig(), err
+    if setup_logging is not None:
+        setup_logging(config.log_dir)
+    if decision is None:
+        decision = _decide_by_xml(args[0], op, data)
+    fields = {"domain": decision.domain, "op": decision.op}
+    if config_error is not None and decision.action in (Action.START, Action.STOP):
+        if decision.action is Action.START:
+            log.error(event("hook.ignore", **fields, reason=f"host config: {config_error}"))
+            return Decision(Action.IGNORE, decision.domain, decision.op, f"host config: {config_error}")
+        log.warning(event("hook.config_error", **fields, error=str(config_error), using="defaults"))
+    if decision.action is Action.START or decision.action is Action.STOP:
+        if launcher_for is None:
+            from .launcher import make_launcher  # fcntl, signal, status: only to act
+
+            launcher_for = make_launcher
+        launcher = launcher_for(config, config_path=config_path)
+        act = launcher.start if decision.action is Action.START else launcher.stop
+        try:
+            result = act(decision.domain)
+        except VmcacheError as err:
+            log.error(event("hook.failed", **fields, action=decision.action.value, error=str(err)))
+        else:
+            log.info(event("hook." + decision.action.value, **fields, result=str(result)))
+    elif decision.action is Action.IGNORE and decision.op in START_OPS:
+        log.info(event("hook.ignore", **fields, reason=decision.reason))
+    return decision
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of hooks/qemu: ``python -m vmcache.service.hook [--config PATH] DOMAIN OP SUBOP EXTRA``. Always 0."""
+    config_path, args = _parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        run(args, sys.stdin.buffer, sys.stdout.buffer, config_path=config_path)
+    except Exception:  # noqa: BLE001 - the hook must never fail a domain: log anything and exit 0
+        log.exception(event("hook.crashed", args=" ".join(args)))
+    return 0
+
+
+def run_and_exit() -> None:
+    """``main()``, then exit at once: libvirtd waits for the hook's exit, the interpreter's teardown only costs time."""
+    status = main()
+    logging.shutdown()  # flush the log first
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    run_and_exit()

@@ -1,0 +1,1 @@
+"""What operators say, parsed and validated: host config, domain metadata, disk policy (pure)."""
