@@ -114,3 +114,87 @@ def test_several_processes_never_exceed_the_cap(tmp_path):
                 p.stdin.close()
                 p.wait(timeout=30)
     assert set(Ledger(path, cap).entries()) == {"late"}  # the others released on exit
+
+
+# -- dividing the cap by benefit (share.json beside the ledger) ----------------------------
+
+def flat(nbytes, density):
+    return ((nbytes, nbytes * density),)
+
+
+def test_divide_splits_by_benefit_and_records_both_files(tmp_path):
+    from vmcache.model.share import Demand
+
+    path = str(tmp_path / "ledger.json")
+    a = Ledger(path, cap=100 * MiB)
+    # a comes first and wants all of it: alone, it gets the cap
+    first = a.divide("a", Demand(budget=100 * MiB, curve=flat(100 * MiB, 0.2)))
+    assert first.granted == 100 * MiB
+    a.reserve("a", 100 * MiB)  # it pinned that much
+    # b is denser: the split gives it its budget, but a still holds the bytes
+    b = a.divide("b", Demand(budget=60 * MiB, curve=flat(60 * MiB, 0.9)))
+    assert b.split.grants == {"a": 40 * MiB, "b": 60 * MiB}
+    assert b.granted == 0
+    # a's next cycle: its grant shrinks, it unpins down to it
+    after = a.divide("a", Demand(budget=100 * MiB, curve=flat(100 * MiB, 0.2)), held=100 * MiB)
+    assert after.granted == 40 * MiB and after.held["a"] == 100 * MiB  # still counts what it holds
+    a.reserve("a", 40 * MiB)
+    assert a.divide("b", Demand(budget=60 * MiB, curve=flat(60 * MiB, 0.9))).granted == 60 * MiB
+    share = json.loads((tmp_path / "share.json").read_text())
+    assert share["version"] == 1 and share["cap"] == 100 * MiB
+    assert share["domains"]["b"]["granted"] == 60 * MiB and share["domains"]["b"]["demand"] == [[60 * MiB, 0.9 * 60 * MiB]]
+    ledger = json.loads((tmp_path / "ledger.json").read_text())["domains"]
+    assert {d: e["bytes"] for d, e in ledger.items()} == {"a": 40 * MiB, "b": 60 * MiB}
+    a.release("b")
+    assert "b" not in json.loads((tmp_path / "share.json").read_text())["domains"]
+
+
+def test_older_agents_entries_are_fixed_and_survive_their_rewrites(tmp_path):
+    from vmcache.model.share import Demand
+
+    path = tmp_path / "ledger.json"
+    # an older agent (our own pid stands in for a live one) holds 70 MiB, no demand
+    path.write_text(json.dumps({"domains": {"old": {"pid": os.getpid(), "pid_start_time": None, "bytes": 70 * MiB}}}))
+    new = Ledger(str(path), cap=100 * MiB, pid=os.getppid())
+    got = new.divide("new", Demand(budget=100 * MiB, curve=flat(100 * MiB, 1.0)))
+    assert got.split.fixed == 70 * MiB and got.granted == 30 * MiB
+    # the older agent rewrites ledger.json with the fields it knows: share.json is untouched
+    data = json.loads(path.read_text())
+    data["domains"] = {d: {k: v for k, v in e.items() if k in ("pid", "pid_start_time", "bytes")}
+                       for d, e in data["domains"].items()}
+    path.write_text(json.dumps(data))
+    assert new.host_share().demands["new"].curve == flat(100 * MiB, 1.0)
+
+
+def test_a_dead_agents_demand_and_share_return_at_once(tmp_path):
+    from vmcache.model.share import Demand
+
+    path = str(tmp_path / "ledger.json")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = Ledger(path, cap=100 * MiB, pid=dead.pid)
+    gone.divide("gone", Demand(budget=100 * MiB, curve=flat(100 * MiB, 1.0)))
+    live = Ledger(path, cap=100 * MiB).divide("live", Demand(budget=100 * MiB, curve=flat(100 * MiB, 0.1)))
+    assert set(live.demands) == {"live"} and live.granted == 100 * MiB
+
+
+def test_damaged_share_file_is_ignored(tmp_path):
+    from vmcache.model.share import Demand
+
+    (tmp_path / "share.json").write_text(json.dumps({"version": 1, "domains": {
+        "x": {"pid": os.getpid(), "budget": 5, "demand": [[10, 1.0], [5, 2.0]]},
+        "y": {"pid": os.getpid(), "budget": -5}, "z": "no"}}))
+    got = Ledger(str(tmp_path / "ledger.json"), cap=10).divide("a", Demand(budget=10))
+    assert set(got.demands) == {"a"} and got.granted == 10
+    (tmp_path / "share.json").write_text("{broken")
+    assert Ledger(str(tmp_path / "ledger.json"), cap=10).divide("a", Demand(budget=10)).granted == 10
+
+
+def test_minimums_over_the_cap_are_reported(tmp_path):
+    from vmcache.model.share import Demand
+
+    ledger = Ledger(str(tmp_path / "ledger.json"), cap=10 * MiB)
+    ledger.divide("a", Demand(budget=10 * MiB, minimum=8 * MiB))
+    got = ledger.divide("b", Demand(budget=10 * MiB, minimum=8 * MiB))
+    assert got.split.error and sum(got.split.grants.values()) <= 10 * MiB
+    assert Ledger(str(tmp_path / "ledger.json"), cap=None).host_share().split.error == got.split.error

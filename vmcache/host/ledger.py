@@ -11,6 +11,19 @@ An agent calls :meth:`Ledger.reserve` with the total it wants to hold
 before it pins more, and again with what it really holds after; it gets at
 most ``cap - (what live agents of other domains hold)``. It calls
 :meth:`Ledger.release` when it stops.
+
+Dividing the cap by benefit (:meth:`Ledger.divide`): beside ``ledger.json``
+a successor file, ``share.json``, holds each agent's demand (budget,
+guaranteed minimum, demand curve, last grant; see vmcache.model.share),
+written and read under the same lock. It is a separate file so that an
+agent of an older vmcache, which rewrites ``ledger.json`` with the fields it
+knows, cannot erase the newer agents' curves; its own entry (bytes, no
+demand) counts as fixed, off the cap, first come first served as before.
+``share.json`` also records the cap, for ``vmcache status``::
+
+    {"version": 1, "cap": 4294967296, "domains": {"web-1": {"pid": 1234,
+      "pid_start_time": 5678, "budget": 2147483648, "min": 0, "granted": 1073741824,
+      "demand": [[536870912, 480000000.0], [1073741824, 610000000.0]]}}}
 """
 
 from __future__ import annotations
@@ -21,12 +34,16 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..errors import HostError
+from ..model.share import DEFAULT_KEEP, Curve, Demand, Split, split
 from .procs import is_alive, start_time
 
-__all__ = ["Ledger", "LedgerEntry"]
+__all__ = ["Ledger", "LedgerEntry", "HostShare", "SHARE_VERSION"]
+
+SHARE_VERSION = 1
+_MAX_POINTS_READ = 256  # a curve longer than this in share.json is damaged: ignored
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,30 @@ class LedgerEntry:
     pid: int
     pid_start_time: int | None
     bytes: int
+
+
+@dataclass
+class _State:
+    """Both files' live entries, as loaded under the lock."""
+
+    entries: dict[str, LedgerEntry]
+    demands: dict[str, Demand]
+    owners: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # share.json entries' agents
+    cap: int | None = None
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """The host's split as one agent saw it when it last divided (or as ``vmcache status`` reads it).
+
+    ``held``: bytes each live agent holds in ``ledger.json`` (older agents
+    included); ``granted``: what :meth:`Ledger.divide` let this domain hold.
+    """
+
+    split: Split
+    demands: dict[str, Demand]
+    held: dict[str, int]
+    granted: int = 0
 
 
 class Ledger:
@@ -74,14 +115,102 @@ class Ledger:
         return granted
 
     def release(self, domain: str) -> None:
-        """Drop ``domain``'s entry (its agent stops). Raises HostError."""
-        with self._locked() as entries:
-            entries.pop(domain, None)
+        """Drop ``domain``'s entries (its agent stops). Raises HostError."""
+        with self._state() as state:
+            state.entries.pop(domain, None)
+            state.demands.pop(domain, None)
+
+    def divide(self, domain: str, demand: Demand, *, held: int = 0, keep: float = DEFAULT_KEEP,
+               quantum: int = 0) -> HostShare:
+        """Publish ``domain``'s demand, split the cap between all live demands, reserve this domain's grant.
+
+        ``held``: bytes the agent holds now. The reservation recorded is
+        ``max(held, grant)`` within what the other agents leave (until the
+        agent has unpinned down to a smaller grant, it keeps counting what it
+        holds, so the sum of pinned bytes never passes the cap); the agent
+        reserves what it really holds after pinning with :meth:`reserve`.
+        Returns the split, with ``granted`` = what this domain may pin now
+        (at most its split grant). Raises HostError if a file cannot be
+        read or written, ValueError for a negative ``held``.
+        """
+        if held < 0:
+            raise ValueError(f"held must be >= 0, not {held}")
+        with self._state() as state:
+            previous = state.demands.get(domain)
+            demands = dict(state.demands)
+            demands[domain] = replace(demand, granted=previous.granted if previous else 0)
+            fixed = sum(e.bytes for d, e in state.entries.items() if d not in demands)
+            result = split(demands, self.cap, fixed=fixed, keep=keep, quantum=quantum)
+            target = result.grants[domain]
+            others = sum(e.bytes for d, e in state.entries.items() if d != domain)
+            room = target if self.cap is None else max(0, self.cap - others)
+            granted = min(target, room)
+            state.entries[domain] = LedgerEntry(domain, self.pid, self._start_time, max(granted, min(held, room)))
+            state.demands[domain] = replace(demand, granted=target)
+            state.owners[domain] = (self.pid, self._start_time)
+            state.cap = self.cap
+            demands[domain] = state.demands[domain]
+            held_now = {d: e.bytes for d, e in state.entries.items()}
+        return HostShare(result, demands, held_now, granted)
+
+    def host_share(self) -> HostShare:
+        """The live demands and holdings, split as the agents split them (``vmcache status``). Raises HostError."""
+        with self._state() as state:
+            fixed = sum(e.bytes for d, e in state.entries.items() if d not in state.demands)
+            cap = state.cap if self.cap is None else self.cap
+            result = split(state.demands, cap, fixed=fixed)
+            return HostShare(result, dict(state.demands), {d: e.bytes for d, e in state.entries.items()})
 
     def entries(self) -> dict[str, LedgerEntry]:
         """The live entries, by domain (dead agents' entries are dropped). Raises HostError."""
         with self._locked() as entries:
             return dict(entries)
+
+    @property
+    def share_path(self) -> str:
+        """The successor file with the agents' demands (beside the ledger)."""
+        return os.path.join(os.path.dirname(self.path) or ".", "share.json")
+
+    @contextmanager
+    def _state(self) -> Iterator[_State]:
+        """Both files under the lock; each is written back when it changed."""
+        with self._locked() as entries:
+            state = self._load_share(entries)
+            before = (dict(state.demands), state.cap)
+            yield state
+            if (state.demands, state.cap) != before:
+                self._save_share(state)
+
+    def _load_share(self, entries: dict[str, LedgerEntry]) -> _State:
+        data = self._read_json(self.share_path)
+        state = _State(entries=entries, demands={})
+        if not isinstance(data, dict) or data.get("version") != SHARE_VERSION:
+            return state
+        cap = data.get("cap")
+        state.cap = cap if isinstance(cap, int) and cap >= 0 else None
+        domains = data.get("domains")
+        for domain, item in (domains if isinstance(domains, dict) else {}).items():
+            try:
+                pid, started = int(item["pid"]), item.get("pid_start_time")
+                curve = _curve(item.get("demand", []))
+                demand = Demand(budget=int(item["budget"]), minimum=int(item.get("min", 0)), curve=curve,
+                                granted=int(item.get("granted", 0)))
+            except (TypeError, KeyError, ValueError, AttributeError):
+                continue
+            if min(demand.budget, demand.minimum, demand.granted) < 0:
+                continue
+            if pid == self.pid or self._alive(pid, started):
+                state.demands[domain] = demand
+                state.owners[domain] = (pid, started)
+        return state
+
+    def _save_share(self, state: _State) -> None:
+        domains = {}
+        for d, demand in sorted(state.demands.items()):
+            pid, started = state.owners.get(d, (self.pid, self._start_time))
+            domains[d] = {"pid": pid, "pid_start_time": started, "budget": demand.budget, "min": demand.minimum,
+                          "granted": demand.granted, "demand": [[b, round(v, 3)] for b, v in demand.curve]}
+        self._write_json(self.share_path, {"version": SHARE_VERSION, "cap": state.cap, "domains": domains})
 
     @contextmanager
     def _locked(self) -> Iterator[dict[str, LedgerEntry]]:
@@ -101,16 +230,20 @@ class Ledger:
         finally:
             os.close(lock_fd)  # releases the flock
 
-    def _load(self) -> dict[str, LedgerEntry]:
+    @staticmethod
+    def _read_json(path: str) -> object:
         try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
         except FileNotFoundError:
             return {}
         except OSError as err:
-            raise HostError(f"cannot read ledger: {err.strerror}", path=self.path, errno=err.errno) from err
+            raise HostError(f"cannot read ledger: {err.strerror}", path=path, errno=err.errno) from err
         except ValueError:  # damaged (not JSON): rebuilt, live agents re-reserve every cycle
             return {}
+
+    def _load(self) -> dict[str, LedgerEntry]:
+        data = self._read_json(self.path)
         entries: dict[str, LedgerEntry] = {}
         domains = data.get("domains") if isinstance(data, dict) else None
         for domain, item in (domains if isinstance(domains, dict) else {}).items():
@@ -125,16 +258,33 @@ class Ledger:
     def _save(self, entries: dict[str, LedgerEntry]) -> None:
         data = {"domains": {d: {"pid": e.pid, "pid_start_time": e.pid_start_time, "bytes": e.bytes}
                             for d, e in sorted(entries.items())}}
-        directory = os.path.dirname(self.path) or "."
+        self._write_json(self.path, data)
+
+    @staticmethod
+    def _write_json(path: str, data: object) -> None:
+        directory = os.path.dirname(path) or "."
         try:
             fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=directory)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     json.dump(data, f, indent=1)
                 os.chmod(tmp, 0o644)
-                os.replace(tmp, self.path)
+                os.replace(tmp, path)
             except BaseException:
                 os.unlink(tmp)
                 raise
         except OSError as err:
-            raise HostError(f"cannot write ledger: {err.strerror}", path=self.path, errno=err.errno) from err
+            raise HostError(f"cannot write ledger: {err.strerror}", path=path, errno=err.errno) from err
+
+
+def _curve(points: object) -> Curve:
+    """A curve from share.json: ``[[bytes, benefit], ...]``, bytes rising, benefit never falling."""
+    if not isinstance(points, list) or len(points) > _MAX_POINTS_READ:
+        raise ValueError("not a bounded list of points")
+    curve: list[tuple[int, float]] = []
+    for b, v in points:
+        b, v = int(b), float(v)
+        if curve and (b <= curve[-1][0] or v < curve[-1][1]) or b <= 0 or not 0.0 <= v < float("inf"):
+            raise ValueError("not a demand curve")
+        curve.append((b, v))
+    return tuple(curve)
