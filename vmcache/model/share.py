@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-
-import numpy as np
-from numpy.typing import ArrayLike
+from typing import TYPE_CHECKING
 
 from .params import ModelParams
 from .region import Region
+
+if TYPE_CHECKING:  # numpy loads in demand_curve only: the ledger and `vmcache status` split without it
+    from numpy.typing import ArrayLike
 
 __all__ = ["Curve", "Demand", "Split", "MAX_POINTS", "demand_curve", "merge_curves", "split", "split_budget"]
 
@@ -90,6 +91,8 @@ def demand_curve(regions: Iterable[Region], heat: ArrayLike, params: ModelParams
     neighbours of equal byte share (merging keeps densities falling).
     Raises ValueError for ``points`` under 1.
     """
+    import numpy as np
+
     if points < 1:
         raise ValueError(f"points must be at least 1, got {points}")
     values = np.asarray(heat, dtype=np.float64)
