@@ -17,7 +17,7 @@ from vmcache.settings.metadata import (
     parse_domain,
     parse_settings,
 )
-from vmcache.settings.policy import choose_disks, domain_budget
+from vmcache.settings.policy import choose_disks, domain_budget, domain_minimum
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -174,7 +174,7 @@ def test_build_is_what_parse_reads():
     original = DomainSettings(
         enabled=False, budget=3 * GiB,
         disks=(DiskOverride("vda", budget=MiB), DiskOverride("sdb", exclude=True)),
-        model={"decay": 0.5, "block_size": "64K", "max_regions": 12},
+        model={"decay": 0.5, "block_size": "64K", "max_regions": 12}, minimum=GiB,
     )
     xml = build_settings(original)
     assert xml.startswith("<cache ")
@@ -196,8 +196,22 @@ _model_values = st.integers(-1000, 1 << 40) | st.floats(allow_nan=False, allow_i
     st.dictionaries(st.from_regex(r"\A[a-z][a-z0-9_]{0,10}\Z"), _model_values, max_size=4),
 )
 def test_roundtrip_property(enabled, budget, disks, model):
-    original = DomainSettings(enabled, budget, tuple(disks), model)
+    original = DomainSettings(enabled, budget, tuple(disks), model, minimum=None if budget is None else budget // 2)
     assert parse_settings(build_settings(original)) == original
+
+
+def test_min_is_the_guaranteed_share_never_above_the_budget():
+    s = parse_settings('<cache budget="2G" min="512M"/>')
+    assert s.minimum == 512 * MiB and s.budget == 2 * GiB
+    assert parse_settings('<cache/>').minimum is None
+    with pytest.raises(ConfigError) as err:
+        parse_settings('<cache budget="1G" min="2G"/>')
+    assert err.value.key == "metadata min" and "budget" in err.value.reason
+    with pytest.raises(ConfigError):
+        parse_settings('<cache min="lots"/>')
+    host = HostConfig(budget=256 * MiB)
+    assert domain_minimum(parse_settings('<cache min="1G"/>'), host) == 256 * MiB  # cut to the host default
+    assert domain_minimum(parse_settings('<cache budget="1G"/>'), host) == 0
 
 
 @settings(max_examples=500, deadline=None)

@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("domain", help="libvirt domain name")
     parser.add_argument("--budget", type=size_arg, help="bytes to keep resident for this domain, e.g. 2G "
                                                          "(default: what the metadata says, else the host default)")
+    parser.add_argument("--min", type=size_arg, dest="minimum",
+                        help="bytes of the host's pinned cap guaranteed to this domain (at most its budget)")
     parser.add_argument("--exclude", action="append", default=[], metavar="DEV",
                         help="leave disk DEV (target dev, e.g. vdb) alone; repeatable")
     parser.add_argument("--disk-budget", action="append", default=[], metavar="DEV=SIZE",
@@ -83,7 +85,8 @@ def updated(current: DomainSettings | None, args: argparse.Namespace) -> DomainS
     for dev, budget in _disk_budgets(args.disk_budget).items():
         disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), budget=budget)
     budget = settings.budget if args.budget is None else args.budget
-    new = dataclasses.replace(settings, enabled=True, budget=budget, disks=tuple(disks.values()))
+    minimum = settings.minimum if getattr(args, "minimum", None) is None else args.minimum
+    new = dataclasses.replace(settings, enabled=True, budget=budget, disks=tuple(disks.values()), minimum=minimum)
     return parse_settings(build_settings(new))  # what libvirt will hold, checked (e.g. DEV names)
 
 
@@ -95,9 +98,12 @@ def run(args: argparse.Namespace) -> int:
     new = updated(dom.settings(read_from(flags, active)), args)
     # build_settings/parse_settings validate; the domain's model overrides must fit ModelParams too
     config.model_params(new.model)
+    if new.minimum is not None and new.budget is None and new.minimum > config.budget:
+        raise ConfigError("--min", args.minimum, f"must not be above the host default budget ({format_size(config.budget)})")
     dom.set_settings(new, flags)
     shown = format_size(new.budget) if new.budget is not None else f"host default {format_size(config.budget)}"
-    print(f"{args.domain}: vmcache enabled, budget {shown}")
+    print(f"{args.domain}: vmcache enabled, budget {shown}"
+          + (f", guaranteed {format_size(new.minimum)}" if new.minimum else ""))
     if touches_live(flags, active):
         result = ensure_agent(args, config, args.domain, running=True)
         print(f"{args.domain}: agent {result.action}" + (f" (pid {result.pid})" if result.pid else ""))

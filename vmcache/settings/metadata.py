@@ -4,7 +4,7 @@ An operator opts a domain in with one element in the domain's
 ``<metadata>``, in vmcache's own namespace (docs/metadata.md)::
 
     <metadata>
-      <vmcache:cache xmlns:vmcache="urn:x-vmcache:domain:1" enabled="yes" budget="2G">
+      <vmcache:cache xmlns:vmcache="urn:x-vmcache:domain:1" enabled="yes" budget="2G" min="512M">
         <vmcache:disk dev="vdb" exclude="yes"/>
         <vmcache:disk dev="vdc" budget="512M"/>
         <vmcache:model decay="0.95" threshold="0.3"/>
@@ -72,7 +72,9 @@ class DiskOverride:
 class DomainSettings:
     """What a domain's vmcache metadata says.
 
-    ``budget`` None means the host's default budget; ``model`` holds model
+    ``budget`` None means the host's default budget; ``minimum`` (``min=``)
+    is the part of the host's pinned cap guaranteed to the domain, never
+    above its budget (None: nothing guaranteed); ``model`` holds model
     parameter overrides as given (validated against ModelParams by
     :meth:`vmcache.settings.config.HostConfig.model_params`).
     """
@@ -81,6 +83,7 @@ class DomainSettings:
     budget: int | None = None
     disks: tuple[DiskOverride, ...] = ()
     model: Any = field(default_factory=lambda: MappingProxyType({}))
+    minimum: int | None = None
 
     def disk(self, dev: str) -> DiskOverride | None:
         """The override for target ``dev``, if any."""
@@ -211,9 +214,12 @@ def _budget(value: str | None, key: str) -> int | None:
 
 
 def _settings(element: Element, ns: str) -> DomainSettings:
-    _known_attrs(element, ("enabled", "budget"), "metadata")
+    _known_attrs(element, ("enabled", "budget", "min"), "metadata")
     enabled = _flag(element.get("enabled"), "metadata enabled", True)
     budget = _budget(element.get("budget"), "metadata budget")
+    minimum = _budget(element.get("min"), "metadata min")
+    if minimum is not None and budget is not None and minimum > budget:
+        raise ConfigError("metadata min", element.get("min"), f"must not be above the budget ({element.get('budget')})")
     disks: list[DiskOverride] = []
     model: dict[str, Any] | None = None
     for child in element:
@@ -231,7 +237,8 @@ def _settings(element: Element, ns: str) -> DomainSettings:
     for dev in devs:
         if devs.count(dev) > 1:
             raise ConfigError("metadata disk dev", dev, "given twice")
-    return DomainSettings(enabled=enabled, budget=budget, disks=tuple(disks), model=MappingProxyType(model or {}))
+    return DomainSettings(enabled=enabled, budget=budget, disks=tuple(disks), model=MappingProxyType(model or {}),
+                          minimum=minimum)
 
 
 def _known_attrs(element: Element, known: tuple[str, ...], where: str) -> None:
@@ -270,6 +277,8 @@ def build_settings(settings: DomainSettings) -> str:
     root = Element(ELEMENT, {"enabled": "yes" if settings.enabled else "no"})
     if settings.budget is not None:
         root.set("budget", str(settings.budget))
+    if settings.minimum is not None:
+        root.set("min", str(settings.minimum))
     for override in settings.disks:
         attrs = {"dev": override.dev}
         if override.exclude:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .config import NEVER_ELIGIBLE, HostConfig
 from .metadata import DiskInfo, DomainSettings
 
-__all__ = ["DiskChoice", "choose_disks", "domain_budget"]
+__all__ = ["DiskChoice", "choose_disks", "domain_budget", "domain_minimum"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,15 @@ class DiskChoice:
 def domain_budget(settings: DomainSettings, host: HostConfig) -> int:
     """The domain's byte budget: its metadata's, else the host default."""
     return settings.budget if settings.budget is not None else host.budget
+
+
+def domain_minimum(settings: DomainSettings, host: HostConfig) -> int:
+    """The domain's guaranteed share of the host cap: its ``min=``, never above its budget (0 when unset).
+
+    The metadata parser refuses a ``min`` above an explicit ``budget``; one
+    above the host's default budget is cut to it here.
+    """
+    return min(settings.minimum or 0, domain_budget(settings, host))
 
 
 def _skip_reason(disk: DiskInfo, settings: DomainSettings, host: HostConfig) -> str | None:
