@@ -198,6 +198,22 @@ class HeatModel:
         res[evident] = np.minimum(np.float32(1.0), seen[evident] * np.float32(self._params.seen_scale))
         return res, mine & ~evident
 
+    def seed(self, first: int, end: int, heat: float) -> None:
+        """Raise the heat (and own heat) of blocks ``[first, end)`` to at least ``heat``.
+
+        How a saved hot set warms a new model: the seeded blocks then follow
+        the normal update, so blocks the guest no longer uses decay and are
+        released as usual. Blocks past ``nblocks`` are ignored; raises
+        ValueError for a negative or non-finite ``heat``.
+        """
+        if not math.isfinite(heat) or heat < 0:
+            raise ValueError(f"seed heat must be finite and not negative, got {heat!r}")
+        first, end = max(0, first), min(end, self.nblocks)
+        if first < end:
+            value = np.float32(heat)
+            np.maximum(self._heat[first:end], value, out=self._heat[first:end])
+            np.maximum(self._own[first:end], value, out=self._own[first:end])
+
     def resize(self, nblocks: int) -> None:
         """The disk grew or shrank: keep the heat of surviving blocks, new ones start cold."""
         self._alloc(nblocks)

@@ -29,4 +29,6 @@ class CycleStats:
     mem_available_bytes: int
     backing_off: bool               # floor/pressure kept vmcache from pinning what it planned
     skipped_for_floor_bytes: int = 0
+    warm_restored_bytes: int = 0    # of a saved hot set, pinned since the agent started
+    warm_total_bytes: int = 0       # bytes of the saved hot set this disk started from (0: cold start)
     error: str | None = None        # last error of this cycle, one line

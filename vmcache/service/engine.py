@@ -39,6 +39,7 @@ from ..model.params import ModelParams
 from ..model.planner import plan
 from ..model.region import Region
 from ..model.stats import CycleStats
+from ..model.warm import WarmStart, heat_of
 
 __all__ = ["DiskEngine", "WriteSample", "BitmapResult"]
 
@@ -123,6 +124,8 @@ class DiskEngine:
         self._tokens = 0.0
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
+        self.warm: WarmStart | None = None
+        """A saved hot set being restored (set before the first cycle), None without one."""
 
     # What the heat map and status show -------------------------------------------------
 
@@ -139,6 +142,10 @@ class DiskEngine:
     @property
     def pinned(self) -> list[Region]:
         return list(self._pinner.pinned)
+
+    def hot_regions(self) -> list[Region]:
+        """The regions held now, priority = their heat summed over their blocks (what a hot set saves)."""
+        return heat_of(self._pinner.pinned, self.heat, self.params.block_size)
 
     def pinned_mask(self) -> np.ndarray:
         return self._pinner.pinned_mask(self.params.block_size, len(self._ours))
@@ -186,11 +193,20 @@ class DiskEngine:
         self._cycles += 1
         now = self._clock()
         heat = self._model.step(res.fraction, written, self._ours, now, seen=seen)
+        if self.warm is not None:
+            self.warm.seed(self._model, now)
         regions = plan(heat, params=p, size_bytes=res.size_bytes, budget=self.budget,
                        current=self._pinner.pinned, own=self._model.own)
         regions = self._limit_prefetch(regions, res.fraction, now)
         report = self._pinner.apply(regions, self.budget)
-        self._ours |= self._pinner.pinned_mask(p.block_size, n)
+        pinned_after = self._pinner.pinned_mask(p.block_size, n)
+        self._ours |= pinned_after
+        warm = self.warm
+        if warm is not None and not warm.done:
+            warm.update(pinned_after)
+            if warm.done:
+                self._log.info(event("warm.done", image=self.image, restored=warm.restored_bytes,
+                                     given_up=warm.given_up_bytes, total=warm.total_bytes))
         if self._clear_refs:
             self._refs.clear()  # also forgets the references mlock itself just made
 
@@ -211,6 +227,8 @@ class DiskEngine:
             mem_available_bytes=mem.available_bytes,
             backing_off=bool(report.skipped_for_floor or report.released_for_pressure),
             skipped_for_floor_bytes=report.skipped_for_floor,
+            warm_restored_bytes=warm.restored_bytes if warm else 0,
+            warm_total_bytes=warm.total_bytes if warm else 0,
             error=sample.error,
         )
         self.last = stats

@@ -43,6 +43,7 @@ __all__ = [
     "parse_domain",
     "parse_settings",
     "build_settings",
+    "parse_xml",
 ]
 
 NAMESPACE = "urn:x-vmcache:domain:1"
@@ -127,7 +128,8 @@ class DomainInfo:
     settings: DomainSettings | None
 
 
-def _parse_xml(text: str | bytes, what: str) -> Element:
+def parse_xml(text: str | bytes, what: str) -> Element:
+    """Parse ``text`` with defusedxml; ConfigError (naming ``what``) for anything not acceptable."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -150,7 +152,7 @@ def parse_domain(xml: str | bytes) -> DomainInfo:
     Raises ConfigError if the XML is malformed, is not a ``<domain>``, or
     its vmcache metadata is not acceptable.
     """
-    root = _parse_xml(xml, "domain XML")
+    root = parse_xml(xml, "domain XML")
     if root.tag != "domain":
         raise ConfigError("domain XML", root.tag, "root element is not <domain>")
     name = (root.findtext("name") or "").strip()
@@ -169,7 +171,7 @@ def parse_domain(xml: str | bytes) -> DomainInfo:
 
 def parse_settings(xml: str | bytes) -> DomainSettings:
     """Parse the element alone, as virDomainGetMetadata returns it (no namespace) or with it."""
-    root = _parse_xml(xml, "metadata")
+    root = parse_xml(xml, "metadata")
     if root.tag == _NS + ELEMENT:
         return _settings(root, _NS)
     if root.tag != ELEMENT:

@@ -1,0 +1,112 @@
+"""WarmStart: restoring a saved hot set into one disk's heat model (pure).
+
+A new agent that finds a saved hot set for a disk does not pin it at once:
+it seeds the heat of the saved regions, and the planner, the prefetch
+token bucket (``prefetch_rate``, highest priority first) and the pinner do
+the rest under the budget, the host cap and the free-memory floor, exactly
+as for heat the guest built.
+
+The seed is held while a region waits for its turn: until a region has
+been pinned once, its heat is kept at least at its saved heat decayed at
+``pinned_decay`` since the start (the rate a pinned region with no
+evidence fades at), so that a large set restored at a low prefetch rate is
+not forgotten before it is read in. Once pinned, a region is "restored"
+and left to the model: if the guest does not read it again, its heat
+decays and it is released normally. A region whose held seed falls under
+the threshold is given up (the guest has had the time to show it is not
+hot any more). Time is a parameter, as everywhere in the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .heat import HeatModel
+from .params import ModelParams
+from .region import Region
+
+__all__ = ["WarmStart", "heat_of"]
+
+
+class WarmStart:
+    """The saved regions of one disk still to restore, and how much was.
+
+    ``regions``: pairs of a saved byte range and its mean heat per block,
+    in any order (they are restored by priority, heat summed over the
+    region). Raises ValueError for a negative heat.
+    """
+
+    def __init__(self, regions: Iterable[tuple[Region, float]], params: ModelParams) -> None:
+        bs = params.block_size
+        self._params = params
+        pending = []
+        for region, heat in regions:
+            if heat < 0 or heat != heat:
+                raise ValueError(f"saved heat must not be negative, got {heat!r}")
+            if region.length > 0:
+                first, end = region.start // bs, -(-region.end // bs)
+                pending.append((first, end, float(heat), region.length, heat * (end - first)))
+        pending.sort(key=lambda p: (-p[4], p[0]))
+        self._pending = [(first, end, heat, length) for first, end, heat, length, _ in pending]
+        self.total_bytes = sum(p[3] for p in self._pending)
+        self.restored_bytes = 0
+        self.given_up_bytes = 0
+        self._started: float | None = None
+
+    @property
+    def done(self) -> bool:
+        """Every saved region was restored or given up."""
+        return not self._pending
+
+    @property
+    def pending_bytes(self) -> int:
+        return self.total_bytes - self.restored_bytes - self.given_up_bytes
+
+    def seed(self, model: HeatModel, now: float) -> None:
+        """Hold the heat of the regions not restored yet (call after each ``model.step``)."""
+        if self._started is None:
+            self._started = now
+        p = self._params
+        factor = p.pinned_decay ** (max(0.0, now - self._started) / p.interval)
+        kept = []
+        for first, end, heat, length in self._pending:
+            held = heat * factor
+            if held <= p.threshold:
+                self.given_up_bytes += length
+                continue
+            model.seed(first, end, held)
+            kept.append((first, end, heat, length))
+        self._pending = kept
+
+    def update(self, pinned: NDArray[np.bool_]) -> int:
+        """Mark the regions ``pinned`` (a mask per block) covers as restored; bytes restored now."""
+        kept = []
+        restored = 0
+        for first, end, heat, length in self._pending:
+            if end <= pinned.shape[0] and bool(pinned[first:end].all()):
+                restored += length
+            else:
+                kept.append((first, end, heat, length))
+        self._pending = kept
+        self.restored_bytes += restored
+        return restored
+
+
+def heat_of(regions: Iterable[Region], heat: NDArray[np.floating], block_size: int) -> list[Region]:
+    """``regions`` with their priority replaced by their heat summed over their blocks.
+
+    What a saved hot set records (the planner's priority also counts the
+    hysteresis bonus of pinned regions; this is the heat itself). One pass
+    over ``heat`` whatever the number of regions; blocks past the array
+    count as cold.
+    """
+    spans = [(r.start // block_size, -(-r.end // block_size), r) for r in regions if r.length > 0]
+    if not spans:
+        return []
+    sums = np.zeros(heat.shape[0] + 1, dtype=np.float64)
+    np.cumsum(heat, dtype=np.float64, out=sums[1:])
+    n = heat.shape[0]
+    return [Region(r.start, r.length, float(sums[min(end, n)] - sums[min(first, n)])) for first, end, r in spans]
