@@ -277,6 +277,19 @@ def test_zipf_small_budgets_vmcache_at_least_lru(seed: int) -> None:
         assert vm >= lru, f"zipf seed {seed} budget {budget >> 20} MiB: vmcache {vm:.3f} < lru {lru:.3f}"
 
 
+def test_warm_start_beats_a_cold_start_over_the_first_minute() -> None:
+    """A VM's second run, warm-started from the hot set its first run saved (through the real record),
+    hits more than a cold start early on, and restores the saved set under the pin budget."""
+    trace = generate.zoned(256 * MiB, 20_000, seed=4, rate=100.0)
+    results = sim.replay(trace, [64 * MiB], block_size=BS, pin_share=0.5, policies=("vmcache", "warm", "lru"),
+                         head=60.0)
+    cold, warm, _lru = results
+    assert warm.extra["head_hit_ratio"] > cold.extra["head_hit_ratio"] + 0.05, (warm.extra, cold.extra)
+    assert 0 < warm.extra["warm_restored_blocks"] <= warm.extra["warm_saved_blocks"] <= 32 * MiB // BS
+    assert warm.extra["pinned_blocks_max"] <= 32 * MiB // BS
+    assert warm.extra["pinned_blocks_mean"] <= warm.extra["pinned_blocks_max"]
+
+
 @pytest.fixture(scope="module")
 def guard_moving() -> dict[int, dict[int, tuple[float, float]]]:
     return {seed: {b: (vm, lru) for b, vm, lru in _guard("moving", seed)} for seed in (1, 2)}

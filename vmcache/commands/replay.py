@@ -46,8 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pin-share", type=float, default=DEFAULT_PIN_SHARE,
                         help="share of each budget vmcache may pin; the rest is its LRU (default 0.5)")
     parser.add_argument("--size", type=size_arg, default=None, help="image size (default: end of the trace)")
-    parser.add_argument("--policy", action="append", choices=("vmcache", "lru", "belady", "static"),
-                        help="only these policies (repeat; default all)")
+    parser.add_argument("--policy", action="append", choices=("vmcache", "lru", "belady", "static", "warm"),
+                        help="only these policies (repeat; default all but warm: vmcache warm-started from the "
+                             "hot set a first replay of the trace saved)")
+    parser.add_argument("--head", type=duration_arg, default=None, metavar="DURATION",
+                        help="also show the hit ratio over the first DURATION of the trace (e.g. 60s)")
     parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
                         help="a model parameter, e.g. --model keep_factor=1.5 (see docs/configuration.md)")
     parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                           for f in DEFAULT_FRACTIONS})
     policies = tuple(dict.fromkeys(args.policy)) if args.policy else sim.POLICIES
     results = sim.replay(trace, budgets, block_size=args.block_size, params=params, pin_share=args.pin_share,
-                         size_bytes=size, policies=policies)
+                         size_bytes=size, policies=policies, head=args.head)
     if args.json:
         print(json.dumps(report.rows_json(results), indent=1))
     else:
@@ -156,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
               f"pin share {args.pin_share:g}")
         print("hit ratio (block accesses, reads and writes):")
         print(report.table(results))
+        if args.head is not None:
+            print(f"hit ratio over the first {args.head:g}s:")
+            print(report.table(results, first=True))
     if args.plot:
         png = report.plot_png(results, title=f"{os.path.basename(args.trace)}: hit ratio vs memory")
         try:

@@ -25,6 +25,7 @@ COLOURS = {
     "lru": (214, 39, 40),        # red
     "belady": (90, 90, 90),      # grey: the bound
     "static": (44, 160, 44),     # green
+    "warm": (23, 190, 207),      # cyan: vmcache warm-started
 }
 _FALLBACK = (148, 103, 189)
 
@@ -38,10 +39,17 @@ def _grid(results: list[PolicyResult]) -> tuple[list[int], list[str], dict[tuple
     return budgets, policies, {(r.budget, r.policy): r for r in results}
 
 
-def table(results: list[PolicyResult], *, reads: bool = False) -> str:
+def _ratio(r: PolicyResult, reads: bool, first: bool) -> str:
+    if first:
+        return f"{r.extra['head_hit_ratio']:.3f}" if "head_hit_ratio" in r.extra else "-"
+    return f"{(r.read_hit_ratio if reads else r.hit_ratio):.3f}"
+
+
+def table(results: list[PolicyResult], *, reads: bool = False, first: bool = False) -> str:
     """The results as aligned text: ``budget`` then one hit-ratio column per policy.
 
-    ``reads``: show read hit ratios instead of hit ratios over all accesses.
+    ``reads``: show read hit ratios instead of hit ratios over all accesses;
+    ``first``: the hit ratios over the first seconds (``replay(head=...)``).
     """
     budgets, policies, cell = _grid(results)
     head = ["budget"] + policies
@@ -50,7 +58,7 @@ def table(results: list[PolicyResult], *, reads: bool = False) -> str:
         row = [format_size(b)]
         for p in policies:
             r = cell.get((b, p))
-            row.append("-" if r is None else f"{(r.read_hit_ratio if reads else r.hit_ratio):.3f}")
+            row.append("-" if r is None else _ratio(r, reads, first))
         lines.append(row)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = []

@@ -53,12 +53,15 @@ from ..model.heat import HeatModel
 from ..model.params import PAGE_SIZE, ModelParams
 from ..model.planner import plan
 from ..model.region import Region
+from ..model.warm import WarmStart, heat_of
 from .trace import Trace
 
-__all__ = ["BlockTrace", "PolicyResult", "POLICIES", "to_blocks", "next_use", "lru", "belady", "static_topk",
+__all__ = ["BlockTrace", "PolicyResult", "POLICIES", "WARM", "saved_hotset", "to_blocks", "next_use", "lru", "belady", "static_topk",
            "vmcache", "replay"]
 
 POLICIES = ("vmcache", "lru", "belady", "static")
+WARM = "warm"
+"""vmcache warm-started from the hot set a previous replay of the trace saved (not in the defaults)."""
 
 
 @dataclass(frozen=True)
@@ -135,10 +138,23 @@ def next_use(block: NDArray[np.int64]) -> NDArray[np.int64]:
     return result
 
 
-def _result(name: str, budget: int, bt: BlockTrace, hit: NDArray[np.bool_], **extra: Any) -> PolicyResult:
+def _result(name: str, budget: int, bt: BlockTrace, hit: NDArray[np.bool_], head: float | None = None,
+            **extra: Any) -> PolicyResult:
     reads = ~bt.write
+    if head is not None and len(bt):
+        first = bt.time < bt.time[0] + head
+        extra["head_hit_ratio"] = round(float(hit[first].mean()), 6) if first.any() else 0.0
     return PolicyResult(name, budget, len(bt), int(hit.sum()), int(reads.sum()), int((hit & reads).sum()),
                         dict(extra))
+
+
+def saved_hotset(run: VmcacheRun, params: ModelParams, size_bytes: int) -> WarmStart:
+    """The hot set a replay ended with, through the record the agent saves (top regions, heat to 1/256)."""
+    from ..settings.hotset import DiskHotSet, HotSet, build_hotset, parse_hotset
+
+    record = DiskHotSet("vda", "/replay", size_bytes, None, params.block_size, tuple(run.hot))
+    (disk,) = parse_hotset(build_hotset(HotSet(saved=0, disks=(record,)))).disks
+    return WarmStart(((r, disk.mean_heat(r)) for r in disk.regions), params)
 
 
 def lru(bt: BlockTrace, capacity: int) -> NDArray[np.bool_]:
@@ -207,16 +223,21 @@ class VmcacheRun:
     prefetched: int = 0
     pinned_blocks_mean: float = 0.0
     pinned_blocks_max: int = 0
+    hot: list[Region] = field(default_factory=list)
+    """The regions held at the end, priority = their heat (what a saved hot set keeps)."""
 
 
 def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
-            size_bytes: int | None = None) -> VmcacheRun:
+            size_bytes: int | None = None, warm: WarmStart | None = None) -> VmcacheRun:
     """Hit or miss per access for vmcache's pinning over an LRU, ``capacity`` blocks in all.
 
     ``params``: the model parameters (its ``block_size`` must be the trace's,
     its ``interval`` is the re-planning period in trace seconds);
-    ``pin_budget``: bytes ``plan`` may pin, at most ``capacity`` blocks.
-    Raises ValueError when they do not fit.
+    ``pin_budget``: bytes ``plan`` may pin, at most ``capacity`` blocks;
+    ``warm``: a saved hot set to start from - as the agent does, a first
+    cycle at the start of the trace seeds the heat and pins (its loads
+    count as prefetched; the prefetch rate is not simulated). Raises
+    ValueError when they do not fit.
     """
     bs = bt.block_size
     if params.block_size != bs:
@@ -242,8 +263,8 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     bounds = np.searchsorted(bt.time, t0 + params.interval * np.arange(1, ncycles + 1), side="left")
     pinned_total = 0
     begin = 0
-    for k in range(ncycles):
-        end = int(bounds[k])
+    for k in range(-1 if warm is not None else 0, ncycles):
+        end = int(bounds[k]) if k >= 0 else 0
         for i in range(begin, end):
             b = blocks[i]
             hits[i] = b in pinset or _lru_access(cache, b, room)
@@ -262,7 +283,10 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
             resident[np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))] = True
         ours &= resident
         ours |= pinned
-        heat = model.step(resident.astype(np.float32), written, ours, t0 + params.interval * (k + 1), seen=seen)
+        now = t0 + params.interval * (k + 1)
+        heat = model.step(resident.astype(np.float32), written, ours, now, seen=seen)
+        if warm is not None:
+            warm.seed(model, now)
         current = plan(heat, params=params, size_bytes=size, budget=pin_budget, current=current, own=model.own)
         wanted = np.zeros(nb, dtype=bool)
         for region in current:
@@ -275,6 +299,8 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
             else:
                 run.prefetched += 1
         pinned = wanted
+        if warm is not None:
+            warm.update(pinned)
         pinset = set(np.flatnonzero(pinned).tolist())
         room = capacity - len(pinset)
         while len(cache) > room:
@@ -283,8 +309,9 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         pinned_total += len(pinset)
         run.pinned_blocks_max = max(run.pinned_blocks_max, len(pinset))
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
+    run.hot = heat_of(current, model.heat, bs)
     run.cycles = ncycles
-    run.pinned_blocks_mean = pinned_total / ncycles
+    run.pinned_blocks_mean = pinned_total / (ncycles + (warm is not None))  # the warm start's first cycle too
     return run
 
 
@@ -298,36 +325,53 @@ def replay(
     pin_share: float = 1.0,
     size_bytes: int | None = None,
     policies: tuple[str, ...] = POLICIES,
+    head: float | None = None,
 ) -> list[PolicyResult]:
     """Every policy at every budget (bytes of memory); results in budget order, then policy order.
 
     ``params``: model parameters (default ``ModelParams()``); ``block_size``
     and ``interval`` (when given) replace theirs. ``pin_share``: the share
-    of each budget vmcache's planner may pin (0..1]. Raises ValueError for
-    an unknown policy, a bad share or parameters ModelParams refuses.
+    of each budget vmcache's planner may pin (0..1]. Policy ``warm`` is
+    vmcache restarted with the hot set a first replay of the same trace
+    saved at its end (a VM's second boot). ``head``: also report the hit
+    ratio over the first ``head`` seconds (``head_hit_ratio``). Raises
+    ValueError for an unknown policy, a bad share or parameters ModelParams
+    refuses.
     """
-    unknown = set(policies) - set(POLICIES)
+    unknown = set(policies) - {*POLICIES, WARM}
     if unknown:
-        raise ValueError(f"unknown policies: {', '.join(sorted(unknown))} (known: {', '.join(POLICIES)})")
+        known = ", ".join((*POLICIES, WARM))
+        raise ValueError(f"unknown policies: {', '.join(sorted(unknown))} (known: {known})")
     if not 0.0 < pin_share <= 1.0:
         raise ValueError(f"pin_share must be in (0, 1], got {pin_share}")
     p = params or ModelParams()
     p = replace(p, block_size=block_size, **({"interval": interval} if interval is not None else {}))
     bt = to_blocks(trace, block_size, size_bytes)
     results: list[PolicyResult] = []
+    size = bt.nblocks * block_size if size_bytes is None else size_bytes
     for budget in budgets:
         capacity = budget // block_size
+        pin_budget = int(capacity * pin_share) * block_size
+        cold: VmcacheRun | None = None
         for name in policies:
             if name == "lru":
-                results.append(_result(name, budget, bt, lru(bt, capacity)))
+                results.append(_result(name, budget, bt, lru(bt, capacity), head))
             elif name == "belady":
-                results.append(_result(name, budget, bt, belady(bt, capacity)))
+                results.append(_result(name, budget, bt, belady(bt, capacity), head))
             elif name == "static":
-                results.append(_result(name, budget, bt, static_topk(bt, capacity)))
+                results.append(_result(name, budget, bt, static_topk(bt, capacity), head))
             else:
-                pin_budget = int(capacity * pin_share) * block_size
-                run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes)
-                results.append(_result(name, budget, bt, run.hits, cycles=run.cycles, prefetched_blocks=run.prefetched,
+                if cold is None:
+                    cold = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes)
+                run = cold
+                extra: dict[str, Any] = {}
+                if name == WARM:
+                    warm = saved_hotset(cold, p, size)
+                    run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm)
+                    extra = {"warm_saved_blocks": warm.total_bytes // block_size,
+                             "warm_restored_blocks": warm.restored_bytes // block_size}
+                results.append(_result(name, budget, bt, run.hits, head, cycles=run.cycles,
+                                       prefetched_blocks=run.prefetched,
                                        pinned_blocks_mean=round(run.pinned_blocks_mean, 1),
-                                       pinned_blocks_max=run.pinned_blocks_max))
+                                       pinned_blocks_max=run.pinned_blocks_max, **extra))
     return results
