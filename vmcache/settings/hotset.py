@@ -42,7 +42,7 @@ from xml.etree.ElementTree import Element, SubElement, tostring
 from ..errors import ConfigError
 from ..model.params import MAX_BLOCK_SIZE, PAGE_SIZE
 from ..model.region import Region
-from .metadata import parse_xml
+from .metadata import known_attrs, parse_element, parse_xml
 
 __all__ = [
     "HOTSET_NAMESPACE",
@@ -250,10 +250,7 @@ def _int(element: Element, name: str, what: str, *, low: int = 0, high: int = 1 
 
 def _disk(element: Element, index: int) -> DiskHotSet:
     what = f"hotset disk[{index}]"
-    known = ("dev", "image", "size", "id", "block", "regions", "bytes")
-    for name, value in element.attrib.items():
-        if name not in known:
-            raise ConfigError(f"{what} {name}", value, "unknown attribute (known: " + ", ".join(known) + ")")
+    known_attrs(element, ("dev", "image", "size", "id", "block", "regions", "bytes"), what)
     dev = element.get("dev") or ""
     if not _DEV_RE.match(dev):
         raise ConfigError(f"{what} dev", dev, "must be a target dev such as vda")
@@ -272,9 +269,7 @@ def _disk(element: Element, index: int) -> DiskHotSet:
 
 
 def _parse(root: Element, ns: str) -> HotSet:
-    for name, value in root.attrib.items():
-        if name not in ("version", "saved"):
-            raise ConfigError(f"hotset {name}", value, "unknown attribute (known: version, saved)")
+    known_attrs(root, ("version", "saved"), "hotset")
     version = root.get("version")
     if version != str(VERSION):
         raise ConfigError("hotset version", version, f"not a version this vmcache reads ({VERSION})")
@@ -304,12 +299,7 @@ def parse_hotset(xml: str | bytes) -> HotSet:
     """
     if len(xml) > MAX_TEXT:
         raise ConfigError("hotset", f"{len(xml)} characters", f"larger than {MAX_TEXT}")
-    root = parse_xml(xml, "hotset")
-    if root.tag == _NS + HOTSET_ELEMENT:
-        return _parse(root, _NS)
-    if root.tag != HOTSET_ELEMENT:
-        raise ConfigError("hotset", root.tag, f"root element is not <{HOTSET_ELEMENT}>")
-    return _parse(root, "")
+    return _parse(*parse_element(xml, HOTSET_NAMESPACE, HOTSET_ELEMENT, "hotset"))
 
 
 def hotset_of(domain_xml: str | bytes) -> HotSet | None:

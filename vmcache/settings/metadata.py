@@ -44,6 +44,8 @@ __all__ = [
     "parse_settings",
     "build_settings",
     "parse_xml",
+    "parse_element",
+    "known_attrs",
 ]
 
 NAMESPACE = "urn:x-vmcache:domain:1"
@@ -169,14 +171,25 @@ def parse_domain(xml: str | bytes) -> DomainInfo:
     return DomainInfo(name=name, uuid=uuid, disks=disks, settings=settings)
 
 
+def parse_element(xml: str | bytes, namespace: str, name: str, what: str) -> tuple[Element, str]:
+    """One metadata element alone, as virDomainGetMetadata returns it (no namespace) or with it.
+
+    Returns the element and the namespace prefix (``{uri}`` or "") its
+    children are named with. Raises ConfigError when the XML is not
+    acceptable or its root is not ``name``.
+    """
+    root = parse_xml(xml, what)
+    ns = "{" + namespace + "}"
+    if root.tag == ns + name:
+        return root, ns
+    if root.tag != name:
+        raise ConfigError(what, root.tag, f"root element is not <{name}>")
+    return root, ""
+
+
 def parse_settings(xml: str | bytes) -> DomainSettings:
     """Parse the element alone, as virDomainGetMetadata returns it (no namespace) or with it."""
-    root = parse_xml(xml, "metadata")
-    if root.tag == _NS + ELEMENT:
-        return _settings(root, _NS)
-    if root.tag != ELEMENT:
-        raise ConfigError("metadata", root.tag, f"root element is not <{ELEMENT}>")
-    return _settings(root, "")
+    return _settings(*parse_element(xml, NAMESPACE, ELEMENT, "metadata"))
 
 
 def _disk(element: Element) -> DiskInfo:
@@ -216,7 +229,7 @@ def _budget(value: str | None, key: str) -> int | None:
 
 
 def _settings(element: Element, ns: str) -> DomainSettings:
-    _known_attrs(element, ("enabled", "budget", "min"), "metadata")
+    known_attrs(element, ("enabled", "budget", "min"), "metadata")
     enabled = _flag(element.get("enabled"), "metadata enabled", True)
     budget = _budget(element.get("budget"), "metadata budget")
     minimum = _budget(element.get("min"), "metadata min")
@@ -243,14 +256,15 @@ def _settings(element: Element, ns: str) -> DomainSettings:
                           minimum=minimum)
 
 
-def _known_attrs(element: Element, known: tuple[str, ...], where: str) -> None:
+def known_attrs(element: Element, known: tuple[str, ...], where: str) -> None:
+    """ConfigError naming the first attribute of ``element`` not in ``known``."""
     for name, value in element.attrib.items():
         if name not in known:
             raise ConfigError(f"{where} {name}", value, "unknown attribute (known: " + ", ".join(known) + ")")
 
 
 def _override(element: Element, index: int) -> DiskOverride:
-    _known_attrs(element, ("dev", "exclude", "budget"), "metadata disk")
+    known_attrs(element, ("dev", "exclude", "budget"), "metadata disk")
     dev = element.get("dev")
     if dev is None or not _DEV_RE.match(dev):
         raise ConfigError(f"metadata disk[{index}] dev", dev, "must be a target dev such as vda")
