@@ -259,9 +259,9 @@ _INSTRUMENTED = """
 import functools, json, sys
 import libvirt_qemu
 from vmcache.host.meminfo import read_pressure
-import vmcache.service.agent
+import vmcache.service.app
 psi, record = {psi!r}, {record!r}
-vmcache.service.agent.Agent.__init__.__kwdefaults__["pressure"] = functools.partial(read_pressure, psi)
+vmcache.service.app.read_pressure = functools.partial(read_pressure, psi)  # the composition root's PSI reader
 _send = libvirt_qemu.qemuMonitorCommand
 def send(dom, cmd, flags):
     with open(record, "a") as f:

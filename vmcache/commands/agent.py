@@ -17,9 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..service.agent import Agent
+    from ..service.app import build_agent
 
     if not args.verbose:
         logging.getLogger().setLevel(logging.INFO)
     config = host_config(args)
-    return Agent(args.domain, config, uri=args.uri).run()
+    return build_agent(args.domain, config, uri=args.uri).run()

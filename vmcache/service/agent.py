@@ -1,25 +1,22 @@
-"""The per-domain agent: ``vmcache agent --domain NAME``.
+"""The per-domain agent's lifecycle and loop: ``vmcache agent --domain NAME``.
 
 Started by the libvirt hook (through :mod:`vmcache.service.launcher`) when an
-opted-in domain starts. It connects to libvirt, finds the domain's disks
-that go through the host page cache, and for each runs a
-:class:`~vmcache.service.diskworker.DiskWorker` once per interval. Around that it:
+opted-in domain starts; built by :func:`vmcache.service.app.build_agent`.
+Once per interval the loop
 
-- follows the domain's events: stops when the domain stops, re-reads its
-  metadata when it changes (budget, exclusions, model; disabled -> exit),
-  re-syncs its disks on hotplug/unplug;
-- survives libvirtd restarts: keeps its pins, reconnects, carries on;
-- asks the host-wide ledger for its share of the pinned-bytes cap;
-- backs off under host memory pressure: each disk's pinner releases its
-  lowest-priority pins while MemAvailable is under the floor, and while
-  memory PSI (``some avg10``) is above the host config's ``psi_threshold`` the agent
-  halves its pinned budget every cycle (the planner drops the
-  lowest-priority regions first), doubling it back once PSI falls under
-  half the threshold;
-- serves Prometheus metrics and keeps a file_sd targets file;
-- writes its status file for ``vmcache status``;
-- on SIGTERM / domain stop: removes its bitmaps and exports (while QEMU is
-  there), unpins, releases its ledger share, removes its files.
+1. picks up the domain's events (:class:`~vmcache.service.domainlink.DomainLink`):
+   stops when the domain stops, re-reads its metadata when it changes
+   (budget, exclusions, model; disabled -> exit), re-syncs its disks on
+   hotplug/unplug or when a disk starts failing; reconnects when libvirtd
+   went away, keeping its pins;
+2. asks its :class:`~vmcache.service.budget.Budget` for this cycle's bytes
+   (memory-pressure back-off, the host-wide cap);
+3. runs every disk once (:class:`~vmcache.service.diskset.DiskSet`) and
+   records what the disks really hold;
+4. writes its status file for ``vmcache status``.
+
+On SIGTERM / domain stop it removes its bitmaps and exports (while QEMU is
+there), unpins, releases its ledger share, removes its files.
 
 Exit codes: 0 for a clean stop (domain gone, disabled, SIGTERM), 1 for a
 failure the service manager may restart it for.
@@ -28,42 +25,30 @@ failure the service manager may restart it for.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from .. import __version__
-from ..settings.config import HostConfig
-from .diskworker import DiskWorker
 from ..errors import ConfigError, DomainError, VmcacheError
-from ..observe.exporter import BasicAuth, TLSOptions, serve_metrics
-from ..observe.filesd import TargetsFile
-from ..observe.heatmap import HeatmapData, HeatmapWriter, RenderOptions, heatmap_page
-from ..host.blockdev import discover_disks
-from ..host.ledger import Ledger
-from ..host.meminfo import MemoryPressure, read_meminfo, read_pressure
-from ..host.pagerefs import PageRefs
-from ..host.qmp import LibvirtMonitor
-from ..host.virtdomain import DEFAULT_URI, connect
-from ..host.virtevents import DomainEvents, EventLoop
-from .launcher import remove_own_pidfile
 from ..logfmt import domain_logger, event
-from ..settings.metadata import DomainInfo, parse_domain
-from ..observe.metrics import AgentMetrics
-from ..settings.policy import choose_disks, domain_budget
-from ..observe.status import AgentStatus, DiskStatus, file_stem, status_path, write_status
+from ..observe.status import AgentStatus, status_path, write_status
+from ..settings.config import HostConfig
+from ..settings.metadata import DomainInfo
+from ..settings.policy import domain_budget
+from .budget import Budget
+from .diskset import DiskSet
+from .domainlink import DomainLink
+from .launcher import remove_own_pidfile
+from .telemetry import Telemetry
 
 __all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE", "nbd_dir"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 RECONNECT_SECONDS = 2.0
-#: Smallest budget share under PSI pressure before it drops to nothing.
-_MIN_SHARE = 1 / 8
 
 
 def nbd_dir(runtime_dir: str, domain: str) -> str:
@@ -76,39 +61,28 @@ def nbd_dir(runtime_dir: str, domain: str) -> str:
 
 
 class Agent:
-    """One domain's agent; :meth:`run` until the domain stops or a signal arrives."""
+    """One domain's agent; :meth:`run` until the domain stops or a stop is requested."""
 
-    def __init__(self, domain: str, config: HostConfig, *, uri: str = DEFAULT_URI,
-                 connect_: Callable[[str], Any] = connect, granularity: int = 64 * 1024,
-                 pressure: Callable[[], MemoryPressure | None] = read_pressure) -> None:
+    def __init__(self, domain: str, config: HostConfig, *, link: DomainLink, disks: DiskSet, budget: Budget,
+                 telemetry: Telemetry, wake: threading.Event, available_memory: Callable[[], int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``wake`` is set by the link's events and by :meth:`request_stop` to end the wait between cycles."""
         self.domain = domain
         self.config = config
-        self.uri = uri
-        self._connect = connect_
-        self._granularity = granularity
-        self._pressure = pressure
-        self._share = 1.0  # of the budget, shrunk under memory pressure (PSI)
+        self.nbd_dir = nbd_dir(config.runtime_dir, domain)
+        self._link = link
+        self._disks = disks
+        self._budget = budget
+        self._telemetry = telemetry
+        self._wake = wake
+        self._available_memory = available_memory
+        self._clock = clock
         self._log = domain_logger("vmcache.service.agent", domain)
         self._stop = threading.Event()
-        self._refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
-        self._state_lock = threading.Lock()  # the loop's cycles vs heat maps served over HTTP
-        self._wake = threading.Event()
-        self._conn: Any = None
-        self._dom: Any = None
-        self._events: DomainEvents | None = None
         self._info: DomainInfo | None = None
-        self._workers: dict[str, DiskWorker] = {}
-        self._skipped: list[DiskStatus] = []
         self._resync = False
-        self._ledger = Ledger(config.ledger_path, None)
-        self._metrics: AgentMetrics | None = None
-        self._server: Any = None
-        self._targets: TargetsFile | None = None
-        self._heatmaps: dict[str, HeatmapWriter] = {}
-        self.status = AgentStatus(domain=domain, pid=os.getpid(), started_at=time.time(),
-                                  interval=config.interval)
+        self.status = AgentStatus(domain=domain, pid=os.getpid(), started_at=time.time(), interval=config.interval)
         self._status_path = status_path(config.agents_dir, domain)
-        self.nbd_dir = nbd_dir(config.runtime_dir, domain)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -123,13 +97,12 @@ class Agent:
             signal.signal(sig, self.request_stop)
         code = EXIT_OK
         try:
-            EventLoop.ensure()
             self._attach()
-            if self._info is None or self._info.settings is None or not self._info.settings.enabled:
+            if not self._enabled():
                 self._log.info(event("agent.not_enabled"))
                 self.status.state = "disabled"
                 return EXIT_OK
-            self._start_metrics()
+            self._start_telemetry()
             self._sync_disks()
             self._loop()
         except VmcacheError as err:
@@ -141,113 +114,53 @@ class Agent:
         return code
 
     def _attach(self) -> None:
-        """Connect, look the domain up, subscribe to its events, read its XML."""
-        import libvirt
-
-        self._conn = self._connect(self.uri)
-        try:
-            self._dom = self._conn.lookupByName(self.domain)
-        except libvirt.libvirtError as err:
-            raise DomainError(f"domain {self.domain!r}: {err.get_error_message()}") from err
-        self._events = DomainEvents(self._conn, self._dom, self._wake)
-        self._info = self._read_xml()
+        self._info = self._link.attach()
         self.status.uuid = self._info.uuid
 
-    def _read_xml(self) -> DomainInfo:
-        import libvirt
-
-        try:
-            xml = self._dom.XMLDesc(0)
-        except libvirt.libvirtError as err:
-            raise DomainError(f"domain {self.domain!r}: cannot read XML: {err.get_error_message()}") from err
-        return parse_domain(xml)
-
-    def _alive(self) -> bool:
-        import libvirt
-
-        try:
-            return bool(self._dom is not None and self._dom.isActive())
-        except libvirt.libvirtError:
-            return False
-
-    # -- the loop ------------------------------------------------------------------
+    def _enabled(self) -> bool:
+        return self._info is not None and self._info.settings is not None and self._info.settings.enabled
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            started = time.monotonic()
-            pending = self._events.poll() if self._events else None
-            if pending and pending.disconnected:
-                self._reconnect()
-            elif pending and pending.stopped or not self._alive():
-                if not self._reconnect_if_gone():
-                    self._log.info(event("agent.domain_stopped"))
-                    return
-            if pending and pending.metadata_changed and not self._reload():
+            started = self._clock()
+            if not self._follow_events() or self._stop.is_set():
                 return
-            if pending and (pending.devices_changed or pending.metadata_changed) or self._resync:
-                # A disk whose cycle failed may have been replaced (blockcopy pivot, media
-                # change: no device event): the XML says what its image is now.
-                self._resync = False
-                self._sync_disks()
             self._cycle()
             self._wake.clear()
-            self._wake.wait(max(0.0, self.config.interval - (time.monotonic() - started)))
+            self._wake.wait(max(0.0, self.config.interval - (self._clock() - started)))
 
-    def _pressure_share(self) -> float:
-        """The share of the budget to pin this cycle: halved per cycle under PSI pressure."""
-        try:
-            psi = self._pressure()
-        except VmcacheError as err:
-            self._log.warning(event("psi.unreadable", error=err))
-            return self._share
-        level = psi.some.avg10 if psi is not None else 0.0
-        threshold = self.config.psi_threshold
-        before = self._share
-        if level > threshold:
-            self._share = 0.0 if self._share <= _MIN_SHARE else self._share / 2
-        elif level < threshold / 2 and self._share < 1.0:
-            self._share = min(1.0, max(_MIN_SHARE, self._share * 2))
-        if self._share != before:
-            self._log.info(event("psi.share", psi_some_avg10=level, threshold=threshold,
-                                 share=f"{self._share:g}"))
-        return self._share
+    def _follow_events(self) -> bool:
+        """Act on what happened since the last cycle; False when the agent should stop."""
+        pending = self._link.poll()
+        if pending.disconnected:
+            self._reconnect()
+        elif pending.stopped or not self._link.alive():
+            if not self._reconnect_if_gone():
+                self._log.info(event("agent.domain_stopped"))
+                return False
+        if pending.metadata_changed and not self._reload():
+            return False
+        if pending.devices_changed or pending.metadata_changed or self._resync:
+            self._resync = False
+            self._sync_disks()
+        return True
 
     def _cycle(self) -> None:
-        mem = read_meminfo()
-        cap = self.config.pinned_cap.bytes_for(mem.total_bytes)
-        self._ledger.cap = cap
-        share = self._pressure_share()
-        want = int(sum(w.budget for w in self._workers.values()) * share)
-        granted = self._ledger.reserve(self.domain, want)
-        self.status.budget_bytes = want
-        self.status.granted_bytes = granted
-        backing_off = share < 1.0
-        for target, worker in list(self._workers.items()):
-            budget = int(worker.budget * share)
-            with self._state_lock:
-                stats = worker.cycle(budget if granted >= want or want == 0 else budget * granted // want)
-            if stats is not None:
-                backing_off |= stats.backing_off
-                writer = self._heatmaps.get(target)
-                if writer is not None:
-                    try:
-                        writer.cycle(lambda w=worker: w.engine.heatmap_data(w.target, title=self.domain))
-                    except VmcacheError as err:
-                        self._log.warning(event("heatmap.failed", disk=target, error=err))
-        self._refs.clear()  # once for all disks: each engine read its pages' bits since the last clear
-        held = sum(w.engine.last.pinned_bytes for w in self._workers.values() if w.engine.last)
-        self._ledger.reserve(self.domain, held)
-        if self._metrics:
-            self._metrics.set_host_memory(read_meminfo().available_bytes)
-        self.status.state = "backing-off" if backing_off else "running"
-        self.status.last_error = next((w.status.error for w in self._workers.values() if w.status.error), None)
-        self._resync = self.status.last_error is not None
+        grant = self._budget.grant(self._disks.budgets())
+        self.status.budget_bytes = grant.want
+        self.status.granted_bytes = grant.granted
+        result = self._disks.cycle(grant.disks, title=self.domain)
+        self._budget.hold(self._disks.pinned_bytes())
+        self._telemetry.set_host_memory(self._available_memory())
+        self.status.state = "backing-off" if grant.backing_off or result.backing_off else "running"
+        self.status.last_error = result.error
+        self._resync = result.resync
         self._write_status()
 
     def _reload(self) -> bool:
         """Metadata changed: re-read it. False when vmcache was disabled for the domain."""
         try:
-            self._info = self._read_xml()
+            self._info = self._link.read_xml()
         except (DomainError, ConfigError) as err:
             self._log.warning(event("agent.metadata_unusable", error=err))
             self.status.last_error = str(err)
@@ -258,28 +171,32 @@ class Agent:
             return False
         self._log.info(event("agent.metadata_changed", budget=domain_budget(settings, self.config)))
         # Budgets and exclusions are applied by _sync_disks; model changes need new engines.
-        for target in list(self._workers):
-            self._drop(target)
+        self._disks.drop_all(qemu_alive=self._link.alive())
         return True
+
+    def _sync_disks(self) -> None:
+        """Re-read the XML; make the disks match it (a failed read keeps them as they are)."""
+        try:
+            self._info = self._link.read_xml()
+        except (DomainError, ConfigError) as err:
+            self._log.warning(event("agent.xml_unusable", error=err))
+            return
+        self._disks.sync(self._info, self._link.monitor, qemu_alive=self._link.alive)
+
+    # -- libvirtd restarts ---------------------------------------------------------
 
     def _reconnect_if_gone(self) -> bool:
         """The domain looks stopped: is it really, or did libvirtd go away? True to carry on."""
-        if self._alive():
+        if self._link.alive():
             return True
-        try:
-            self._conn.getLibVersion()
-        except Exception:  # noqa: BLE001 - any failure here means the connection is gone
-            return self._reconnect()
-        return False
+        return not self._link.connected() and self._reconnect()
 
     def _reconnect(self) -> bool:
         """libvirtd went away: keep the pins, reconnect until it is back. True once reconnected."""
         self._log.warning(event("agent.libvirt_lost"))
         self.status.last_error = "libvirtd connection lost; reconnecting"
         self._write_status()
-        if self._events:
-            self._events.close()
-            self._events = None
+        self._link.close()
         while not self._stop.is_set():
             try:
                 self._attach()
@@ -287,125 +204,27 @@ class Agent:
                 self._log.info(event("agent.reconnect_failed", error=err))
                 self._stop.wait(RECONNECT_SECONDS)
                 continue
-            if not self._alive():
+            if not self._link.alive():
                 return False
-            monitor = LibvirtMonitor(self._dom)
-            for worker in self._workers.values():
-                if worker.tracker is not None:
-                    worker.tracker.monitor = monitor
+            self._disks.rebind(self._link.monitor())
             self._log.info(event("agent.reconnected"))
             self.status.last_error = None
             return True
         return False
 
-    # -- disks ---------------------------------------------------------------------
+    # -- status and teardown -------------------------------------------------------
 
-    def _sync_disks(self) -> None:
-        """Make the workers match the domain's eligible disks (start, hotplug, unplug, metadata)."""
-        assert self._info is not None and self._info.settings is not None
+    def _start_telemetry(self) -> None:
         try:
-            self._info = self._read_xml()
-        except (DomainError, ConfigError) as err:
-            self._log.warning(event("agent.xml_unusable", error=err))
-            return
-        settings = self._info.settings
-        if settings is None:
-            return
-        params = self.config.model_params(settings.model)
-        choices = choose_disks(self._info.disks, settings, self.config)
-        wanted = {c.disk.target: c for c in choices if c.eligible}
-        for target in [t for t in self._workers if t not in wanted or
-                       self._workers[t].image != wanted[t].disk.source]:
-            self._drop(target)
-        self._skipped = [DiskStatus(target=c.disk.target, source=c.disk.source, cache=c.disk.cache_mode,
-                                    eligible=False, reason=c.reason) for c in choices if not c.eligible]
-        for skipped in self._skipped:
-            self._log.info(event("disk.skipped", disk=skipped.target, reason=skipped.reason))
-        if not wanted.keys() - self._workers.keys():
-            for target, choice in wanted.items():
-                self._workers[target].budget = choice.budget
-            return
-        monitor = LibvirtMonitor(self._dom)
-        try:
-            nodes = {d.filename: d for d in discover_disks(monitor)}
-        except VmcacheError as err:
-            self._log.warning(event("disk.discovery_failed", error=err))
-            nodes = {}
-        for target, choice in wanted.items():
-            if target in self._workers:
-                self._workers[target].budget = choice.budget
-                continue
-            node = nodes.get(choice.disk.source or "")
-            if node is not None and node.direct:
-                self._skipped.append(DiskStatus(target=target, source=choice.disk.source, cache=choice.disk.cache_mode,
-                                                eligible=False, reason="QEMU opened it with O_DIRECT"))
-                continue
-            try:
-                self._workers[target] = DiskWorker(
-                    choice, node=node.storage_node if node else None, monitor=monitor, params=params,
-                    floor_bytes=self.config.min_free, prefetch_rate=self.config.prefetch_rate, refs=self._refs,
-                    runtime_dir=self.nbd_dir,
-                    granularity=self._granularity, metrics=self._metrics_or_new(), logger=self._log)
-            except VmcacheError as err:
-                self._log.warning(event("disk.start_failed", disk=target, error=err))
-                continue
-            if self.config.heatmap.every:
-                os.makedirs(self.config.heatmap.dir, mode=0o755, exist_ok=True)
-                base = os.path.join(self.config.heatmap.dir, f"{file_stem(self.domain)}-{target}")
-                self._heatmaps[target] = HeatmapWriter(
-                    base + ".png", json_path=base + ".json", every=self.config.heatmap.every,
-                    options=RenderOptions(blocks_per_pixel=self.config.heatmap.blocks_per_pixel,
-                                          aspect=self.config.heatmap.aspect))
-            self._log.info(event("disk.managed", disk=target, image=choice.disk.source, budget=choice.budget,
-                                 node=node.storage_node if node else None))
-
-    def _drop(self, target: str) -> None:
-        with self._state_lock:
-            worker = self._workers.pop(target)
-        self._heatmaps.pop(target, None)
-        worker.close(qemu_alive=self._alive())
-        self._log.info(event("disk.dropped", disk=target))
-
-    # -- metrics and status --------------------------------------------------------
-
-    def _metrics_or_new(self) -> AgentMetrics:
-        if self._metrics is None:
-            self._metrics = AgentMetrics(self.domain, self.status.uuid, version=__version__)
-        return self._metrics
-
-    def _heatmap_data(self, disk: str) -> HeatmapData | None:
-        """A managed disk's heat map as of its last cycle (served at /heatmap/<disk>.png)."""
-        with self._state_lock:
-            worker = self._workers.get(disk)
-            if worker is None or worker.engine.residency is None:
-                return None
-            return worker.engine.heatmap_data(disk, title=self.domain)
-
-    def _start_metrics(self) -> None:
-        metrics = self._metrics_or_new()
-        m = self.config.metrics
-        try:
-            tls = auth = None
-            if m.tls is not None:
-                tls = TLSOptions(certfile=m.tls.certfile, keyfile=m.tls.keyfile, client_cafile=m.tls.client_cafile,
-                                 client_auth_required=m.tls.client_auth_required)
-            if m.basic_auth is not None:
-                auth = BasicAuth(m.basic_auth.username, m.basic_auth.password_file)
-            options = RenderOptions(blocks_per_pixel=self.config.heatmap.blocks_per_pixel,
-                                    aspect=self.config.heatmap.aspect)
-            self._server = serve_metrics(metrics.registry, address=m.listen, ports=m.ports, tls=tls, basic_auth=auth,
-                                         pages=lambda path: heatmap_page(path, self._heatmap_data, options))
-            self._targets = TargetsFile(self.domain, self.status.uuid, self._server.target,
-                                        directory=os.path.join(self.config.runtime_dir, "prometheus"))
-            self._targets.write()
-            self.status.metrics_url = self._server.url
+            self.status.metrics_url = self._telemetry.start(
+                self.status.uuid, lambda disk: self._disks.heatmap_data(disk, title=self.domain))
         except VmcacheError as err:
             # Metrics are an add-on: the agent pins without them.
             self._log.warning(event("metrics.unavailable", error=err))
             self.status.last_error = f"metrics: {err}"
 
     def _write_status(self) -> None:
-        self.status.disks = [w.status for w in self._workers.values()] + self._skipped
+        self.status.disks = self._disks.statuses()
         try:
             write_status(self._status_path, self.status)
         except VmcacheError as err:
@@ -414,31 +233,20 @@ class Agent:
     def _shutdown(self) -> None:
         """Leave nothing behind: bitmaps, exports, pins, ledger share, files, server."""
         self.status.state = "stopping"
-        alive = self._alive()
-        for target in list(self._workers):
-            try:
-                self._drop(target)
-            except Exception as err:  # noqa: BLE001 - keep cleaning up the rest
-                self._log.error(event("disk.close_failed", disk=target, error=err))
-        for cleanup in (lambda: self._ledger.release(self.domain),
-                        lambda: self._targets and self._targets.remove(),
-                        lambda: self._server and self._server.close(),
-                        lambda: self._events and self._events.close()):
+        alive = self._link.alive()
+        self._disks.drop_all(qemu_alive=alive)
+        for cleanup in (self._budget.release, self._telemetry.close, self._link.close):
             try:
                 cleanup()
             except Exception as err:  # noqa: BLE001 - keep cleaning up the rest
                 self._log.warning(event("agent.cleanup_failed", error=err))
-        try:
-            os.rmdir(self.nbd_dir)  # empty once the trackers stopped
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            self._log.warning(event("agent.nbd_dir_left", path=self.nbd_dir, error=err))
-        try:
-            os.unlink(self._status_path)
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            self._log.warning(event("status.remove_failed", error=err))
+        for path, remove, name in ((self.nbd_dir, os.rmdir, "agent.nbd_dir_left"),  # empty once trackers stopped
+                                   (self._status_path, os.unlink, "status.remove_failed")):
+            try:
+                remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                self._log.warning(event(name, path=path, error=err))
         self._log.info(event("agent.stopped", qemu_alive=alive, version=__version__))
         remove_own_pidfile()  # last: the lock it guards ends with this process

@@ -18,6 +18,7 @@ from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
 from ..host.tracker import DirtyTracker
 from ..logfmt import event
+from ..observe.heatmap import HeatmapData, HeatmapWriter
 from ..observe.metrics import AgentMetrics, DiskMetrics
 from ..model.params import ModelParams
 from ..settings.policy import DiskChoice
@@ -49,9 +50,13 @@ class DiskWorker:
         granularity: int,
         metrics: AgentMetrics,
         logger: logging.Logger,
+        heatmap: HeatmapWriter | None = None,
         engine_factory: type[DiskEngine] = DiskEngine,
     ) -> None:
-        """Start tracking; raises VmcacheError when the image cannot be opened."""
+        """Start tracking; raises VmcacheError when the image cannot be opened.
+
+        ``heatmap`` writes the disk's heat-map files after its cycles.
+        """
         disk = choice.disk
         assert disk.source is not None
         self.target = disk.target
@@ -73,7 +78,9 @@ class DiskWorker:
         self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
                                      prefetch_rate=prefetch_rate, refs=refs, clear_refs=False,
                                      writes=self._writes if self.tracker else None, logger=logger)
+        self._heatmap = heatmap
         self._last_cycle: float | None = None
+        self.failing = False  # the last cycle failed or could not read the writes
 
     def _writes(self) -> WriteSample:
         assert self.tracker is not None
@@ -98,13 +105,40 @@ class DiskWorker:
             stats = self.engine.cycle()
         except VmcacheError as err:
             self._record_error(err, "disk.cycle_failed")
+            self.failing = True
             return None
+        self.failing = stats.error is not None
         now = time.monotonic()
         elapsed = now - self._last_cycle if self._last_cycle is not None else stats.duration_seconds
         self._last_cycle = now
         self._metrics.observe(stats)
         self.status.update(stats, elapsed=elapsed, wall_time=time.time())
         return stats
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes pinned after the last cycle (0 before the first)."""
+        return self.engine.last.pinned_bytes if self.engine.last else 0
+
+    def rebind(self, monitor: Monitor) -> None:
+        """Talk to QEMU through ``monitor`` from now on (libvirtd reconnected)."""
+        if self.tracker is not None:
+            self.tracker.monitor = monitor
+
+    def heatmap_data(self, title: str) -> HeatmapData | None:
+        """The heat map as of the last cycle; None before the first scan."""
+        if self.engine.residency is None:
+            return None
+        return self.engine.heatmap_data(self.target, title=title)
+
+    def write_heatmap(self, title: str) -> None:
+        """Count a cycle for the heat-map files; write them when due (a failure is logged)."""
+        if self._heatmap is None:
+            return
+        try:
+            self._heatmap.cycle(lambda: self.engine.heatmap_data(self.target, title=title))
+        except VmcacheError as err:
+            self._log.warning(event("heatmap.failed", disk=self.target, error=err))
 
     def close(self, *, qemu_alive: bool = True) -> None:
         """Unpin everything; remove our bitmaps and exports while QEMU is there to ask.

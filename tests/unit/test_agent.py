@@ -1,0 +1,270 @@
+"""The agent's loop driven with fakes: events, resync, budget, reconnect, teardown.
+
+The live tests (tests/live/) run the same agent against real libvirtd/QEMU;
+these check the loop's decisions one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vmcache.errors import DomainError
+from vmcache.host.ledger import Ledger
+from vmcache.host.meminfo import MemInfo, MemoryPressure, PressureLine
+from vmcache.host.virtevents import Pending
+from vmcache.model.stats import CycleStats
+from vmcache.observe.status import DiskStatus, status_path
+from vmcache.service.agent import EXIT_FAILURE, EXIT_OK, Agent
+from vmcache.service.budget import Budget
+from vmcache.service.diskset import DiskSet
+from vmcache.settings.config import HostConfig
+from vmcache.settings.metadata import DiskInfo, DomainInfo, DomainSettings
+
+MiB = 1 << 20
+LOG = logging.getLogger("test.agent")
+
+
+def _info(*disks: str, enabled: bool = True, budget: int = 64 * MiB) -> DomainInfo:
+    return DomainInfo("d", "uuid-1", tuple(DiskInfo(t, source=f"/img/{t}.raw", cache="writethrough") for t in disks),
+                      DomainSettings(enabled=enabled, budget=budget))
+
+
+class FakeLink:
+    """The domain in libvirt: XML and events scripted per cycle; stops the agent when the script ends."""
+
+    def __init__(self, info: DomainInfo, events: list[Pending], agent: list[Agent]) -> None:
+        self.info = info
+        self.events = deque(events)
+        self.agent = agent
+        self.running = True
+        self.xml_reads = 0
+        self.attaches = 0
+        self.monitors = 0
+        self.up = True
+
+    def attach(self) -> DomainInfo:
+        self.attaches += 1
+        return self.info
+
+    def read_xml(self) -> DomainInfo:
+        self.xml_reads += 1
+        return self.info
+
+    def poll(self) -> Pending:
+        if not self.events:
+            self.agent[0].request_stop()
+            return Pending()
+        return self.events.popleft()
+
+    def alive(self) -> bool:
+        return self.running
+
+    def connected(self) -> bool:
+        return self.up
+
+    def monitor(self) -> str:
+        self.monitors += 1
+        return f"monitor-{self.monitors}"
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakeWorker:
+    target: str
+    image: str
+    budget: int
+    monitor: Any
+    fail: bool = False
+    budgets: list[int] = field(default_factory=list)
+    closed: bool | None = None
+    pinned_bytes: int = 0
+    failing: bool = False
+    status: DiskStatus = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.status = DiskStatus(target=self.target, source=self.image, cache="writethrough", eligible=True)
+
+    def cycle(self, budget: int) -> CycleStats | None:
+        self.budgets.append(budget)
+        self.failing = self.fail
+        self.status.error = "image gone" if self.fail else None
+        if self.fail:
+            return None
+        self.pinned_bytes = budget
+        return CycleStats(now=0.0, duration_seconds=0.0, size_bytes=0, budget_bytes=budget, pinned_bytes=budget,
+                          pinned_regions=1, resident_bytes=budget, guest_written_bytes=0, guest_read_miss_bytes=0,
+                          recently_evicted_pages=None, bitmap_read="ok", mem_available_bytes=0, backing_off=False)
+
+    def rebind(self, monitor: Any) -> None:
+        self.monitor = monitor
+
+    def write_heatmap(self, title: str) -> None:
+        pass
+
+    def heatmap_data(self, title: str) -> None:
+        return None
+
+    def close(self, *, qemu_alive: bool = True) -> None:
+        self.closed = qemu_alive
+
+
+class FakeTelemetry:
+    def start(self, uuid: str, heatmaps: Any) -> str:
+        return "http://127.0.0.1:1/metrics"
+
+    def set_host_memory(self, available: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FakeRefs:
+    def clear(self) -> None:
+        pass
+
+
+@dataclass
+class Harness:
+    agent: Agent
+    link: FakeLink
+    workers: dict[str, FakeWorker]
+    config: HostConfig
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(Path(status_path(self.config.agents_dir, "d")).read_text())
+
+
+def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: list[float] | None = None,
+            failing: set[str] = frozenset()) -> Harness:  # type: ignore[assignment]
+    config = HostConfig(interval=0.001, runtime_dir=str(tmp_path / "run"))
+    holder: list[Agent] = []
+    link = FakeLink(info, events, holder)
+    workers: dict[str, FakeWorker] = {}
+
+    def make(choice: Any, node: Any, monitor: Any, params: Any) -> FakeWorker:
+        worker = FakeWorker(choice.disk.target, choice.disk.source, choice.budget, monitor,
+                            fail=choice.disk.target in failing)
+        workers[worker.target] = worker
+        return worker
+
+    levels = deque(psi or [])
+
+    def pressure() -> MemoryPressure:
+        return MemoryPressure(PressureLine(levels.popleft() if levels else 0.0, 0.0, 0.0, 0), None)
+
+    total = 16 << 30
+    budget = Budget("d", Ledger(config.ledger_path, None), cap=config.pinned_cap, psi_threshold=10.0,
+                    pressure=pressure, meminfo=lambda: MemInfo(total, total, total, 0, 0, 0, 0), logger=LOG)
+    disks = DiskSet(config, make, refs=FakeRefs(), logger=LOG, discover=lambda _m: [])  # type: ignore[arg-type]
+    agent = Agent("d", config, link=link, disks=disks, budget=budget,  # type: ignore[arg-type]
+                  telemetry=FakeTelemetry(), wake=threading.Event(), available_memory=lambda: total)  # type: ignore[arg-type]
+    holder.append(agent)
+    return Harness(agent, link, workers, config)
+
+
+def test_runs_every_disk_under_its_share_and_cleans_up_when_stopped(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda", "vdb"), [Pending(), Pending()])
+    statuses: list[dict[str, Any]] = []
+    real_write = h.agent._write_status
+
+    def spy() -> None:
+        real_write()
+        statuses.append(h.status())
+
+    h.agent._write_status = spy  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    assert h.workers["vda"].budgets == [32 * MiB] * 2 and h.workers["vdb"].budgets == [32 * MiB] * 2
+    assert statuses[-1]["state"] == "running" and statuses[-1]["granted_bytes"] == 64 * MiB
+    assert [d["target"] for d in statuses[-1]["disks"]] == ["vda", "vdb"]
+    assert all(w.closed is True for w in h.workers.values())  # QEMU alive: bitmaps removed
+    assert not Path(status_path(h.config.agents_dir, "d")).exists()
+    assert "d" not in Ledger(h.config.ledger_path, None).entries()
+
+
+def test_a_disk_with_a_lasting_error_resyncs_once_not_every_cycle(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda"), [Pending()] * 6, failing={"vda"})
+    assert h.agent.run() == EXIT_OK
+    assert len(h.workers["vda"].budgets) == 6
+    # One read at start, one when the disk started failing; none for the cycles after.
+    assert h.link.xml_reads == 2
+
+
+def test_psi_over_the_threshold_halves_each_disks_budget_per_cycle(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda"), [Pending()] * 4, psi=[0.0, 40.0, 40.0, 1.0])
+    assert h.agent.run() == EXIT_OK
+    assert h.workers["vda"].budgets == [64 * MiB, 32 * MiB, 16 * MiB, 32 * MiB]
+
+
+def test_domain_stop_event_ends_the_loop_and_does_not_ask_a_dead_qemu(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda"), [Pending()])
+
+    def stopped() -> Pending:
+        h.link.running = False
+        return Pending(stopped=True)
+
+    h.link.poll = lambda: h.link.events.popleft() if h.link.events else stopped()  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    assert h.workers["vda"].budgets == [64 * MiB]
+    assert h.workers["vda"].closed is False  # QEMU gone: nothing asked of it
+
+
+def test_disabled_in_metadata_exits_and_a_hotplug_is_synced(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda"), [Pending(), Pending(devices_changed=True), Pending()])
+    original = h.link.poll
+
+    def poll() -> Pending:
+        pending = original()
+        if pending.devices_changed:
+            h.link.info = _info("vda", "vdb")
+        return pending
+
+    h.link.poll = poll  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    assert h.workers["vda"].budgets == [64 * MiB, 32 * MiB, 32 * MiB]
+    assert h.workers["vdb"].budgets == [32 * MiB, 32 * MiB]
+
+    off = harness(tmp_path / "off", _info("vda"), [Pending(), Pending(metadata_changed=True), Pending()])
+    after_first = off.link.poll
+
+    def disable() -> Pending:
+        pending = after_first()
+        if pending.metadata_changed:
+            off.link.info = _info("vda", enabled=False)
+        return pending
+
+    off.link.poll = disable  # type: ignore[method-assign]
+    assert off.agent.run() == EXIT_OK
+    assert off.workers["vda"].budgets == [64 * MiB] and off.workers["vda"].closed is True
+
+
+def test_libvirtd_lost_reconnects_and_rebinds_the_workers(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda"), [Pending(), Pending(disconnected=True), Pending()])
+    assert h.agent.run() == EXIT_OK
+    assert h.link.attaches == 2
+    assert h.workers["vda"].monitor == "monitor-2"  # the new connection's monitor
+    assert len(h.workers["vda"].budgets) == 3
+
+
+def test_a_failed_attach_exits_with_failure_and_leaves_nothing(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda"), [])
+
+    def refuse() -> DomainInfo:
+        raise DomainError("domain 'd': Domain not found")
+
+    h.link.attach = refuse  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_FAILURE
+    assert not Path(status_path(h.config.agents_dir, "d")).exists()
+
+
+def test_not_enabled_at_start_exits_without_managing_anything(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda", enabled=False), [Pending()])
+    assert h.agent.run() == EXIT_OK and h.workers == {}

@@ -1,0 +1,79 @@
+"""The composition root of ``vmcache agent``: every collaborator built from the host config.
+
+The agent (:mod:`vmcache.service.agent`) only runs its lifecycle and loop;
+what it talks to is made here, with the production readers and writers as
+defaults, so a test can build the same agent with its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..host.ledger import Ledger
+from ..host.meminfo import MemoryPressure, read_meminfo, read_pressure
+from ..host.pagerefs import PageRefs
+from ..host.qmp import Monitor
+from ..host.virtdomain import DEFAULT_URI, connect
+from ..logfmt import domain_logger
+from ..model.params import ModelParams
+from ..observe.heatmap import HeatmapWriter, RenderOptions
+from ..observe.status import file_stem
+from ..settings.config import HostConfig
+from ..settings.policy import DiskChoice
+from .agent import Agent, nbd_dir
+from .budget import Budget
+from .diskset import DiskSet, WorkerFactory
+from .diskworker import DiskWorker
+from .domainlink import DomainLink
+from .telemetry import Telemetry
+
+__all__ = ["build_agent"]
+
+
+def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI,
+                connect_: Callable[[str], Any] = connect, granularity: int = 64 * 1024,
+                pressure: Callable[[], MemoryPressure | None] | None = None) -> Agent:
+    """The agent of ``domain`` on libvirt at ``uri``, wired to this host.
+
+    ``pressure`` reads memory PSI (default: /proc/pressure/memory).
+    """
+    logger = domain_logger("vmcache.service.agent", domain)
+    wake = threading.Event()
+    telemetry = Telemetry(domain, config)
+    link = DomainLink(domain, uri, connect=connect_, wake=wake)
+    refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
+    uuid = lambda: link.uuid  # noqa: E731 - known once the link attached, before the first worker
+    disks = DiskSet(config, _worker_factory(domain, config, telemetry, uuid, refs, granularity, logger),
+                    refs=refs, logger=logger)
+    budget = Budget(domain, Ledger(config.ledger_path, None), cap=config.pinned_cap,
+                    psi_threshold=config.psi_threshold, pressure=pressure or read_pressure,
+                    meminfo=read_meminfo, logger=logger)
+    return Agent(domain, config, link=link, disks=disks, budget=budget, telemetry=telemetry, wake=wake,
+                 available_memory=lambda: read_meminfo().available_bytes)
+
+
+def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid: Callable[[], str],
+                    refs: PageRefs, granularity: int, logger: Any) -> WorkerFactory:
+    runtime_dir = nbd_dir(config.runtime_dir, domain)
+
+    def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams) -> DiskWorker:
+        return DiskWorker(choice, node=node, monitor=monitor, params=params, floor_bytes=config.min_free,
+                          prefetch_rate=config.prefetch_rate, refs=refs, runtime_dir=runtime_dir,
+                          granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,
+                          heatmap=_heatmap_writer(domain, choice.disk.target, config))
+
+    return make
+
+
+def _heatmap_writer(domain: str, target: str, config: HostConfig) -> HeatmapWriter | None:
+    """The writer of one disk's heat-map files, when the config asks for them."""
+    if not config.heatmap.every:
+        return None
+    os.makedirs(config.heatmap.dir, mode=0o755, exist_ok=True)
+    base = os.path.join(config.heatmap.dir, f"{file_stem(domain)}-{target}")
+    return HeatmapWriter(base + ".png", json_path=base + ".json", every=config.heatmap.every,
+                         options=RenderOptions(blocks_per_pixel=config.heatmap.blocks_per_pixel,
+                                               aspect=config.heatmap.aspect))
