@@ -1,7 +1,8 @@
 """``vmcache disable DOMAIN``: opt a domain out.
 
 Sets ``enabled="no"`` in vmcache's metadata (keeping budget and overrides
-for a later ``vmcache enable``), or with ``--remove`` deletes the element.
+for a later ``vmcache enable``), or with ``--remove`` deletes the element
+and the saved hot set.
 When the running domain is changed its agent is stopped (it would also
 stop by itself on libvirt's metadata-change event).
 """
@@ -21,7 +22,8 @@ HELP = "opt a domain out: mark vmcache's metadata disabled and stop its agent"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("domain", help="libvirt domain name")
-    parser.add_argument("--remove", action="store_true", help="delete vmcache's metadata element altogether")
+    parser.add_argument("--remove", action="store_true",
+                        help="delete vmcache's metadata element altogether, and the saved hot set")
     add_affect_options(parser)
     add_host_options(parser)
 
@@ -34,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     current = dom.settings(read_from(flags, active))
     if args.remove:
         dom.set_settings(None, flags)
-        print(f"{args.domain}: vmcache metadata removed")
+        dom.set_hotset(None, flags)  # an agent told to stop saves nothing once the element is gone
+        print(f"{args.domain}: vmcache metadata and saved hot set removed")
     elif current is None:
         print(f"{args.domain}: no vmcache metadata, nothing to disable")
     else:

@@ -108,6 +108,8 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
                 f" writes {format_size(disk.get('write_bytes_per_second') or 0)}/s"
                 f" last cycle {f'{cycle:.3f}s' if isinstance(cycle, (int, float)) else '-'}"
                 f" {_ago(disk.get('last_cycle_at'), now)}"
+                + (f" warm {_size(disk.get('warm_restored_bytes'))}/{_size(disk.get('warm_total_bytes'))}"
+                   if disk.get("warm_total_bytes") else "")
                 + (f" error: {disk['error']}" if disk.get("error") else "")
                 + (f"  ({disk['source']})" if disk.get("source") else ""))
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from typing import Any
 import libvirt
 
 from ..errors import DomainError
+from ..settings.hotset import HOTSET_NAMESPACE, HOTSET_PREFIX, HotSet, build_hotset, parse_hotset
 from ..settings.metadata import NAMESPACE, PREFIX, DomainSettings, build_settings, parse_settings
 
 __all__ = ["DEFAULT_URI", "Affect", "VirtDomain", "connect"]
@@ -55,6 +56,14 @@ class VirtDomain:
             raise _error(f"cannot look up domain {name!r}", err) from err
         self.name = name
 
+    @classmethod
+    def of(cls, dom: Any) -> VirtDomain:
+        """The facade over a virDomain already looked up (the agent's)."""
+        facade = cls.__new__(cls)
+        facade._dom = dom
+        facade.name = dom.name()
+        return facade
+
     def is_active(self) -> bool:
         try:
             return bool(self._dom.isActive())
@@ -72,13 +81,8 @@ class VirtDomain:
 
         Raises DomainError (libvirt) or ConfigError (the element is not acceptable).
         """
-        try:
-            xml = self._dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, int(affect))
-        except libvirt.libvirtError as err:
-            if err.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_METADATA:
-                return None
-            raise _error(f"{self.name}: cannot read metadata", err) from err
-        return parse_settings(xml)
+        xml = self._metadata(NAMESPACE, affect)
+        return None if xml is None else parse_settings(xml)
 
     def set_settings(self, settings: DomainSettings | None, affect: Affect = Affect.CURRENT) -> None:
         """Write (or, with None, remove) vmcache's metadata element. Raises DomainError."""
@@ -88,3 +92,28 @@ class VirtDomain:
                                   NAMESPACE, int(affect))
         except libvirt.libvirtError as err:
             raise _error(f"{self.name}: cannot set metadata", err) from err
+
+    def _metadata(self, namespace: str, affect: Affect) -> str | None:
+        try:
+            return str(self._dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, namespace, int(affect)))
+        except libvirt.libvirtError as err:
+            if err.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_METADATA:
+                return None
+            raise _error(f"{self.name}: cannot read metadata", err) from err
+
+    def hotset(self, affect: Affect = Affect.CURRENT) -> HotSet | None:
+        """The saved hot set of the live (LIVE) or persistent (CONFIG) definition; None if absent.
+
+        Raises DomainError (libvirt) or ConfigError (the element is not acceptable).
+        """
+        xml = self._metadata(HOTSET_NAMESPACE, affect)
+        return None if xml is None else parse_hotset(xml)
+
+    def set_hotset(self, hotset: HotSet | None, affect: Affect = Affect.CURRENT) -> None:
+        """Write (or, with None, remove) the saved hot set element. Raises DomainError."""
+        xml = None if hotset is None else build_hotset(hotset)
+        try:
+            self._dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, HOTSET_PREFIX if xml else None,
+                                  HOTSET_NAMESPACE, int(affect))
+        except libvirt.libvirtError as err:
+            raise _error(f"{self.name}: cannot set the hot set", err) from err

@@ -19,6 +19,7 @@ import libvirt
 
 from ..errors import DomainError
 from ..logfmt import event
+from ..settings.hotset import HOTSET_NAMESPACE
 
 __all__ = ["EventLoop", "DomainEvents", "Pending"]
 
@@ -103,6 +104,8 @@ class DomainEvents:
             self._set(stopped=True)
 
     def _on_metadata(self, _conn: Any, _dom: Any, _mtype: int, nsuri: str | None, _opaque: Any) -> None:
+        if nsuri == HOTSET_NAMESPACE:
+            return  # the agent's own saves of the hot set: nothing the agent must re-read
         self._set(metadata_changed=True)
 
     def _on_device(self, _conn: Any, _dom: Any, dev_alias: str, _opaque: Any) -> None:

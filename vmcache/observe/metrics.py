@@ -146,6 +146,10 @@ class AgentMetrics:
             "1 when the free-memory floor or memory pressure kept vmcache from pinning what it planned.")
         self.backoff_skipped = gauge(
             "backoff_skipped_bytes", "Bytes planned for pinning but left unpinned because of the memory floor.")
+        self.warm_restored = gauge(
+            "warm_restored_bytes", "Bytes of the saved hot set the disk started from that vmcache has pinned again.")
+        self.warm_total = gauge(
+            "warm_total_bytes", "Bytes of the saved hot set the disk started from (0: a cold start).")
         self.guest_written = counter(
             "guest_written_bytes", "Bytes the guest wrote to the image (dirty bitmap, granularity-rounded).")
         self.guest_read_miss = counter(
@@ -208,7 +212,7 @@ class DiskMetrics:
         self._labels = (*agent._agent, target, image)
         a = agent
         self._gauges = (a.image_size, a.budget, a.pinned, a.pinned_regions, a.resident,
-                        a.backing_off, a.backoff_skipped)
+                        a.backing_off, a.backoff_skipped, a.warm_restored, a.warm_total)
         self._counters = (a.guest_written, a.guest_read_miss, a.cycle_duration)
         # Create the series now so a fresh disk shows zeros, not nothing.
         for metric in (*self._gauges, *self._counters):
@@ -238,6 +242,8 @@ class DiskMetrics:
         a.resident.labels(*labels).set(stats.resident_bytes)
         a.backing_off.labels(*labels).set(1 if stats.backing_off else 0)
         a.backoff_skipped.labels(*labels).set(stats.skipped_for_floor_bytes)
+        a.warm_restored.labels(*labels).set(stats.warm_restored_bytes)
+        a.warm_total.labels(*labels).set(stats.warm_total_bytes)
         if stats.recently_evicted_pages is None:
             # No cachestat on this kernel: no series rather than a false 0.
             _discard(a.recently_evicted, labels)

@@ -100,6 +100,8 @@ class DiskStatus:
     last_cycle_seconds: float | None = None
     last_cycle_at: float | None = None
     error: str | None = None
+    warm_restored_bytes: int = 0   # of the saved hot set this disk started from, pinned so far
+    warm_total_bytes: int = 0      # bytes of that saved set (0: the disk started cold)
 
     def update(self, stats: CycleStats, *, elapsed: float, wall_time: float) -> None:
         """Take the figures of one engine cycle; ``elapsed`` seconds since the previous one."""
@@ -110,6 +112,8 @@ class DiskStatus:
         self.last_cycle_seconds = stats.duration_seconds
         self.last_cycle_at = wall_time
         self.error = stats.error
+        self.warm_restored_bytes = stats.warm_restored_bytes
+        self.warm_total_bytes = stats.warm_total_bytes
 
 
 @dataclass
@@ -128,6 +132,7 @@ class AgentStatus:
     granted_bytes: int = 0
     metrics_url: str | None = None
     last_error: str | None = None
+    hotset_saved_at: float | None = None  # wall time the agent last saved the domain's hot set
     disks: list[DiskStatus] = field(default_factory=list)
     version: int = SCHEMA_VERSION
 

@@ -136,6 +136,7 @@ class HostConfig:
     prefetch_rate: int | None = 8 << 20
     psi_threshold: float = 10.0
     interval: float = 10.0
+    hotset_interval: float = 300.0      # seconds between saves of the hot set; 0: never saved
     cache_modes: frozenset[str] = frozenset({"writethrough"})
     pinned_cap: PinnedCap = PinnedCap()
     model: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -396,6 +397,9 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
         values["interval"] = parse_duration(data["interval"], key="interval", minimum=0.1)
         if values["interval"] > 86400:
             raise ConfigError("interval", data["interval"], "must be at most 1 day")
+    if "hotset_interval" in data:
+        values["hotset_interval"] = (0.0 if data["hotset_interval"] in (0, "0", "never")
+                                     else parse_duration(data["hotset_interval"], key="hotset_interval", minimum=1.0))
     if "cache_modes" in data:
         values["cache_modes"] = _cache_modes(data["cache_modes"])
     if "pinned_cap" in data:
@@ -417,7 +421,8 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     return config
 
 
-_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "psi_threshold", "interval", "cache_modes", "pinned_cap", "model",
+_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "psi_threshold", "interval", "hotset_interval", "cache_modes",
+             "pinned_cap", "model",
              "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap")
 _METRICS_KEYS = ("listen", "ports", "tls", "basic_auth")
 _TLS_KEYS = ("certfile", "keyfile", "client_cafile", "client_auth_required")

@@ -1,0 +1,199 @@
+"""HotSetKeeper: loads once, warms matching disks only, saves where the domain keeps it, never raises."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from vmcache.errors import ConfigError, DomainError
+from vmcache.host.imageid import image_id
+from vmcache.host.virtdomain import Affect
+from vmcache.model.params import ModelParams
+from vmcache.model.region import Region
+from vmcache.model.warm import WarmStart
+from vmcache.service.hotsets import HotSetKeeper
+from vmcache.settings.hotset import DiskHotSet, HotSet, build_hotset, parse_hotset
+from vmcache.settings.metadata import DomainSettings
+
+MiB = 1 << 20
+P = ModelParams(block_size=MiB)
+
+
+@dataclass
+class FakeDomain:
+    saved: dict[int, str] = field(default_factory=dict)  # affect flag -> element, as libvirt keeps it
+    settings_: DomainSettings | None = DomainSettings()
+    persistent: bool = True
+    fail: Exception | None = None
+
+    def hotset(self, affect: Affect = Affect.CURRENT) -> HotSet | None:
+        if self.fail:
+            raise self.fail
+        xml = self.saved.get(int(affect))
+        return None if xml is None else parse_hotset(xml)
+
+    def set_hotset(self, hotset: HotSet | None, affect: Affect = Affect.CURRENT) -> None:
+        if self.fail:
+            raise self.fail
+        for flag in (Affect.LIVE, Affect.CONFIG):
+            if affect & flag:
+                if hotset is None:
+                    self.saved.pop(int(flag), None)
+                else:
+                    self.saved[int(flag)] = build_hotset(hotset)
+
+    def settings(self, affect: Affect = Affect.CURRENT) -> DomainSettings | None:
+        return self.settings_
+
+    def is_persistent(self) -> bool:
+        return self.persistent
+
+
+@dataclass
+class FakeResidency:
+    size_bytes: int
+
+
+class FakeEngine:
+    params = P
+
+    def __init__(self, regions: list[Region], size: int) -> None:
+        self._regions = regions
+        self.residency: Any = FakeResidency(size)
+        self.warm: WarmStart | None = None
+
+    def hot_regions(self) -> list[Region]:
+        return self._regions
+
+
+@dataclass
+class Disk:
+    target: str
+    image: str
+    engine: FakeEngine
+
+
+@pytest.fixture
+def image(tmp_path):
+    path = tmp_path / "web.img"
+    with open(path, "wb") as f:
+        f.truncate(64 * MiB)
+    return str(path)
+
+
+def _keeper(dom: FakeDomain, clock: list[float] | None = None) -> HotSetKeeper:
+    now = clock or [0.0]
+    return HotSetKeeper(dom, every=300.0, logger=logging.getLogger("test.hotsets"), clock=lambda: now[0],
+                        wall=lambda: 1795430400.0)
+
+
+def test_save_then_a_new_agent_warms_the_same_image(image, caplog):
+    caplog.set_level(logging.INFO)
+    dom = FakeDomain()
+    held = [Region(8 * MiB, 4 * MiB, 4.0), Region(32 * MiB, 2 * MiB, 1.0)]
+    assert _keeper(dom).save([Disk("vda", image, FakeEngine(held, 64 * MiB))], live=True)
+    assert set(dom.saved) == {int(Affect.LIVE), int(Affect.CONFIG)}  # running, persistent: both definitions
+    (record,) = parse_hotset(dom.saved[int(Affect.LIVE)]).disks
+    assert record.image_id == image_id(image) is not None  # the image got its id when a set was saved for it
+
+    keeper = _keeper(dom)
+    keeper.load()
+    disk = Disk("vda", image, FakeEngine([], 64 * MiB))
+    keeper.warm(disk)
+    assert disk.engine.warm is not None and disk.engine.warm.total_bytes == 6 * MiB
+    assert "hotset.warming disk=vda" in caplog.text
+    other = Disk("vda", image, FakeEngine([], 64 * MiB))
+    keeper.warm(other)  # a record warms one engine once (a re-created worker starts as the model says)
+    assert other.engine.warm is None
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("resize", "bytes"),
+    ("replace", "replaced"),
+    ("rename", "no managed disk vda now"),
+])
+def test_a_changed_image_ignores_the_saved_set(image, caplog, change, reason):
+    dom = FakeDomain()
+    _keeper(dom).save([Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))], live=True)
+    target = "vda"
+    if change == "resize":
+        os.truncate(image, 128 * MiB)
+    elif change == "replace":  # cp/qemu-img convert to a new file, then mv over the old one
+        os.unlink(image)
+        with open(image, "wb") as f:
+            f.truncate(64 * MiB)
+    else:
+        target = "vdb"  # the same image, attached under another name
+    keeper = _keeper(dom)
+    keeper.load()
+    disk = Disk(target, image, FakeEngine([], 64 * MiB))
+    keeper.warm_all([disk])
+    assert disk.engine.warm is None
+    assert "hotset.ignored disk=vda" in caplog.text and reason in caplog.text
+
+
+def test_unusable_saved_set_is_one_line_and_a_cold_start(image, caplog):
+    dom = FakeDomain(fail=ConfigError("hotset version", "9", "not a version this vmcache reads (1)"))
+    keeper = _keeper(dom)
+    keeper.load()
+    disk = Disk("vda", image, FakeEngine([], 64 * MiB))
+    keeper.warm(disk)
+    assert disk.engine.warm is None
+    (line,) = [r.getMessage() for r in caplog.records if "hotset.unusable" in r.getMessage()]
+    assert "cold start" in line and "\n" not in line
+
+
+def test_nothing_saved_when_disabled_or_removed_or_transient_and_stopped(image):
+    disks = [Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))]
+    for settings in (None, DomainSettings(enabled=False)):
+        dom = FakeDomain(settings_=settings)
+        assert not _keeper(dom).save(disks, live=True) and not dom.saved
+    transient = FakeDomain(persistent=False)
+    assert not _keeper(transient).save(disks, live=False) and not transient.saved
+    assert _keeper(transient).save(disks, live=True) and set(transient.saved) == {int(Affect.LIVE)}
+
+
+def test_libvirt_failure_is_logged_not_raised(image, caplog):
+    dom = FakeDomain(fail=DomainError("web-1: cannot set the hot set: domain is not running"))
+    assert not _keeper(dom).save([Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))], live=True)
+    assert "hotset.save_failed" in caplog.text
+
+
+def test_a_disk_still_warming_keeps_the_set_it_started_from(image):
+    dom = FakeDomain()
+    saved = [Region(i * 4 * MiB, MiB, 2.0) for i in range(10)]
+    _keeper(dom).save([Disk("vda", image, FakeEngine(saved, 64 * MiB))], live=True)
+    keeper = _keeper(dom)
+    keeper.load()
+    disk = Disk("vda", image, FakeEngine([Region(0, MiB, 2.0)], 64 * MiB))  # one region restored so far
+    keeper.warm(disk)
+    keeper.save([disk], live=True)
+    (record,) = parse_hotset(dom.saved[int(Affect.LIVE)]).disks
+    assert len(record.regions) == 10
+
+
+def test_saves_are_due_every_interval():
+    now = [100.0]
+    keeper = _keeper(FakeDomain(), now)
+    assert not keeper.due()
+    now[0] = 399.0
+    assert not keeper.due()
+    now[0] = 400.0
+    assert keeper.due()
+    never = HotSetKeeper(FakeDomain(), every=0.0, logger=logging.getLogger("t"))
+    assert not never.due()
+
+
+def test_saved_set_round_trips_through_the_record(image):
+    dom = FakeDomain()
+    record = DiskHotSet("vda", image, 64 * MiB, None, MiB, (Region(0, MiB, 1.0),))
+    dom.set_hotset(HotSet(saved=1, disks=(record,)), Affect.LIVE)
+    keeper = _keeper(dom)
+    keeper.load()
+    disk = Disk("vda", image, FakeEngine([], 64 * MiB))
+    keeper.warm(disk)  # no id saved (a file system without xattrs): path and size decide
+    assert disk.engine.warm is not None
