@@ -86,12 +86,8 @@ class VirtDomain:
 
     def set_settings(self, settings: DomainSettings | None, affect: Affect = Affect.CURRENT) -> None:
         """Write (or, with None, remove) vmcache's metadata element. Raises DomainError."""
-        xml = None if settings is None else build_settings(settings)
-        try:
-            self._dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, PREFIX if xml else None,
-                                  NAMESPACE, int(affect))
-        except libvirt.libvirtError as err:
-            raise _error(f"{self.name}: cannot set metadata", err) from err
+        self._set_metadata(NAMESPACE, PREFIX, None if settings is None else build_settings(settings), affect,
+                           "metadata")
 
     def _metadata(self, namespace: str, affect: Affect) -> str | None:
         try:
@@ -111,9 +107,13 @@ class VirtDomain:
 
     def set_hotset(self, hotset: HotSet | None, affect: Affect = Affect.CURRENT) -> None:
         """Write (or, with None, remove) the saved hot set element. Raises DomainError."""
-        xml = None if hotset is None else build_hotset(hotset)
+        self._set_metadata(HOTSET_NAMESPACE, HOTSET_PREFIX, None if hotset is None else build_hotset(hotset),
+                           affect, "the hot set")
+
+    def _set_metadata(self, namespace: str, prefix: str, xml: str | None, affect: Affect, what: str) -> None:
+        """One element per namespace: ``xml`` replaces it, None removes it."""
         try:
-            self._dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, HOTSET_PREFIX if xml else None,
-                                  HOTSET_NAMESPACE, int(affect))
+            self._dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, prefix if xml else None,
+                                  namespace, int(affect))
         except libvirt.libvirtError as err:
-            raise _error(f"{self.name}: cannot set the hot set", err) from err
+            raise _error(f"{self.name}: cannot set {what}", err) from err
