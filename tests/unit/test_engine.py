@@ -15,6 +15,7 @@ import pytest
 from vmcache.service.engine import DiskEngine, WriteSample
 from vmcache.host.pagecache import scan_residency
 from vmcache.model.params import ModelParams
+from vmcache.model.region import Region
 
 from tests.pagecache_util import drop, fake_meminfo
 
@@ -63,8 +64,12 @@ def engine(path: Path, budget: int = 64 * MiB, **kw) -> DiskEngine:  # type: ign
                       clock=Clock(), **kw)
 
 
+def pinned(e: DiskEngine) -> list[Region]:
+    return e._pinner.pinned
+
+
 def pinned_spans(e: DiskEngine) -> list[tuple[int, int]]:
-    return sorted(r.span for r in e.pinned)
+    return sorted(r.span for r in pinned(e))
 
 
 def test_a_region_the_guest_keeps_reading_gets_pinned_and_stays_resident(image: Path) -> None:
@@ -73,7 +78,7 @@ def test_a_region_the_guest_keeps_reading_gets_pinned_and_stays_resident(image: 
             guest_read(image, 100 * MiB, 16 * MiB)
             stats = e.cycle()
         assert stats.pinned_bytes >= 16 * MiB
-        assert any(r.start <= 100 * MiB and r.end >= 116 * MiB for r in e.pinned)
+        assert any(r.start <= 100 * MiB and r.end >= 116 * MiB for r in pinned(e))
         # Pinned pages survive an attempt to drop them; others don't.
         guest_read(image, 10 * MiB, 4 * MiB)
         drop(image)
@@ -156,7 +161,7 @@ def test_image_growing_and_shrinking_between_cycles(image: Path) -> None:
         os.truncate(image, 100 * MiB)  # the pinned region is now past the end
         stats = e.cycle()
         assert stats.size_bytes == 100 * MiB
-        assert all(r.end <= 100 * MiB for r in e.pinned)
+        assert all(r.end <= 100 * MiB for r in pinned(e))
         os.truncate(image, 400 * MiB)
         guest_read(image, 300 * MiB, 8 * MiB)
         stats = e.cycle()
@@ -206,7 +211,7 @@ def test_pinned_region_the_guest_keeps_reading_stays_pinned_by_read_evidence(ima
             guest_read(image, 100 * MiB, 16 * MiB)
             stats = e.cycle()
         assert stats.pinned_bytes >= 16 * MiB
-        assert any(r.start <= 100 * MiB and r.end >= 116 * MiB for r in e.pinned)
+        assert any(r.start <= 100 * MiB and r.end >= 116 * MiB for r in pinned(e))
 
 
 def test_pinned_region_the_guest_stops_reading_is_released_by_read_evidence(image: Path) -> None:

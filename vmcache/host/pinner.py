@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import PinError
 from ..logfmt import event
+from ..model.cycle import blocks_mask
 from ..model.region import Region
 from .meminfo import MemInfo, read_meminfo
 from .pagerefs import PageRefs
@@ -120,10 +121,7 @@ class Pinner:
 
     def pinned_mask(self, block_size: int, nblocks: int) -> np.ndarray:
         """Bool per block: True where any byte of the block is pinned."""
-        mask = np.zeros(nblocks, dtype=bool)
-        for start, length in self._pins:
-            mask[start // block_size : -(-(start + length) // block_size)] = True
-        return mask
+        return blocks_mask(self.pinned, block_size, nblocks)
 
     def read_evidence(self, block_size: int, nblocks: int, refs: PageRefs, *, per_block: int = 16,
                       phase: int = 0) -> np.ndarray:

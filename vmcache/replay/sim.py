@@ -14,13 +14,14 @@ blocks:
 - ``lru``: plain LRU of ``capacity`` blocks, empty at the start.
 - ``vmcache``: the same LRU, but the blocks vmcache pins are never evicted
   and count against the capacity (the LRU holds ``capacity - pinned``).
-  Every ``interval`` seconds of trace time it runs what the engine runs
-  each cycle (:class:`~vmcache.service.engine.DiskEngine`): residency of the
-  simulated cache with "ours" masked (blocks pinned now, or pinned earlier
-  and not evicted since), the blocks written during the interval (the dirty
-  bitmap), ``HeatModel.step`` at ``now`` = the trace time, then ``plan``
-  with the pinned regions as ``current`` and ``pin_share * budget`` as the
-  byte budget. Newly pinned blocks leave the LRU or, if not resident, are
+  Every ``interval`` seconds of trace time it runs the engine's own cycle
+  (:class:`~vmcache.model.cycle.Cycle`, what
+  :class:`~vmcache.service.engine.DiskEngine` runs between sampling and
+  pinning) on what the host would have sampled: residency of the simulated
+  cache, the blocks written during the interval (the dirty bitmap), read
+  evidence of pinned blocks, the pinned regions, ``now`` = the trace time
+  and ``pin_share * budget`` as the byte budget, without a prefetch limit.
+  Every region it plans is pinned. Newly pinned blocks leave the LRU or, if not resident, are
   loaded (counted as ``prefetched``, not as misses: the agent loads them
   off the guest's I/O path); unpinned blocks go back to the LRU as most
   recently used (munlock puts pages back on the kernel's LRU) and stay
@@ -49,9 +50,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..model.heat import HeatModel
+from ..model.cycle import Cycle, blocks_mask
 from ..model.params import PAGE_SIZE, ModelParams
-from ..model.planner import plan
 from ..model.region import Region
 from ..model.warm import WarmStart, heat_of
 from .trace import Trace
@@ -214,6 +214,43 @@ def static_topk(bt: BlockTrace, capacity: int) -> NDArray[np.bool_]:
     return chosen[bt.block] & ~first
 
 
+def _sampled(bt: BlockTrace, begin: int, end: int, pinned: NDArray[np.bool_]
+             ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """What the engine samples after accesses ``begin:end``: the written blocks, read evidence of pinned ones.
+
+    Written: 1.0 on every block written (the dirty bitmap, exact). Read
+    evidence, as the engine gets it from the pinned pages' referenced bits:
+    the share of each pinned block's pages read (4 KiB reads), NaN elsewhere.
+    """
+    nb = bt.nblocks
+    block, write = bt.block[begin:end], bt.write[begin:end]
+    written = np.zeros(nb, dtype=np.float32)
+    written[block[write]] = 1.0
+    read = block[~write]
+    read = read[pinned[read]]
+    seen = np.full(nb, np.nan, dtype=np.float32)
+    seen[pinned] = np.minimum(1.0, np.bincount(read, minlength=nb)[pinned] * (PAGE_SIZE / bt.block_size))
+    return written, seen
+
+
+def _repin(cache: OrderedDict[int, None], pinned: NDArray[np.bool_], wanted: NDArray[np.bool_]) -> int:
+    """Move blocks between the LRU and the pinned set; return how many pinned blocks had to be loaded.
+
+    Released blocks go back to the LRU as most recently used (munlock puts
+    pages back on the kernel's LRU); newly pinned ones leave it, or are
+    loaded when not resident (off the guest's I/O path: not misses).
+    """
+    for b in np.flatnonzero(pinned & ~wanted).tolist():
+        cache[b] = None
+    loaded = 0
+    for b in np.flatnonzero(wanted & ~pinned).tolist():
+        if b in cache:
+            del cache[b]
+        else:
+            loaded += 1
+    return loaded
+
+
 @dataclass
 class VmcacheRun:
     """What the vmcache arm did, beside its hits."""
@@ -250,10 +287,10 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     if n == 0:
         return run
     hits = bytearray(n)
-    model = HeatModel(params, nb)
+    cycle = Cycle(params, nb)
+    cycle.warm = warm
     pinned = np.zeros(nb, dtype=bool)
     pinset: set[int] = set()
-    ours = np.zeros(nb, dtype=bool)
     current: list[Region] = []
     cache: OrderedDict[int, None] = OrderedDict()  # the unpinned resident blocks
     room = capacity
@@ -268,48 +305,26 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         for i in range(begin, end):
             b = blocks[i]
             hits[i] = b in pinset or _lru_access(cache, b, room)
-        # one engine cycle at the end of the interval
-        written = np.zeros(nb, dtype=np.float32)
-        written[bt.block[begin:end][bt.write[begin:end]]] = 1.0
-        # read evidence of pinned blocks, as the engine gets it from the pages'
-        # referenced bits: the share of the block's pages read (4 KiB reads)
-        read = bt.block[begin:end][~bt.write[begin:end]]
-        read = read[pinned[read]]
-        seen = np.full(nb, np.nan, dtype=np.float32)
-        seen[pinned] = np.minimum(1.0, np.bincount(read, minlength=nb)[pinned] * (PAGE_SIZE / bs))
+        # one engine cycle at the end of the interval, on what the host would have sampled
+        written, seen = _sampled(bt, begin, end, pinned)
         begin = end
         resident = pinned.copy()
         if cache:
             resident[np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))] = True
-        ours &= resident
-        ours |= pinned
-        now = t0 + params.interval * (k + 1)
-        heat = model.step(resident.astype(np.float32), written, ours, now, seen=seen)
-        if warm is not None:
-            warm.seed(model, now)
-        current = plan(heat, params=params, size_bytes=size, budget=pin_budget, current=current, own=model.own)
-        wanted = np.zeros(nb, dtype=bool)
-        for region in current:
-            wanted[region.start // bs : -(-region.end // bs)] = True
-        for b in np.flatnonzero(pinned & ~wanted).tolist():  # released: back to the LRU, most recent
-            cache[b] = None
-        for b in np.flatnonzero(wanted & ~pinned).tolist():  # pinned: out of the LRU, or loaded
-            if b in cache:
-                del cache[b]
-            else:
-                run.prefetched += 1
+        current = cycle.step(resident.astype(np.float32), written, current, size_bytes=size, budget=pin_budget,
+                             now=t0 + params.interval * (k + 1), seen=seen).regions
+        wanted = blocks_mask(current, bs, nb)
+        run.prefetched += _repin(cache, pinned, wanted)
         pinned = wanted
-        if warm is not None:
-            warm.update(pinned)
         pinset = set(np.flatnonzero(pinned).tolist())
         room = capacity - len(pinset)
         while len(cache) > room:
             cache.popitem(last=False)
-        ours |= pinned
+        cycle.pinned(current)
         pinned_total += len(pinset)
         run.pinned_blocks_max = max(run.pinned_blocks_max, len(pinset))
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
-    run.hot = heat_of(current, model.heat, bs)
+    run.hot = heat_of(current, cycle.model.heat, bs)
     run.cycles = ncycles
     run.pinned_blocks_mean = pinned_total / (ncycles + (warm is not None))  # the warm start's first cycle too
     return run

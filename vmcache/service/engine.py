@@ -34,9 +34,8 @@ from ..host.pagerefs import PageRefs
 from ..host.pinner import Pinner
 from ..host.tracker import extents_to_blocks
 from ..logfmt import event
-from ..model.heat import HeatModel
+from ..model.cycle import Cycle, blocks_mask, evidence_per_block
 from ..model.params import ModelParams
-from ..model.planner import plan
 from ..model.region import Region
 from ..model.stats import CycleStats
 from ..model.warm import WarmStart, heat_of
@@ -44,9 +43,6 @@ from ..model.warm import WarmStart, heat_of
 __all__ = ["DiskEngine", "WriteSample", "BitmapResult"]
 
 BitmapResult = Literal["ok", "deferred", "failed", "none"]
-
-EVIDENCE_SAMPLES = 4096
-"""Most pinned pages whose referenced bit one cycle of one disk looks at."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +98,6 @@ class DiskEngine:
         self.image = os.fspath(image)
         self.params = params
         self.budget = budget
-        self.prefetch_rate = prefetch_rate
         self._writes = writes
         self._meminfo = meminfo
         self._clock = clock
@@ -115,46 +110,40 @@ class DiskEngine:
         self._refs = refs if refs is not None else PageRefs()
         self._clear_refs = clear_refs
         self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, logger=self._log)
-        self._model: HeatModel | None = None
-        self._ours = np.zeros(0, dtype=bool)
-        self._prev: np.ndarray | None = None
+        self._cycle = Cycle(params, prefetch_rate=prefetch_rate)
         self._written = np.zeros(0, dtype=np.float32)
-        self._last_plan: float | None = None
         self._cycles = 0
-        self._tokens = 0.0
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
-        self.warm: WarmStart | None = None
+
+    @property
+    def warm(self) -> WarmStart | None:
         """A saved hot set being restored (set before the first cycle), None without one."""
+        return self._cycle.warm
+
+    @warm.setter
+    def warm(self, warm: WarmStart | None) -> None:
+        self._cycle.warm = warm
 
     # What the heat map and status show -------------------------------------------------
 
     @property
     def heat(self) -> np.ndarray:
         """Heat per block (empty before the first cycle)."""
-        return self._model.heat if self._model else np.zeros(0, dtype=np.float32)
-
-    @property
-    def written(self) -> np.ndarray:
-        """Fraction of each block the guest wrote in the last cycle."""
-        return self._written
-
-    @property
-    def pinned(self) -> list[Region]:
-        return list(self._pinner.pinned)
+        return self._cycle.model.heat
 
     def hot_regions(self) -> list[Region]:
         """The regions held now, priority = their heat summed over their blocks (what a hot set saves)."""
         return heat_of(self._pinner.pinned, self.heat, self.params.block_size)
 
     def pinned_mask(self) -> np.ndarray:
-        return self._pinner.pinned_mask(self.params.block_size, len(self._ours))
+        return self._pinner.pinned_mask(self.params.block_size, self._cycle.nblocks)
 
     def heatmap_data(self, disk: str, *, title: str = "") -> HeatmapData:
         """This disk's state as the heat-map picture draws it (after at least one cycle)."""
         size = self.residency.size_bytes if self.residency else 0
         guest = self.residency.fraction.copy() if self.residency else np.zeros(0, dtype=np.float32)
-        guest[self._ours] = 0.0
+        guest[self._cycle.ours] = 0.0
         return HeatmapData(heat=np.array(self.heat), pinned=self.pinned_mask(), resident=guest,
                            written=self._written, block_size=self.params.block_size, image_size=size,
                            disk=disk, title=title, image=self.image, when=datetime.now())
@@ -162,51 +151,38 @@ class DiskEngine:
     # The cycle --------------------------------------------------------------------------
 
     def cycle(self) -> CycleStats:
-        """Sample, update the heat, re-plan and apply; return what happened.
+        """Sample, run the pure cycle (vmcache.model.cycle), apply; return what happened.
 
         Raises PageCacheError when the image cannot be scanned (the pinned
         set is left as it was) and PinError when the pinner fails.
         """
         started = self._clock()
-        p = self.params
-        res = scan_residency(self.image, p.block_size, fd=self._fd)
+        bs = self.params.block_size
+        res = scan_residency(self.image, bs, fd=self._fd)
         self.residency = res
         n = res.nblocks
-        self._resize(n)
-        assert self._model is not None
+        if self._cycle.resize(n) and self._cycles:
+            self._log.info(event("disk.resize", image=self.image, blocks=n))
 
         sample = self._writes() if self._writes else WriteSample(result="none")
-        written = extents_to_blocks(sample.extents, p.block_size, n)
+        written = extents_to_blocks(sample.extents, bs, n)
         self._written = written
-
-        pinned_now = self._pinner.pinned_mask(p.block_size, n)
-        # Ours: pinned now, or loaded by us and not evicted since.
-        self._ours &= res.fraction > 0
-        self._ours |= pinned_now
-        read_miss = self._read_miss(res.fraction, written, res.size_bytes)
-        self._prev = res.fraction.copy()
-
-        # 16 sampled pages per pinned block, fewer when much is pinned: at most
-        # EVIDENCE_SAMPLES page lookups (~3 us each) per cycle
-        per_block = max(1, min(16, EVIDENCE_SAMPLES // max(1, int(pinned_now.sum()))))
-        seen = self._pinner.read_evidence(p.block_size, n, self._refs, per_block=per_block, phase=self._cycles)
+        current = self._pinner.pinned
+        per_block = evidence_per_block(int(blocks_mask(current, bs, n).sum()))
+        seen = self._pinner.read_evidence(bs, n, self._refs, per_block=per_block, phase=self._cycles)
         self._cycles += 1
         now = self._clock()
-        heat = self._model.step(res.fraction, written, self._ours, now, seen=seen)
-        if self.warm is not None:
-            self.warm.seed(self._model, now)
-        regions = plan(heat, params=p, size_bytes=res.size_bytes, budget=self.budget,
-                       current=self._pinner.pinned, own=self._model.own)
-        regions = self._limit_prefetch(regions, res.fraction, now)
-        report = self._pinner.apply(regions, self.budget)
-        pinned_after = self._pinner.pinned_mask(p.block_size, n)
-        self._ours |= pinned_after
+        decided = self._cycle.step(res.fraction, written, current, size_bytes=res.size_bytes,
+                                   budget=self.budget, now=now, seen=seen)
+        if decided.waiting:
+            self._log.debug(event("prefetch.wait", regions=decided.waiting))
+        report = self._pinner.apply(decided.regions, self.budget)
         warm = self.warm
-        if warm is not None and not warm.done:
-            warm.update(pinned_after)
-            if warm.done:
-                self._log.info(event("warm.done", image=self.image, restored=warm.restored_bytes,
-                                     given_up=warm.given_up_bytes, total=warm.total_bytes))
+        restoring = warm is not None and not warm.done
+        self._cycle.pinned(report.regions)
+        if warm is not None and restoring and warm.done:
+            self._log.info(event("warm.done", image=self.image, restored=warm.restored_bytes,
+                                 given_up=warm.given_up_bytes, total=warm.total_bytes))
         if self._clear_refs:
             self._refs.clear()  # also forgets the references mlock itself just made
 
@@ -221,7 +197,7 @@ class DiskEngine:
             pinned_regions=len(report.regions),
             resident_bytes=res.resident_bytes,
             guest_written_bytes=sample.written_bytes,
-            guest_read_miss_bytes=read_miss,
+            guest_read_miss_bytes=decided.read_miss_bytes,
             recently_evicted_pages=res.nr_recently_evicted,
             bitmap_read=sample.result,
             mem_available_bytes=mem.available_bytes,
@@ -234,73 +210,8 @@ class DiskEngine:
         self.last = stats
         self._log.debug(event("cycle", pinned=stats.pinned_bytes, regions=stats.pinned_regions,
                               resident=stats.resident_bytes, written=stats.guest_written_bytes,
-                              read_miss=read_miss, seconds=f"{stats.duration_seconds:.4f}"))
+                              read_miss=decided.read_miss_bytes, seconds=f"{stats.duration_seconds:.4f}"))
         return stats
-
-    def _limit_prefetch(self, regions: list[Region], fraction: np.ndarray, now: float) -> list[Region]:
-        """Keep the device reads that pinning new regions causes under ``prefetch_rate``.
-
-        mlock reads every page of a new region that is not cached yet: the
-        hot part of a disk is mostly cached already, but a large or cold
-        region would be read at once, competing with the guest's own I/O.
-        A token bucket (filled at ``prefetch_rate``, holding at most the
-        budget) pays for the uncached bytes of new regions, highest priority
-        first; once one must wait, lower ones wait too (no starving a large
-        region with small ones). The pinned regions a waiting one overlaps
-        stay, so a region that grows never loses what it had.
-        """
-        if self.prefetch_rate is None:
-            return regions
-        elapsed = self.params.interval if self._last_plan is None else max(0.0, now - self._last_plan)
-        self._last_plan = now
-        self._tokens = min(float(self.budget), self._tokens + self.prefetch_rate * elapsed)
-        bs = self.params.block_size
-        current = {r.span: r for r in self._pinner.pinned}
-        kept: dict[tuple[int, int], Region] = {}
-        waiting = 0
-        for region in regions:
-            if region.span in current:
-                kept[region.span] = region
-                continue
-            first, last = region.start // bs, -(-region.end // bs)
-            cold = float((1.0 - fraction[first:last]).sum()) * bs
-            if not waiting and cold <= self._tokens:
-                self._tokens -= cold
-                kept[region.span] = region
-                continue
-            waiting += 1
-            for old in current.values():
-                if old.overlap(region):
-                    kept.setdefault(old.span, old)
-        if waiting:
-            self._log.debug(event("prefetch.wait", regions=waiting, tokens=int(self._tokens)))
-        return sorted(kept.values(), key=lambda r: -r.priority)
-
-    def _resize(self, nblocks: int) -> None:
-        if self._model is None:
-            self._model = HeatModel(self.params, nblocks)
-        elif self._model.nblocks != nblocks:
-            self._log.info(event("disk.resize", image=self.image, blocks=nblocks))
-            self._model.resize(nblocks)
-        if len(self._ours) != nblocks:
-            ours = np.zeros(nblocks, dtype=bool)
-            keep = min(nblocks, len(self._ours))
-            ours[:keep] = self._ours[:keep]
-            self._ours = ours
-            self._prev = None
-
-    def _read_miss(self, fraction: np.ndarray, written: np.ndarray, size: int) -> int:
-        """Bytes that appeared in the cache since the last cycle, not by our hand nor by writes."""
-        if self._prev is None:
-            return 0
-        grown = fraction - self._prev - written
-        grown[self._ours] = 0.0
-        np.maximum(grown, 0.0, out=grown)
-        return min(size, int(float(grown.sum()) * self.params.block_size))
-
-    def release(self) -> None:
-        """Unpin everything (the heat is kept)."""
-        self._pinner.release_all()
 
     def close(self) -> None:
         """Unpin everything and close the image."""

@@ -1,0 +1,210 @@
+"""One cycle of one disk around the model, without the host (pure).
+
+What the engine (vmcache.service.engine), the replay (vmcache.replay.sim)
+and the tests all run, so that replay figures are evidence about the
+engine. Per cycle, given what the host sampled (residency, the blocks the
+guest wrote, read evidence of pinned blocks, the regions pinned now),
+:meth:`Cycle.step`:
+
+1. updates which residency is *ours*: blocks pinned now, or pinned earlier
+   and not evicted since (a block stops being ours once the kernel evicted
+   it: when it comes back, the guest read it). Ours is masked out of the
+   model's residency input, otherwise pinned regions feed themselves and
+   creep over the disk;
+2. counts the read-miss bytes: residency that appeared since the previous
+   cycle, not by vmcache's hand nor by writes;
+3. steps the :class:`~vmcache.model.heat.HeatModel` at ``now`` and, while a
+   saved hot set is being restored (``warm``), holds its seeded heat;
+4. plans the regions to pin (:func:`~vmcache.model.planner.plan`, the
+   pinned regions as ``current`` for hysteresis, own heat for trimming);
+5. holds back new regions whose uncached bytes the prefetch token bucket
+   cannot pay for yet (``prefetch_rate``).
+
+The caller pins (or simulates pinning) the regions and tells the cycle what
+ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
+restored, for a warm start). No clock, no I/O: time is the ``now`` argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .heat import HeatModel
+from .params import ModelParams
+from .planner import plan
+from .region import Region
+from .warm import WarmStart
+
+__all__ = ["Cycle", "CycleResult", "EVIDENCE_SAMPLES", "blocks_mask", "evidence_per_block"]
+
+EVIDENCE_SAMPLES = 4096
+"""Most pinned pages whose referenced bit one cycle of one disk looks at."""
+
+
+def evidence_per_block(pinned_blocks: int) -> int:
+    """Pages to sample per pinned block: 16, fewer when much is pinned (EVIDENCE_SAMPLES in all).
+
+    A page lookup costs ~3 us, so the sample is bounded per cycle, not per block.
+    """
+    return max(1, min(16, EVIDENCE_SAMPLES // max(1, pinned_blocks)))
+
+
+def blocks_mask(regions: Iterable[Region], block_size: int, nblocks: int) -> NDArray[np.bool_]:
+    """Bool per block: True where any byte of the block lies in one of ``regions``."""
+    mask = np.zeros(nblocks, dtype=bool)
+    for region in regions:  # one slice per region, not per block
+        if region.length > 0:
+            mask[max(region.start // block_size, 0) : -(-region.end // block_size)] = True
+    return mask
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """What one :meth:`Cycle.step` decided."""
+
+    regions: list[Region]
+    """The regions to pin, highest priority first (the pinned set the caller should reach)."""
+    read_miss_bytes: int
+    """Bytes that appeared in the cache since the previous step, not by vmcache's hand nor by writes."""
+    waiting: int = 0
+    """New regions held back by the prefetch limit (their overlapped pins stay in ``regions``)."""
+
+
+class Cycle:
+    """The per-disk state between cycles: heat model, ours mask, previous residency, prefetch tokens.
+
+    ``prefetch_rate``: bytes per second of uncached data new regions may
+    pull in (a token bucket holding at most the budget); None for no limit.
+    Raises ValueError (from HeatModel) for a negative ``nblocks``.
+    """
+
+    def __init__(self, params: ModelParams, nblocks: int = 0, *, prefetch_rate: int | None = None) -> None:
+        self.params = params
+        self.prefetch_rate = prefetch_rate
+        self.model = HeatModel(params, nblocks)
+        self._ours = np.zeros(nblocks, dtype=bool)
+        self._prev: NDArray[np.float32] | None = None
+        self._tokens = 0.0
+        self._last_plan: float | None = None
+        self.warm: WarmStart | None = None
+        """A saved hot set being restored (set before the first step), None without one."""
+
+    @property
+    def nblocks(self) -> int:
+        return self.model.nblocks
+
+    @property
+    def ours(self) -> NDArray[np.bool_]:
+        """Blocks whose residency vmcache caused (read-only view)."""
+        view = self._ours.view()
+        view.flags.writeable = False
+        return view
+
+    def resize(self, nblocks: int) -> bool:
+        """Follow the disk to ``nblocks`` blocks (heat and ours of surviving blocks kept); True if it changed.
+
+        Raises ValueError for a negative ``nblocks``.
+        """
+        if nblocks == self.nblocks:
+            return False
+        self.model.resize(nblocks)
+        ours = np.zeros(nblocks, dtype=bool)
+        keep = min(nblocks, len(self._ours))
+        ours[:keep] = self._ours[:keep]
+        self._ours = ours
+        self._prev = None
+        return True
+
+    def step(
+        self,
+        residency: NDArray[np.floating],
+        written: NDArray[np.floating],
+        pinned: Sequence[Region],
+        *,
+        size_bytes: int,
+        budget: int,
+        now: float,
+        seen: NDArray[np.floating] | None = None,
+    ) -> CycleResult:
+        """One cycle: ours, read misses, model step, plan, prefetch limit (see the module docstring).
+
+        ``residency``: fraction of each block in the page cache (any cause);
+        ``written``: fraction of each block the guest wrote since the last
+        step; ``pinned``: the regions pinned now; ``seen``: read evidence of
+        pinned blocks (NaN where none), or None. Raises ValueError when an
+        array is not ``(nblocks,)`` or ``now`` is not finite.
+        """
+        bs = self.params.block_size
+        self._ours &= residency > 0
+        self._ours |= blocks_mask(pinned, bs, self.nblocks)
+        read_miss = self._read_miss(residency, written, size_bytes)
+        heat = self.model.step(residency, written, self._masked(), now, seen=seen)
+        if self.warm is not None:
+            self.warm.seed(self.model, now)
+        regions = plan(heat, params=self.params, size_bytes=size_bytes, budget=budget, current=pinned,
+                       own=self.model.own)
+        regions, waiting = self._limit_prefetch(regions, residency, pinned, budget, now)
+        return CycleResult(regions, read_miss, waiting)
+
+    def pinned(self, regions: Iterable[Region]) -> None:
+        """What the caller pinned after this step: its residency is ours from now on."""
+        mask = blocks_mask(regions, self.params.block_size, self.nblocks)
+        self._ours |= mask
+        if self.warm is not None and not self.warm.done:
+            self.warm.update(mask)
+
+    def _masked(self) -> NDArray[np.bool_]:
+        """The blocks the model must not take residency from (ours)."""
+        return self._ours
+
+    def _read_miss(self, fraction: NDArray[np.floating], written: NDArray[np.floating], size: int) -> int:
+        """Bytes that appeared in the cache since the last step, not by our hand nor by writes."""
+        prev, self._prev = self._prev, np.array(fraction, dtype=np.float32)
+        if prev is None:
+            return 0
+        grown = fraction - prev - written
+        grown[self._ours] = 0.0
+        np.maximum(grown, 0.0, out=grown)
+        return min(size, int(float(grown.sum()) * self.params.block_size))
+
+    def _limit_prefetch(self, regions: list[Region], fraction: NDArray[np.floating], pinned: Sequence[Region],
+                        budget: int, now: float) -> tuple[list[Region], int]:
+        """Keep the device reads that pinning new regions causes under ``prefetch_rate``.
+
+        mlock reads every page of a new region that is not cached yet: the
+        hot part of a disk is mostly cached already, but a large or cold
+        region would be read at once, competing with the guest's own I/O.
+        A token bucket (filled at ``prefetch_rate``, holding at most the
+        budget) pays for the uncached bytes of new regions, highest priority
+        first; once one must wait, lower ones wait too (no starving a large
+        region with small ones). The pinned regions a waiting one overlaps
+        stay, so a region that grows never loses what it had.
+        """
+        if self.prefetch_rate is None:
+            return regions, 0
+        elapsed = self.params.interval if self._last_plan is None else max(0.0, now - self._last_plan)
+        self._last_plan = now
+        self._tokens = min(float(budget), self._tokens + self.prefetch_rate * elapsed)
+        bs = self.params.block_size
+        current = {r.span: r for r in pinned}
+        kept: dict[tuple[int, int], Region] = {}
+        waiting = 0
+        for region in regions:
+            if region.span in current:
+                kept[region.span] = region
+                continue
+            first, last = region.start // bs, -(-region.end // bs)
+            cold = float((1.0 - fraction[first:last]).sum()) * bs
+            if not waiting and cold <= self._tokens:
+                self._tokens -= cold
+                kept[region.span] = region
+                continue
+            waiting += 1
+            for old in current.values():
+                if old.overlap(region):
+                    kept.setdefault(old.span, old)
+        return sorted(kept.values(), key=lambda r: -r.priority), waiting
