@@ -78,7 +78,7 @@ def test_hook_starts_the_agent_which_tracks_writes_pins_and_stops_with_the_domai
     status = wait_for(lambda: (s := env.status(name)) and s["disks"][0]["pinned_bytes"] >= 4 * MiB and s,
                       "the written region to be pinned")
     assert status["disks"][0]["pinned_bytes"] <= 16 * MiB
-    metrics = wait_for(lambda: scrape(status["metrics_url"], "vmcache_guest_written_bytes_total"), "metrics")
+    metrics = wait_for(lambda: scrape(status["metrics_url"], "vmcache_guest_dirtied_bytes_total"), "metrics")
     assert metrics >= 4 * MiB
     locked = vmlck(pid)
     assert 4 * MiB <= locked <= 17 * MiB

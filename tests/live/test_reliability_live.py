@@ -327,7 +327,7 @@ def storage_node(dom) -> str:  # type: ignore[no-untyped-def]
 
 
 def written_total(env: Env, name: str) -> float:
-    return scrape(env.status(name)["metrics_url"], "vmcache_guest_written_bytes_total")
+    return scrape(env.status(name)["metrics_url"], "vmcache_guest_dirtied_bytes_total")
 
 
 def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_others_reconnect(
@@ -422,7 +422,7 @@ def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_writ
     guest_write(dom, 0, 4 * MiB, pattern=0x11)
     wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
     url = env.status(name)["metrics_url"]
-    written = scrape(url, "vmcache_guest_written_bytes_total")
+    written = scrape(url, "vmcache_guest_dirtied_bytes_total")
     deferred = scrape(url, "vmcache_bitmap_reads_total", {"result": "deferred"})
     sock, scratch = env.tmp / "backup.sock", env.tmp / "backup-scratch.qcow2"
     xml = (f"<domainbackup mode='pull'><server transport='unix' socket='{sock}'/><disks>"
@@ -443,13 +443,13 @@ def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_writ
             assert handle.pread(2 * MiB, 8 * MiB) == bytes(2 * MiB)
         finally:
             handle.shutdown()
-        assert scrape(url, "vmcache_guest_written_bytes_total") == written  # nothing read yet: deferred
+        assert scrape(url, "vmcache_guest_dirtied_bytes_total") == written  # nothing read yet: deferred
         assert env.agent_pid(name)
     finally:
         dom.abortJob()
     # After the backup: exactly the 3 MiB written during it, no more, no less.
-    wait_for(lambda: scrape(url, "vmcache_guest_written_bytes_total") > written, "the deferred read", timeout=10)
-    assert scrape(url, "vmcache_guest_written_bytes_total") - written == 3 * MiB
+    wait_for(lambda: scrape(url, "vmcache_guest_dirtied_bytes_total") > written, "the deferred read", timeout=10)
+    assert scrape(url, "vmcache_guest_dirtied_bytes_total") - written == 3 * MiB
     assert scrape(url, "vmcache_bitmap_reads_total", {"result": "failed"}) == 0
     left = leftovers(dom)   # the agent's own active bitmap and its view node, nothing else
     assert len(left["bitmaps"]) == 1 and left["exports"] == [] and len(left["nodes"]) <= 1, left
@@ -482,13 +482,13 @@ def test_disk_growth_raw_resize_and_qcow2_allocation_resize_the_maps(env: Env, c
     small = qcow.stat().st_size
     guest_write(dom, 100 * MiB, 8 * MiB, dev="ua-vdb")      # qcow2 allocates: the file grows
     assert qcow.stat().st_size >= small + 8 * MiB
-    wait_for(lambda: scrape(url, "vmcache_image_size_bytes", {"disk": "vda"}) == 96 * MiB, "vda's maps to grow")
-    wait_for(lambda: scrape(url, "vmcache_image_size_bytes", {"disk": "vdb"}) == qcow.stat().st_size,
+    wait_for(lambda: scrape(url, "vmcache_image_size_bytes", {"target_device": "vda"}) == 96 * MiB, "vda's maps to grow")
+    wait_for(lambda: scrape(url, "vmcache_image_size_bytes", {"target_device": "vdb"}) == qcow.stat().st_size,
              "vdb's maps to follow the file")
     wait_for(lambda: _disk_status(env, name, "vda")["pinned_bytes"] >= 8 * MiB, "the new region of vda pinned")
     wait_for(lambda: _disk_status(env, name, "vdb")["pinned_bytes"] >= 8 * MiB, "the new clusters of vdb pinned")
     # The writes past the old end were tracked (bitmaps grow with the node).
-    assert scrape(url, "vmcache_guest_written_bytes_total", {"disk": "vda"}) >= 10 * MiB
+    assert scrape(url, "vmcache_guest_dirtied_bytes_total", {"target_device": "vda"}) >= 10 * MiB
     assert env.agent_pid(name) == pid
     log = env.agent_log(name)
     assert "Traceback" not in log and "cycle_failed" not in log and "read_failed" not in log, log[-3000:]

@@ -123,14 +123,15 @@ def test_status_human_and_dead_agents(host, capsys, tmp_path):
     write_status(status_path(agents, "gone"), AgentStatus(
         domain="gone", pid=dead.pid, state="running", budget_bytes=GiB, granted_bytes=GiB, last_error="boom",
         disks=[DiskStatus("vda", "/img/a", "writethrough", True, budget_bytes=GiB, pinned_bytes=1 << 20,
-                          resident_bytes=2 << 20, write_bytes_per_second=4096, last_cycle_seconds=0.25,
+                          resident_bytes=2 << 20, dirtied_bytes_per_second=4096, dirty_granule_bytes=65536,
+                          last_cycle_seconds=0.25,
                           last_cycle_at=time.time()),
                DiskStatus("vdb", "/img/b", "none", False, reason="cache=none bypasses the page cache")]))
     assert main(["status", "--host-config", opts[1]]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB (granted 1GiB), pinned 1MiB, resident 2MiB")
     assert "  last error: boom" in out
-    assert "vda    cache=writethrough budget 1GiB pinned 1MiB resident 2MiB writes 4KiB/s last cycle 0.250s" in out
+    assert "vda    cache=writethrough budget 1GiB pinned 1MiB resident 2MiB dirtied 4KiB/s (64KiB granules) last cycle 0.250s" in out
     assert "vdb    cache=none         skipped: cache=none bypasses the page cache" in out
     assert main(["status", "other", "--host-config", opts[1]]) == 1
     assert "no vmcache agent for domain 'other'" in capsys.readouterr().err

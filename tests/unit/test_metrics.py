@@ -13,7 +13,7 @@ from vmcache.observe.metrics import BITMAP_RESULTS, ERROR_KINDS, AgentMetrics, e
 from vmcache.model.stats import CycleStats
 
 UUID = "6a1f0c3e-2b4d-4e8f-9a0b-1c2d3e4f5a6b"
-DISK = {"domain": "web1", "uuid": UUID, "disk": "vda", "image": "/var/lib/libvirt/images/web1.qcow2"}
+DISK = {"domain": "web1", "uuid": UUID, "target_device": "vda", "source_file": "/var/lib/libvirt/images/web1.qcow2"}
 
 MiB = 1 << 20
 
@@ -62,7 +62,7 @@ def agent() -> AgentMetrics:
 
 
 def test_levels_of_one_cycle_are_exported_with_disk_labels(agent: AgentMetrics) -> None:
-    agent.disk("vda", DISK["image"]).observe(cycle())
+    agent.disk("vda", DISK["source_file"]).observe(cycle())
     reg = agent.registry
     assert value(reg, "vmcache_budget_bytes", **DISK) == 256 * MiB
     assert value(reg, "vmcache_pinned_bytes", **DISK) == 192 * MiB
@@ -75,33 +75,33 @@ def test_levels_of_one_cycle_are_exported_with_disk_labels(agent: AgentMetrics) 
 
 
 def test_metric_types_follow_prometheus_conventions(agent: AgentMetrics) -> None:
-    agent.disk("vda", DISK["image"]).observe(cycle())
+    agent.disk("vda", DISK["source_file"]).observe(cycle())
     t = types(agent.registry)
     # The parser strips _total from counter family names and _info from info.
-    assert t["vmcache_guest_written_bytes"] == "counter"
+    assert t["vmcache_guest_dirtied_bytes"] == "counter"
     assert t["vmcache_guest_read_miss_bytes"] == "counter"
     assert t["vmcache_bitmap_reads"] == "counter"
     assert t["vmcache_errors"] == "counter"
     assert t["vmcache_cycle_duration_seconds"] == "histogram"
     assert t["vmcache_pinned_bytes"] == "gauge"
     names = {name for name, _ in samples(agent.registry)}
-    assert {"vmcache_guest_written_bytes_total", "vmcache_guest_read_miss_bytes_total",
+    assert {"vmcache_guest_dirtied_bytes_total", "vmcache_guest_read_miss_bytes_total",
             "vmcache_bitmap_reads_total", "vmcache_errors_total", "vmcache_agent_info"} <= names
     assert all(n.startswith("vmcache_") for n in names)
 
 
 def test_guest_counters_accumulate_across_cycles_while_levels_are_replaced(agent: AgentMetrics) -> None:
-    disk = agent.disk("vda", DISK["image"])
+    disk = agent.disk("vda", DISK["source_file"])
     disk.observe(cycle(guest_written_bytes=4 * MiB, guest_read_miss_bytes=1 * MiB, pinned_bytes=10 * MiB))
     disk.observe(cycle(guest_written_bytes=6 * MiB, guest_read_miss_bytes=0, pinned_bytes=3 * MiB))
     reg = agent.registry
-    assert value(reg, "vmcache_guest_written_bytes_total", **DISK) == 10 * MiB
+    assert value(reg, "vmcache_guest_dirtied_bytes_total", **DISK) == 10 * MiB
     assert value(reg, "vmcache_guest_read_miss_bytes_total", **DISK) == 1 * MiB
     assert value(reg, "vmcache_pinned_bytes", **DISK) == 3 * MiB
 
 
 def test_cycle_durations_land_in_histogram_buckets(agent: AgentMetrics) -> None:
-    disk = agent.disk("vda", DISK["image"])
+    disk = agent.disk("vda", DISK["source_file"])
     for d in (0.003, 0.04, 0.04, 3.0):
         disk.observe(cycle(duration_seconds=d))
     reg = agent.registry
@@ -114,7 +114,7 @@ def test_cycle_durations_land_in_histogram_buckets(agent: AgentMetrics) -> None:
 
 
 def test_bitmap_reads_are_counted_by_result_and_none_is_not_a_read(agent: AgentMetrics) -> None:
-    disk = agent.disk("vda", DISK["image"])
+    disk = agent.disk("vda", DISK["source_file"])
     for result in ("ok", "ok", "failed", "deferred", "none", "ok"):
         disk.observe(cycle(bitmap_read=result))
     reg = agent.registry
@@ -124,15 +124,15 @@ def test_bitmap_reads_are_counted_by_result_and_none_is_not_a_read(agent: AgentM
 
 
 def test_a_new_disk_shows_zero_series_before_its_first_cycle(agent: AgentMetrics) -> None:
-    agent.disk("vda", DISK["image"])
+    agent.disk("vda", DISK["source_file"])
     reg = agent.registry
     assert value(reg, "vmcache_bitmap_reads_total", result="failed", **DISK) == 0
-    assert value(reg, "vmcache_guest_written_bytes_total", **DISK) == 0
+    assert value(reg, "vmcache_guest_dirtied_bytes_total", **DISK) == 0
     assert value(reg, "vmcache_pinned_bytes", **DISK) == 0
 
 
 def test_bad_cycle_record_raises_and_changes_nothing(agent: AgentMetrics) -> None:
-    disk = agent.disk("vda", DISK["image"])
+    disk = agent.disk("vda", DISK["source_file"])
     disk.observe(cycle(pinned_bytes=5))
     before = samples(agent.registry)
     for bad in (cycle(guest_written_bytes=-1, pinned_bytes=6), cycle(bitmap_read="maybe", pinned_bytes=6),
@@ -143,7 +143,7 @@ def test_bad_cycle_record_raises_and_changes_nothing(agent: AgentMetrics) -> Non
 
 
 def test_without_cachestat_there_is_no_evicted_series_rather_than_a_false_zero(agent: AgentMetrics) -> None:
-    disk = agent.disk("vda", DISK["image"])
+    disk = agent.disk("vda", DISK["source_file"])
     disk.observe(cycle(recently_evicted_pages=None))
     assert value(agent.registry, "vmcache_recently_evicted_pages", **DISK) is None
     disk.observe(cycle(recently_evicted_pages=5))
@@ -153,7 +153,7 @@ def test_without_cachestat_there_is_no_evicted_series_rather_than_a_false_zero(a
 
 
 def test_backing_off_is_one_and_reports_skipped_bytes(agent: AgentMetrics) -> None:
-    agent.disk("vda", DISK["image"]).observe(cycle(backing_off=True, skipped_for_floor_bytes=64 * MiB))
+    agent.disk("vda", DISK["source_file"]).observe(cycle(backing_off=True, skipped_for_floor_bytes=64 * MiB))
     assert value(agent.registry, "vmcache_backing_off", **DISK) == 1
     assert value(agent.registry, "vmcache_backoff_skipped_bytes", **DISK) == 64 * MiB
 
@@ -166,7 +166,7 @@ def test_errors_are_counted_by_bounded_kind(agent: AgentMetrics) -> None:
     agent.count_error(BitmapReadError("nbd gone"))
     agent.count_error(PinError)
     agent.count_error("pin")
-    agent.disk("vda", DISK["image"]).count_error(MonitorConnectionError("lost"))
+    agent.disk("vda", DISK["source_file"]).count_error(MonitorConnectionError("lost"))
     agent.count_error(KeyError("not ours"))
     agent.count_error("something-new-and-unbounded")
     reg = agent.registry
@@ -194,10 +194,10 @@ def test_two_disks_are_separate_series_and_removal_drops_only_one(agent: AgentMe
     agent.disk("vdb", "/img/b.raw").observe(cycle(pinned_bytes=2 * MiB))
     agent.remove_disk("vda")
     agent.remove_disk("vdz")  # unknown: ignored
-    left = {dict(labels).get("disk") for name, labels in samples(agent.registry) if name.startswith("vmcache_")}
+    left = {dict(labels).get("target_device") for name, labels in samples(agent.registry) if name.startswith("vmcache_")}
     assert left == {"vdb", None}  # None: the agent-level series
     assert value(agent.registry, "vmcache_pinned_bytes", domain="web1", uuid=UUID,
-                 disk="vdb", image="/img/b.raw") == 2 * MiB
+                 target_device="vdb", source_file="/img/b.raw") == 2 * MiB
     assert set(agent.disks) == {"vdb"}
 
 
@@ -206,7 +206,7 @@ def test_same_disk_twice_is_the_same_object_and_a_new_image_replaces_the_series(
     assert agent.disk("vda", "/img/old.raw") is first
     first.observe(cycle())
     agent.disk("vda", "/img/new.raw")
-    images = {dict(labels).get("image") for name, labels in samples(agent.registry)
+    images = {dict(labels).get("source_file") for name, labels in samples(agent.registry)
               if name == "vmcache_pinned_bytes"}
     assert images == {"/img/new.raw"}
 
@@ -215,7 +215,7 @@ def test_label_values_with_quotes_and_unicode_survive_exposition() -> None:
     agent = AgentMetrics('we"b\\1 ü', UUID, registry=CollectorRegistry())
     agent.disk("sda", "/img/with space/\"q\".raw").observe(cycle())
     assert value(agent.registry, "vmcache_pinned_bytes", domain='we"b\\1 ü', uuid=UUID,
-                 disk="sda", image="/img/with space/\"q\".raw") == 192 * MiB
+                 target_device="sda", source_file="/img/with space/\"q\".raw") == 192 * MiB
 
 
 def test_default_registry_is_private_and_carries_process_metrics() -> None:

@@ -29,7 +29,7 @@ def sample(domain="web-1", pid=None) -> AgentStatus:
         metrics_url="http://127.0.0.1:9470/metrics",
         disks=[
             DiskStatus("vda", "/img/a.raw", "writethrough", True, budget_bytes=1 << 30, pinned_bytes=4096,
-                       resident_bytes=8192, write_bytes_per_second=512.0, last_cycle_seconds=0.01,
+                       resident_bytes=8192, dirtied_bytes_per_second=512.0, last_cycle_seconds=0.01,
                        last_cycle_at=110.0),
             DiskStatus("vdb", "/img/b.raw", "none", False, reason="cache=none bypasses the page cache"),
         ],
@@ -84,7 +84,7 @@ def test_disk_update_from_cycle_stats():
         error="BitmapReadError: x")
     disk.update(stats, elapsed=10.0, wall_time=1000.0)
     assert (disk.budget_bytes, disk.pinned_bytes, disk.resident_bytes) == (1 << 29, 1 << 20, 1 << 21)
-    assert disk.write_bytes_per_second == 1 << 20
+    assert disk.dirtied_bytes_per_second == 1 << 20
     assert (disk.last_cycle_seconds, disk.last_cycle_at, disk.error) == (0.02, 1000.0, "BitmapReadError: x")
 
 
@@ -118,3 +118,9 @@ def test_write_failure_is_a_host_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(HostError, match="cannot write status"):
         write_status(str(blocker / "x.json"), sample())
+
+
+def test_an_older_agents_write_rate_is_read_as_dirtied():
+    data = {"version": 1, "domain": "d", "pid": 1, "disks": [
+        {"target": "vda", "source": "/i", "cache": "writethrough", "eligible": True, "write_bytes_per_second": 64.0}]}
+    assert AgentStatus.from_json(data).disks[0].dirtied_bytes_per_second == 64.0

@@ -21,7 +21,8 @@ from ..units import format_size
 from ._host import add_host_options, host_config
 
 NAME = "status"
-HELP = "show every agent: domain, disks, cache mode, budget, pinned, resident, write rate, last cycle, errors"
+HELP = ("show every agent: domain, disks, cache mode, budget, grant, demand, pinned, resident, dirtied rate, "
+        "last cycle, errors")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,11 +103,13 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
                 lines.append(f"  {disk['target']:6s} cache={disk['cache']:12s} skipped: {disk.get('reason')}")
                 continue
             cycle = disk.get("last_cycle_seconds")
+            granule = disk.get("dirty_granule_bytes")
             lines.append(
                 f"  {disk['target']:6s} cache={disk['cache']:12s} budget {_size(disk.get('budget_bytes'))}"
                 f" pinned {_size(disk.get('pinned_bytes'))} resident {_size(disk.get('resident_bytes'))}"
-                f" writes {format_size(disk.get('write_bytes_per_second') or 0)}/s"
-                f" last cycle {f'{cycle:.3f}s' if isinstance(cycle, (int, float)) else '-'}"
+                f" dirtied {format_size(disk.get('dirtied_bytes_per_second') or 0)}/s"
+                + (f" ({format_size(granule)} granules)" if isinstance(granule, int) else "")
+                + f" last cycle {f'{cycle:.3f}s' if isinstance(cycle, (int, float)) else '-'}"
                 f" {_ago(disk.get('last_cycle_at'), now)}"
                 + (f" warm {_size(disk.get('warm_restored_bytes'))}/{_size(disk.get('warm_total_bytes'))}"
                    if disk.get("warm_total_bytes") else "")

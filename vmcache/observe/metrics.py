@@ -5,8 +5,10 @@ the agent manages gets a :class:`DiskMetrics` from :meth:`AgentMetrics.disk`
 and is fed one :class:`~vmcache.model.stats.CycleStats` per cycle. Serving the
 registry over HTTP is :mod:`vmcache.observe.exporter`'s job.
 
-Labels are bounded: ``domain`` and ``uuid`` (one value per agent), ``disk``
-(the target, e.g. ``vda``) and ``image`` (its file) per managed disk, and
+Labels are bounded: ``domain`` and ``uuid`` (one value per agent),
+``target_device`` (the target, e.g. ``vda``) and ``source_file`` (its image
+file) per managed disk - the names the libvirt exporters use, so PromQL
+joins their series with vmcache's - and
 the fixed sets ``result`` (bitmap reads) and ``kind`` (errors). A disk that
 goes away is dropped with :meth:`AgentMetrics.remove_disk` so its series go
 with it. docs/metrics.md describes every metric.
@@ -43,7 +45,7 @@ __all__ = [
 
 NAMESPACE = "vmcache"
 AGENT_LABELS = ("domain", "uuid")
-DISK_LABELS = ("domain", "uuid", "disk", "image")
+DISK_LABELS = ("domain", "uuid", "target_device", "source_file")
 
 #: Values of CycleStats.bitmap_read counted by vmcache_bitmap_reads_total
 #: ("none", a disk without a tracker, is not a read and is not counted).
@@ -151,7 +153,9 @@ class AgentMetrics:
         self.warm_total = gauge(
             "warm_total_bytes", "Bytes of the saved hot set the disk started from (0: a cold start).")
         self.guest_written = counter(
-            "guest_written_bytes", "Bytes the guest wrote to the image (dirty bitmap, granularity-rounded).")
+            "guest_dirtied_bytes",
+            "Bytes of the image the guest dirtied: whole dirty-bitmap granules written into (64 KiB by default; "
+            "a 4 KiB write counts its granule).")
         self.guest_read_miss = counter(
             "guest_read_miss_bytes",
             "Bytes of the image that entered the page cache not by vmcache's hand (guest reads or others).")

@@ -17,8 +17,14 @@ Schema (version 1), all sizes in bytes, times in seconds since the epoch::
      "disks": [{"target": "vda", "source": "/var/lib/libvirt/images/web-1.img",
                 "cache": "writethrough", "eligible": true, "reason": null,
                 "budget_bytes": 2147483648, "pinned_bytes": 0, "resident_bytes": 0,
-                "write_bytes_per_second": 0.0, "last_cycle_seconds": 0.012,
+                "dirtied_bytes_per_second": 0.0, "dirty_granule_bytes": 65536,
+                "last_cycle_seconds": 0.012,
                 "last_cycle_at": 1700000100.0, "error": null}]}
+
+``dirtied_bytes_per_second`` counts whole dirty-bitmap granules of
+``dirty_granule_bytes`` the guest wrote into (not its write throughput: a
+scattered 4 KiB write dirties a 64 KiB granule). Agents before issue 14
+wrote it as ``write_bytes_per_second``, which is still read.
 
 Unknown keys are ignored on reading (newer agents may add some).
 """
@@ -96,7 +102,8 @@ class DiskStatus:
     budget_bytes: int = 0
     pinned_bytes: int = 0
     resident_bytes: int = 0
-    write_bytes_per_second: float = 0.0
+    dirtied_bytes_per_second: float = 0.0
+    dirty_granule_bytes: int | None = None
     last_cycle_seconds: float | None = None
     last_cycle_at: float | None = None
     error: str | None = None
@@ -108,7 +115,7 @@ class DiskStatus:
         self.budget_bytes = stats.budget_bytes
         self.pinned_bytes = stats.pinned_bytes
         self.resident_bytes = stats.resident_bytes
-        self.write_bytes_per_second = stats.guest_written_bytes / elapsed if elapsed > 0 else 0.0
+        self.dirtied_bytes_per_second = stats.guest_written_bytes / elapsed if elapsed > 0 else 0.0
         self.last_cycle_seconds = stats.duration_seconds
         self.last_cycle_at = wall_time
         self.error = stats.error
@@ -161,13 +168,20 @@ class AgentStatus:
         if not isinstance(disks, list) or not all(isinstance(d, dict) for d in disks):
             raise ValueError("disks is not a list of objects")
         try:
-            values["disks"] = [DiskStatus(**{k: v for k, v in d.items() if k in disk_known}) for d in disks]
+            values["disks"] = [DiskStatus(**{k: v for k, v in _renamed(d).items() if k in disk_known}) for d in disks]
             status = cls(**values)
         except TypeError as err:  # a required field is missing
             raise ValueError(str(err)) from None
         if not isinstance(status.domain, str) or not isinstance(status.pid, int):
             raise ValueError("domain or pid has the wrong type")
         return status
+
+
+def _renamed(disk: dict[str, Any]) -> dict[str, Any]:
+    """A disk entry with the names of this schema (older agents wrote ``write_bytes_per_second``)."""
+    if "write_bytes_per_second" in disk and "dirtied_bytes_per_second" not in disk:
+        disk = dict(disk, dirtied_bytes_per_second=disk["write_bytes_per_second"])
+    return disk
 
 
 def write_status(path: str, status: AgentStatus, *, now: float | None = None) -> None:

@@ -66,7 +66,7 @@ class DiskWorker:
         self._metrics: DiskMetrics = metrics.disk(self.target, self.image)
         self._agent_metrics = metrics
         self.status = DiskStatus(target=disk.target, source=disk.source, cache=disk.cache_mode, eligible=True,
-                                 budget_bytes=choice.budget)
+                                 budget_bytes=choice.budget, dirty_granule_bytes=granularity if node else None)
         self.tracker: DirtyTracker | None = None
         if node is not None:
             tracker = DirtyTracker(monitor, node, granularity=granularity, runtime_dir=runtime_dir, logger=logger)
