@@ -262,8 +262,8 @@ def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(pro
         assert float(series["value"][1]) <= budgets[name]
         labels = series["metric"]
         assert labels["uuid"] == dom.UUIDString()
-        assert labels["disk"] == "vda"
-        assert labels["image"] == str(host.tmp / f"{file_stem(name)}.raw")
+        assert labels["target_device"] == "vda"
+        assert labels["source_file"] == str(host.tmp / f"{file_stem(name)}.raw")
         assert labels["job"] == "vmcache"
         assert labels["instance"] == urllib.parse.urlsplit(host.status(name)["metrics_url"]).netloc
         assert not any(k.startswith("exported_") for k in labels)

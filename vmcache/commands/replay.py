@@ -4,7 +4,10 @@ Offline and deterministic: the trace (CSV ``time,op,offset,length`` or an
 fio iolog) is replayed through simulated page caches of each ``--budget``;
 the vmcache arm runs the real heat model and planner every ``--interval``
 of trace time. ``vmcache replay --generate zoned|zipf|moving --out FILE``
-writes a synthetic trace instead. See docs/replay.md.
+writes a synthetic trace instead. ``vmcache replay --vm TRACE,budget=SIZE ...
+--cap SIZE`` is the host mode: several VMs against one pinned cap, split
+first-come, equally, by budget and by benefit (vmcache.replay.host). See
+docs/replay.md.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ DEFAULT_BLOCK = 64 << 10
 DEFAULT_PIN_SHARE = 0.5
 DEFAULT_FRACTIONS = (64, 32, 16, 8, 4)
 """Without --budget: the image size (rounded up to a power of 2) divided by each of these."""
-GENERATE_KINDS = ("zoned", "zipf", "moving")
+GENERATE_KINDS = ("zoned", "zipf", "moving", "stream")
 
 
 def _budgets(text: str) -> list[int]:
@@ -56,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of hit ratio against memory")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
+    host = parser.add_argument_group("host mode: several VMs against one pinned cap (instead of TRACE)")
+    host.add_argument("--vm", action="append", default=[], metavar="TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE]",
+                      help="one VM: its trace, metadata budget, guaranteed minimum, name, image size; repeat")
+    host.add_argument("--cap", type=_budgets, action="append", metavar="SIZE[,SIZE...]",
+                      help="the host's pinned_cap (repeat or comma-separate)")
+    host.add_argument("--memory", type=size_arg, default=None,
+                      help="the host page cache every arm gets (default: 2 x the cap)")
     gen = parser.add_argument_group("trace generation (instead of a replay)")
     gen.add_argument("--generate", choices=GENERATE_KINDS, help="write a synthetic trace to --out")
     gen.add_argument("--out", metavar="FILE.csv", help="where --generate writes")
@@ -63,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--count", type=int, default=100_000, help="requests (default 100000)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--rate", type=float, default=100.0, help="requests per second (default 100)")
+    gen.add_argument("--io-size", type=size_arg, default=4096, help="bytes per request (default 4KiB)")
     gen.add_argument("--dwell", type=float, default=None,
                      help="moving: seconds for the hot spot to move by its width (default 1200)")
     gen.add_argument("--theta", type=float, default=None, help="zipf: exponent (default 1.0)")
@@ -107,7 +118,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise ConfigError("--count", args.count, "must be at least 1")
     try:
-        trace = generate.GENERATORS[args.generate](args.gen_size, args.count, seed=args.seed, rate=args.rate, **extra)
+        trace = generate.GENERATORS[args.generate](args.gen_size, args.count, seed=args.seed, rate=args.rate,
+                                                   io_size=args.io_size, **extra)
     except ValueError as err:
         raise ConfigError("--generate", args.generate, str(err)) from None
     try:
@@ -118,27 +130,99 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vm(text: str, index: int) -> Any:
+    """One ``--vm`` value as a HostVm (its trace read). Raises ConfigError, HostError."""
+    from ..replay.host import HostVm
+
+    path, *items = text.split(",")
+    given: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("budget", "min", "name", "size") or key in given:
+            raise ConfigError(f"--vm[{index}]", text, "use TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE]")
+        given[key] = value
+    if "budget" not in given:
+        raise ConfigError(f"--vm[{index}]", text, "needs budget=SIZE")
+    budget = parse_size(given["budget"], key=f"--vm[{index}] budget", allow_zero=False)
+    minimum = parse_size(given.get("min", "0"), key=f"--vm[{index}] min")
+    if minimum > budget:
+        raise ConfigError(f"--vm[{index}] min", given["min"], "must not be above the budget")
+    size = parse_size(given["size"], key=f"--vm[{index}] size") if "size" in given else None
+    trace = _read(path, None)
+    if size is not None and size < trace.end:
+        raise ConfigError(f"--vm[{index}] size", given["size"], f"the trace reaches byte {trace.end}")
+    name = given.get("name") or os.path.splitext(os.path.basename(path))[0]
+    return HostVm(name, trace, budget, minimum, size)
+
+
+def _read(path: str, fio_file: str | None) -> Any:
+    from ..replay.trace import read_trace
+
+    try:
+        trace = read_trace(path, filename=fio_file)
+    except OSError as err:
+        raise HostError(f"cannot read trace: {os.strerror(err.errno or 0)}", path=path, errno=err.errno) from err
+    if len(trace) == 0:
+        raise ConfigError("trace", path, "has no requests")
+    return trace
+
+
+def _run_host(args: argparse.Namespace, params: Any) -> int:
+    if args.trace:
+        raise ConfigError("trace", args.trace, "give either a trace or --vm (host mode), not both")
+    if not args.cap:
+        raise ConfigError("--cap", None, "host mode needs the host's pinned cap")
+    from ..replay import host, report
+
+    vms = [_vm(text, i) for i, text in enumerate(args.vm)]
+    caps = sorted({c for group in args.cap for c in group})
+    try:
+        results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory)
+    except ValueError as err:
+        raise ConfigError("--vm", args.vm, str(err)) from None
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=1))
+    else:
+        print(f"host: {len(vms)} VMs, blocks {format_size(args.block_size)}, interval {params.interval:g}s, memory "
+              + (format_size(args.memory) if args.memory else "2 x cap"))
+        for vm in vms:
+            print(f"  {vm.name}: {len(vm.trace)} requests, {vm.trace.duration:.0f}s, budget {format_size(vm.budget)}"
+                  + (f", min {format_size(vm.minimum)}" if vm.minimum else ""))
+        print("aggregate hit ratio (block accesses of all VMs), by pinned cap:")
+        print(report.table([r.total for r in results], corner="cap"))
+        print("per VM: hit ratio, mean grant")
+        print(report.host_table(results))
+    if args.plot:
+        _write_plot(args.plot, report.plot_png([r.total for r in results], title="host: aggregate hit ratio vs pinned cap",
+                                               x_label="pinned cap (memory: " + (format_size(args.memory)
+                                                                                 if args.memory else "2 x cap") + ")"))
+    return 0
+
+
+def _write_plot(path: str, png: bytes) -> None:
+    try:
+        with open(path, "wb") as out:
+            out.write(png)
+    except OSError as err:
+        raise HostError(f"cannot write plot: {os.strerror(err.errno or 0)}", path=path, errno=err.errno) from err
+
+
 def run(args: argparse.Namespace) -> int:
     if args.generate:
         if args.trace:
             raise ConfigError("trace", args.trace, "give either a trace to replay or --generate, not both")
         return _generate(args)
+    if args.vm:
+        return _run_host(args, _model_params(args.model, args.block_size, args.interval))
     if not args.trace:
-        raise ConfigError("trace", None, "a trace file is needed (or --generate KIND --out FILE)")
+        raise ConfigError("trace", None, "a trace file is needed (or --generate KIND --out FILE, or --vm ...)")
     if not 0.0 < args.pin_share <= 1.0:
         raise ConfigError("--pin-share", args.pin_share, "must be in (0, 1]")
     params = _model_params(args.model, args.block_size, args.interval)
 
     from ..replay import report, sim  # numpy only once the arguments are good
-    from ..replay.trace import read_trace
 
-    try:
-        trace = read_trace(args.trace, filename=args.fio_file)
-    except OSError as err:
-        raise HostError(f"cannot read trace: {os.strerror(err.errno or 0)}", path=args.trace,
-                        errno=err.errno) from err
-    if len(trace) == 0:
-        raise ConfigError("trace", args.trace, "has no requests")
+    trace = _read(args.trace, args.fio_file)
     size = args.size if args.size is not None else trace.end
     if size < trace.end:
         raise ConfigError("--size", args.size, f"the trace reaches byte {trace.end}")
@@ -163,11 +247,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"hit ratio over the first {args.head:g}s:")
             print(report.table(results, first=True))
     if args.plot:
-        png = report.plot_png(results, title=f"{os.path.basename(args.trace)}: hit ratio vs memory")
-        try:
-            with open(args.plot, "wb") as out:
-                out.write(png)
-        except OSError as err:
-            raise HostError(f"cannot write plot: {os.strerror(err.errno or 0)}", path=args.plot,
-                            errno=err.errno) from err
+        _write_plot(args.plot, report.plot_png(results, title=f"{os.path.basename(args.trace)}: hit ratio vs memory"))
     return 0

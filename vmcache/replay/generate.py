@@ -1,4 +1,4 @@
-"""Synthetic block traces: zoned, zipf and moving hot spot (seeded, deterministic).
+"""Synthetic block traces: zoned, zipf, moving hot spot and stream (seeded, deterministic).
 
 Every generator returns a :class:`~vmcache.replay.trace.Trace` of ``count``
 requests of ``io_size`` bytes (offsets aligned to ``io_size``) over an image
@@ -15,6 +15,8 @@ same trace on every machine (numpy's PCG64 generator).
   exponent ``theta``, ranks scattered over the image by a random
   permutation (like fio's ``zipf``, which hashes offsets): hot data is *not*
   contiguous.
+- :func:`stream`: a sequential read of the whole image, over and over
+  (a backup or a scan); ``write_fraction`` defaults to 0.
 - :func:`moving`: one contiguous hot window of ``hot_space`` of the image
   takes ``hot_share`` of the requests; it slides forward steadily, by its
   own width every ``dwell`` seconds (wrapping at the end of the image); the
@@ -30,7 +32,7 @@ from numpy.typing import NDArray
 
 from .trace import Trace
 
-__all__ = ["zoned", "zipf", "moving", "GENERATORS"]
+__all__ = ["zoned", "zipf", "moving", "stream", "GENERATORS"]
 
 
 def _units(size: int, io_size: int) -> int:
@@ -111,4 +113,16 @@ def moving(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size
     return _finish(rng, units, count, rate, io_size, write_fraction)
 
 
-GENERATORS: dict[str, Callable[..., Trace]] = {"zoned": zoned, "zipf": zipf, "moving": moving}
+def stream(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size: int = 4096,
+           write_fraction: float = 0.0) -> Trace:
+    """Sequential passes over the image from a random start; see the module docstring.
+
+    Raises ValueError for impossible arguments.
+    """
+    n = _units(size, io_size)
+    rng = np.random.default_rng(seed)
+    units = (rng.integers(0, n) + np.arange(count, dtype=np.int64)) % n
+    return _finish(rng, units, count, rate, io_size, write_fraction)
+
+
+GENERATORS: dict[str, Callable[..., Trace]] = {"zoned": zoned, "zipf": zipf, "moving": moving, "stream": stream}

@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ..units import format_size
 from .sim import PolicyResult
 
-__all__ = ["table", "rows_json", "plot_png", "COLOURS"]
+__all__ = ["table", "host_table", "rows_json", "plot_png", "COLOURS"]
 
 COLOURS = {
     "vmcache": (31, 119, 180),   # blue: vmcache's pins (the heat-map palette)
@@ -26,6 +26,11 @@ COLOURS = {
     "belady": (90, 90, 90),      # grey: the bound
     "static": (44, 160, 44),     # green
     "warm": (23, 190, 207),      # cyan: vmcache warm-started
+    # host mode
+    "first-come": (255, 127, 14),  # orange
+    "equal": (140, 86, 75),        # brown
+    "proportional": (227, 119, 194),  # pink
+    "benefit": (31, 119, 180),     # blue: vmcache's split
 }
 _FALLBACK = (148, 103, 189)
 
@@ -45,14 +50,14 @@ def _ratio(r: PolicyResult, reads: bool, first: bool) -> str:
     return f"{(r.read_hit_ratio if reads else r.hit_ratio):.3f}"
 
 
-def table(results: list[PolicyResult], *, reads: bool = False, first: bool = False) -> str:
-    """The results as aligned text: ``budget`` then one hit-ratio column per policy.
+def table(results: list[PolicyResult], *, reads: bool = False, first: bool = False, corner: str = "budget") -> str:
+    """The results as aligned text: ``budget`` (or ``corner``) then one hit-ratio column per policy.
 
     ``reads``: show read hit ratios instead of hit ratios over all accesses;
     ``first``: the hit ratios over the first seconds (``replay(head=...)``).
     """
     budgets, policies, cell = _grid(results)
-    head = ["budget"] + policies
+    head = [corner] + policies
     lines = [head]
     for b in budgets:
         row = [format_size(b)]
@@ -67,11 +72,29 @@ def table(results: list[PolicyResult], *, reads: bool = False, first: bool = Fal
     return "\n".join(out)
 
 
+def host_table(results: list[Any]) -> str:
+    """Host-mode results (vmcache.replay.host.HostResult) per VM: ``cap arm`` then ``hit ratio/mean grant`` per VM."""
+    if not results:
+        return ""
+    names = list(results[0].vms)
+    lines = [["cap", "arm"] + names]
+    for r in results:
+        cells = []
+        for n in names:
+            grant = r.grant_mean.get(n)
+            cells.append(f"{r.vms[n].hit_ratio:.3f}" + (f"/{format_size(int(grant))}" if grant is not None else ""))
+        lines.append([format_size(r.cap), r.arm] + cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                     for line in lines)
+
+
 def rows_json(results: list[PolicyResult]) -> list[dict[str, Any]]:
     return [r.to_json() for r in results]
 
 
-def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, height: int = 500) -> bytes:
+def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, height: int = 500,
+             x_label: str = "memory (same for every policy)") -> bytes:
     """A PNG of hit ratio against memory, one line per policy. ValueError if there is nothing to plot."""
     budgets, policies, cell = _grid(results)
     if not budgets:
@@ -103,7 +126,7 @@ def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, 
         x = fx(b)
         draw.line([(x, bottom), (x, bottom + 5)], fill="black")
         draw.text((x, bottom + 8), format_size(b), fill="black", font=font, anchor="mt")
-    draw.text(((left + right) / 2, height - 18), "memory (same for every policy)" + (", log scale" if logx else ""),
+    draw.text(((left + right) / 2, height - 18), x_label + (", log scale" if logx else ""),
               fill="black", font=font, anchor="mm")
     draw.text((14, (top + bottom) / 2), "hit", fill="black", font=font, anchor="lm")
     draw.text((10, (top + bottom) / 2 + 14), "ratio", fill="black", font=font, anchor="lm")

@@ -56,8 +56,8 @@ from ..model.region import Region
 from ..model.warm import WarmStart, heat_of
 from .trace import Trace
 
-__all__ = ["BlockTrace", "PolicyResult", "POLICIES", "WARM", "saved_hotset", "to_blocks", "next_use", "lru", "belady", "static_topk",
-           "vmcache", "replay"]
+__all__ = ["BlockTrace", "PolicyResult", "POLICIES", "WARM", "saved_hotset", "to_blocks", "next_use", "lru", "belady",
+           "static_topk", "vmcache", "replay", "interval_inputs", "cycle_ends", "serve"]
 
 POLICIES = ("vmcache", "lru", "belady", "static")
 WARM = "warm"
@@ -214,23 +214,45 @@ def static_topk(bt: BlockTrace, capacity: int) -> NDArray[np.bool_]:
     return chosen[bt.block] & ~first
 
 
-def _sampled(bt: BlockTrace, begin: int, end: int, pinned: NDArray[np.bool_]
-             ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-    """What the engine samples after accesses ``begin:end``: the written blocks, read evidence of pinned ones.
+def cycle_ends(bt: BlockTrace, interval: float) -> list[int]:
+    """Index one past the last access of each ``interval`` of trace time, from the first access on."""
+    if len(bt) == 0:
+        return []
+    t0 = float(bt.time[0])
+    ncycles = int((float(bt.time[-1]) - t0) // interval) + 1
+    return np.searchsorted(bt.time, t0 + interval * np.arange(1, ncycles + 1), side="left").tolist()
 
-    Written: 1.0 on every block written (the dirty bitmap, exact). Read
-    evidence, as the engine gets it from the pinned pages' referenced bits:
-    the share of each pinned block's pages read (4 KiB reads), NaN elsewhere.
+
+def serve(blocks: list[int], begin: int, end: int, hits: bytearray, pinned: set[int],
+          cache: OrderedDict[int, None], room: int) -> None:
+    """Accesses ``begin..end`` of ``blocks``: a hit when pinned, else through the LRU ``cache`` of ``room`` blocks."""
+    for i in range(begin, end):
+        b = blocks[i]
+        hits[i] = b in pinned or _lru_access(cache, b, room)
+
+
+def interval_inputs(block: NDArray[np.int64], write: NDArray[np.bool_], pinned: NDArray[np.bool_],
+                    block_size: int) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """What the engine samples at the end of an interval with these accesses: the written map, read evidence.
+
+    Written: 1.0 on every block written (the dirty bitmap). Read evidence
+    of pinned blocks, as the engine gets it from the pages' referenced
+    bits: the share of the block's pages read (4 KiB reads); NaN elsewhere.
     """
-    nb = bt.nblocks
-    block, write = bt.block[begin:end], bt.write[begin:end]
+    nb = len(pinned)
     written = np.zeros(nb, dtype=np.float32)
     written[block[write]] = 1.0
     read = block[~write]
     read = read[pinned[read]]
     seen = np.full(nb, np.nan, dtype=np.float32)
-    seen[pinned] = np.minimum(1.0, np.bincount(read, minlength=nb)[pinned] * (PAGE_SIZE / bt.block_size))
+    seen[pinned] = np.minimum(1.0, np.bincount(read, minlength=nb)[pinned] * (PAGE_SIZE / block_size))
     return written, seen
+
+
+def _sampled(bt: BlockTrace, begin: int, end: int, pinned: NDArray[np.bool_]
+             ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """What the engine samples after accesses ``begin:end`` of ``bt`` (see :func:`interval_inputs`)."""
+    return interval_inputs(bt.block[begin:end], bt.write[begin:end], pinned, bt.block_size)
 
 
 def _repin(cache: OrderedDict[int, None], pinned: NDArray[np.bool_], wanted: NDArray[np.bool_]) -> int:
@@ -296,15 +318,13 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     room = capacity
     blocks = bt.block.tolist()
     t0 = float(bt.time[0])
-    ncycles = int((float(bt.time[-1]) - t0) // params.interval) + 1
-    bounds = np.searchsorted(bt.time, t0 + params.interval * np.arange(1, ncycles + 1), side="left")
+    bounds = cycle_ends(bt, params.interval)
+    ncycles = len(bounds)
     pinned_total = 0
     begin = 0
     for k in range(-1 if warm is not None else 0, ncycles):
-        end = int(bounds[k]) if k >= 0 else 0
-        for i in range(begin, end):
-            b = blocks[i]
-            hits[i] = b in pinset or _lru_access(cache, b, room)
+        end = bounds[k] if k >= 0 else 0
+        serve(blocks, begin, end, hits, pinset, cache, room)
         # one engine cycle at the end of the interval, on what the host would have sampled
         written, seen = _sampled(bt, begin, end, pinned)
         begin = end

@@ -1,0 +1,267 @@
+"""Host mode of the replay: several VMs' traces against one page cache and one pinned cap (pure).
+
+Each VM has its own trace, image and metadata budget (the most it may pin)
+and optionally a guaranteed minimum. All VMs share the host's page cache of
+``memory`` bytes, of which at most ``cap`` bytes may be pinned (the host's
+``pinned_cap``). The traces are merged in time order (ties: VM order) and
+replayed through these arms, all at the same memory:
+
+- ``lru``: one shared LRU of ``memory`` (the kernel's global page cache,
+  no vmcache);
+- ``first-come``, ``equal``, ``proportional``, ``benefit``: vmcache on every
+  VM, each VM's pins within its grant, the unpinned rest of the memory one
+  shared LRU. Grants: ``first-come`` - in VM order, each its budget while
+  the cap lasts (what the ledger did before issue 14, VMs starting in that
+  order); ``equal`` - the cap shared equally, nobody above its budget (the
+  surplus re-shared); ``proportional`` - in proportion to the budgets;
+  ``benefit`` - every interval, :func:`vmcache.model.share.split` of the
+  VMs' demand curves (their plans at the full budget), as the agents do
+  through the ledger.
+
+Every VM runs what the single-trace replay's ``vmcache`` arm runs for one
+trace (vmcache.replay.sim): the heat model at the end of each interval,
+``plan`` under its grant with its pins as ``current``; pinned blocks leave
+the shared LRU (or are loaded, counted as prefetched), released ones go back
+to it as most recently used. Deterministic: same traces, same results.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..model.heat import HeatModel
+from ..model.params import ModelParams
+from ..model.planner import plan
+from ..model.region import Region
+from ..model.share import Demand, demand_curve, split
+from .sim import BlockTrace, PolicyResult, cycle_ends, interval_inputs, lru, serve, to_blocks
+from .trace import Trace
+
+__all__ = ["HostVm", "HostResult", "ARMS", "SPLITS", "static_grants", "replay_host"]
+
+SPLITS = ("first-come", "equal", "proportional", "benefit")
+ARMS = ("lru",) + SPLITS
+
+
+@dataclass(frozen=True)
+class HostVm:
+    """One VM of the host: its trace, budget (bytes), guaranteed minimum and image size (default: trace end)."""
+
+    name: str
+    trace: Trace
+    budget: int
+    minimum: int = 0
+    size_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """One arm at one cap: the aggregate over all VMs (``total``) and each VM's figures."""
+
+    arm: str
+    cap: int
+    memory: int
+    total: PolicyResult
+    vms: dict[str, PolicyResult]
+    grant_mean: dict[str, float] = field(default_factory=dict)   # bytes, over the intervals
+    pinned_mean: dict[str, float] = field(default_factory=dict)  # bytes, over the intervals
+
+    def to_json(self) -> dict[str, object]:
+        return {"arm": self.arm, "cap_bytes": self.cap, "memory_bytes": self.memory,
+                "hit_ratio": round(self.total.hit_ratio, 6), "accesses": self.total.accesses,
+                "hits": self.total.hits,
+                "vms": {n: {"hit_ratio": round(r.hit_ratio, 6), "accesses": r.accesses, "hits": r.hits,
+                            "grant_mean_bytes": round(self.grant_mean.get(n, 0.0)),
+                            "pinned_mean_bytes": round(self.pinned_mean.get(n, 0.0))}
+                        for n, r in self.vms.items()}}
+
+
+def static_grants(how: str, vms: list[HostVm], cap: int) -> dict[str, int]:
+    """The fixed grants of the ``first-come``, ``equal`` and ``proportional`` splits. ValueError for others."""
+    if how == "first-come":
+        grants, left = {}, cap
+        for vm in vms:
+            grants[vm.name] = min(vm.budget, left)
+            left -= grants[vm.name]
+        return grants
+    if how == "equal":  # equal water-filling: split() with no curves shares the cap equally up to budgets
+        return split({vm.name: Demand(budget=vm.budget) for vm in vms}, cap).grants
+    if how == "proportional":
+        total = sum(vm.budget for vm in vms)
+        return {vm.name: vm.budget if total <= cap else vm.budget * cap // total for vm in vms}
+    raise ValueError(f"not a static split: {how!r}")
+
+
+@dataclass
+class _Vm:
+    """One VM's model and pins in a split arm (blocks are the VM's own, 0-based)."""
+
+    vm: HostVm
+    index: int
+    offset: int
+    nblocks: int
+    size: int
+    model: HeatModel
+    pinned: NDArray[np.bool_]
+    ours: NDArray[np.bool_]
+    current: list[Region] = field(default_factory=list)
+    granted: int = 0
+    grant_sum: float = 0.0
+    pinned_sum: float = 0.0
+
+
+@dataclass
+class _Merged:
+    """All VMs' block accesses in time order, in one block space (VM i's blocks from ``offsets[i]``)."""
+
+    bt: BlockTrace
+    vm: NDArray[np.int64]
+    offsets: list[int]
+    sizes: list[int]
+    nblocks: list[int]
+
+
+def _merge(vms: list[HostVm], block_size: int) -> _Merged:
+    parts = [to_blocks(vm.trace, block_size, vm.size_bytes) for vm in vms]
+    offsets = np.cumsum([0] + [p.nblocks for p in parts])[:-1].tolist()
+    block = np.concatenate([p.block + off for p, off in zip(parts, offsets)])
+    time = np.concatenate([p.time for p in parts])
+    write = np.concatenate([p.write for p in parts])
+    which = np.concatenate([np.full(len(p), i, dtype=np.int64) for i, p in enumerate(parts)])
+    order = np.argsort(time, kind="stable")  # ties keep VM order
+    total = sum(p.nblocks for p in parts)
+    bt = BlockTrace(block[order], time[order], write[order], block_size, total)
+    sizes = [vm.size_bytes if vm.size_bytes is not None else p.nblocks * block_size for vm, p in zip(vms, parts)]
+    return _Merged(bt, which[order], offsets, sizes, [p.nblocks for p in parts])
+
+
+def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm],
+             hits: NDArray[np.bool_]) -> tuple[PolicyResult, dict[str, PolicyResult]]:
+    reads = ~merged.bt.write
+
+    def result(mask: NDArray[np.bool_]) -> PolicyResult:
+        return PolicyResult(arm, cap, int(mask.sum()), int((hits & mask).sum()), int((reads & mask).sum()),
+                            int((hits & reads & mask).sum()), {"memory_bytes": memory})
+
+    total = result(np.ones(len(hits), dtype=bool))
+    return total, {vm.name: result(merged.vm == i) for i, vm in enumerate(vms)}
+
+
+def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: ModelParams | None = None,
+                memory: int | None = None, memory_factor: float = 2.0,
+                arms: tuple[str, ...] = ARMS) -> list[HostResult]:
+    """Every arm at every cap; ``memory`` (default ``memory_factor * cap``) is the host page cache.
+
+    ``params``: the model of every VM (its ``block_size`` is replaced by
+    ``block_size``). Raises ValueError for no VMs, duplicate names, an
+    unknown arm, a cap above the memory or a trace past its VM's size.
+    """
+    if not vms:
+        raise ValueError("no VMs")
+    if len({vm.name for vm in vms}) != len(vms):
+        raise ValueError("VM names must be unique")
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        raise ValueError(f"unknown arms: {', '.join(sorted(unknown))} (known: {', '.join(ARMS)})")
+    p = ModelParams(**{**(params or ModelParams()).__dict__, "block_size": block_size})
+    merged = _merge(vms, block_size)
+    out: list[HostResult] = []
+    for cap in caps:
+        mem = memory if memory is not None else int(cap * memory_factor)
+        if cap > mem:
+            raise ValueError(f"cap {cap} is more than the memory {mem}")
+        capacity = mem // block_size
+        for arm in arms:
+            if arm == "lru":
+                hits = lru(merged.bt, capacity)
+                total, per_vm = _results(arm, cap, mem, merged, vms, hits)
+                out.append(HostResult(arm, cap, mem, total, per_vm))
+                continue
+            hits, states = _run_split(arm, merged, vms, cap, capacity, p)
+            total, per_vm = _results(arm, cap, mem, merged, vms, hits)
+            cycles = max(1, len(cycle_ends(merged.bt, p.interval)))
+            out.append(HostResult(arm, cap, mem, total, per_vm,
+                                  {s.vm.name: s.grant_sum / cycles for s in states},
+                                  {s.vm.name: s.pinned_sum / cycles for s in states}))
+    return out
+
+
+def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity: int,
+               params: ModelParams) -> tuple[NDArray[np.bool_], list[_Vm]]:
+    """Hits per access of one split arm, and the VMs' states at the end."""
+    bt = merged.bt
+    states = [_Vm(vm, i, off, nb, size, HeatModel(params, nb), np.zeros(nb, dtype=bool), np.zeros(nb, dtype=bool))
+              for i, (vm, off, nb, size) in enumerate(zip(vms, merged.offsets, merged.nblocks, merged.sizes))]
+    fixed = None if arm == "benefit" else static_grants(arm, vms, cap)
+    n = len(bt)
+    hits = bytearray(n)
+    if n == 0:
+        return np.zeros(0, dtype=bool), states
+    cache: OrderedDict[int, None] = OrderedDict()  # unpinned resident blocks, all VMs
+    pinset: set[int] = set()
+    room = capacity
+    blocks = bt.block.tolist()
+    t0 = float(bt.time[0])
+    begin = 0
+    for k, end in enumerate(cycle_ends(bt, params.interval)):
+        serve(blocks, begin, end, hits, pinset, cache, room)
+        resident = np.zeros(bt.nblocks, dtype=bool)
+        if cache:
+            resident[np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))] = True
+        now = t0 + params.interval * (k + 1)
+        heats = [_step(s, merged, begin, end, resident, now) for s in states]
+        begin = end
+        grants = fixed if fixed is not None else _benefit_grants(states, heats, cap, params)
+        for s, heat in zip(states, heats):
+            s.granted = grants[s.vm.name]
+            s.current = plan(heat, params=params, size_bytes=s.size, budget=s.granted, current=s.current,
+                             own=s.model.own)
+            _apply(s, cache, pinset, params.block_size)
+            s.grant_sum += s.granted
+        room = capacity - len(pinset)
+        while len(cache) > room:
+            cache.popitem(last=False)
+        for s in states:
+            s.ours |= s.pinned
+            s.pinned_sum += int(s.pinned.sum()) * params.block_size
+    return np.frombuffer(bytes(hits), dtype=bool).copy(), states
+
+
+def _step(s: _Vm, merged: _Merged, begin: int, end: int, resident: NDArray[np.bool_], now: float) -> NDArray[np.float32]:
+    """One VM's model step at the end of an interval: its accesses in [begin, end), its residency."""
+    mine = merged.vm[begin:end] == s.index
+    block = merged.bt.block[begin:end][mine] - s.offset
+    written, seen = interval_inputs(block, merged.bt.write[begin:end][mine], s.pinned, merged.bt.block_size)
+    res = resident[s.offset:s.offset + s.nblocks] | s.pinned
+    s.ours &= res
+    s.ours |= s.pinned
+    return s.model.step(res.astype(np.float32), written, s.ours, now, seen=seen)
+
+
+def _benefit_grants(states: list[_Vm], heats: list[NDArray[np.float32]], cap: int,
+                    params: ModelParams) -> dict[str, int]:
+    """The benefit split: every VM's demand curve (its plan at its full budget), divided as the agents do."""
+    demands = {}
+    for s, heat in zip(states, heats):
+        full = plan(heat, params=params, size_bytes=s.size, budget=s.vm.budget, current=s.current, own=s.model.own)
+        demands[s.vm.name] = Demand(budget=s.vm.budget, minimum=s.vm.minimum, curve=demand_curve(full, heat, params),
+                                    granted=s.granted)
+    return split(demands, cap).grants
+
+
+def _apply(s: _Vm, cache: OrderedDict[int, None], pinset: set[int], bs: int) -> None:
+    """Pin ``s.current``: released blocks go back to the LRU (most recent), new ones leave it."""
+    wanted = np.zeros(s.nblocks, dtype=bool)
+    for region in s.current:
+        wanted[region.start // bs: -(-region.end // bs)] = True
+    for b in (np.flatnonzero(s.pinned & ~wanted) + s.offset).tolist():
+        cache[b] = None
+        pinset.discard(b)
+    for b in (np.flatnonzero(wanted & ~s.pinned) + s.offset).tolist():
+        cache.pop(b, None)
+        pinset.add(b)
+    s.pinned = wanted
