@@ -39,7 +39,8 @@ from .region import Region
 if TYPE_CHECKING:  # numpy loads in demand_curve only: the ledger and `vmcache status` split without it
     from numpy.typing import ArrayLike
 
-__all__ = ["Curve", "Demand", "Split", "MAX_POINTS", "demand_curve", "merge_curves", "split", "split_budget"]
+__all__ = ["Curve", "Demand", "Split", "MAX_POINTS", "demand_curve", "demand_of", "merge_curves", "split",
+           "split_budget"]
 
 Curve = tuple[tuple[int, float], ...]
 """Cumulative ``(bytes, benefit)`` points, bytes rising, benefit per byte falling; (0, 0) implied."""
@@ -111,6 +112,20 @@ def demand_curve(regions: Iterable[Region], heat: ArrayLike, params: ModelParams
             segments.append((mean / unit, r.length))
     segments.sort(key=lambda s: -s[0])
     return _cut(segments, points)
+
+
+def demand_of(heat: ArrayLike, own: ArrayLike | None, params: ModelParams, *, size_bytes: int, budget: int,
+              current: Iterable[Region] = ()) -> Curve:
+    """One disk's demand curve: its plan at the full ``budget`` (the metadata's, not the grant), as a curve.
+
+    ``heat``/``own``: the model's arrays after this cycle's step;
+    ``current``: the regions pinned now (the planner's hysteresis). Raises
+    ValueError as :func:`~vmcache.model.planner.plan` does.
+    """
+    from .planner import plan
+
+    regions = plan(heat, params=params, size_bytes=size_bytes, budget=budget, current=current, own=own)
+    return demand_curve(regions, heat, params)
 
 
 def _cut(segments: list[tuple[float, int]], points: int) -> Curve:

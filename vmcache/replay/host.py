@@ -18,11 +18,13 @@ replayed through these arms, all at the same memory:
   VMs' demand curves (their plans at the full budget), as the agents do
   through the ledger.
 
-Every VM runs what the single-trace replay's ``vmcache`` arm runs for one
-trace (vmcache.replay.sim): the heat model at the end of each interval,
-``plan`` under its grant with its pins as ``current``; pinned blocks leave
-the shared LRU (or are loaded, counted as prefetched), released ones go back
-to it as most recently used. Deterministic: same traces, same results.
+Every VM runs what the engine runs (:class:`vmcache.model.cycle.Cycle`, as
+the single-trace replay's ``vmcache`` arm does) at the end of each interval,
+under its grant; pinned blocks leave the shared LRU (or are loaded),
+released ones go back to it as most recently used. In the ``benefit`` arm
+each VM's demand curve after its step feeds the split whose grants the next
+cycle runs under - the one-cycle lag of the agents, which divide through
+the ledger at the start of a cycle. Deterministic: same traces, same results.
 """
 
 from __future__ import annotations
@@ -33,11 +35,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from ..model.heat import HeatModel
+from ..model.cycle import Cycle, blocks_mask
 from ..model.params import ModelParams
-from ..model.planner import plan
 from ..model.region import Region
-from ..model.share import Demand, demand_curve, split
+from ..model.share import Demand, demand_of, split
 from .sim import BlockTrace, PolicyResult, cycle_ends, interval_inputs, lru, serve, to_blocks
 from .trace import Trace
 
@@ -98,16 +99,15 @@ def static_grants(how: str, vms: list[HostVm], cap: int) -> dict[str, int]:
 
 @dataclass
 class _Vm:
-    """One VM's model and pins in a split arm (blocks are the VM's own, 0-based)."""
+    """One VM's cycle and pins in a split arm (blocks are the VM's own, 0-based)."""
 
     vm: HostVm
     index: int
     offset: int
     nblocks: int
     size: int
-    model: HeatModel
+    cycle: Cycle
     pinned: NDArray[np.bool_]
-    ours: NDArray[np.bool_]
     current: list[Region] = field(default_factory=list)
     granted: int = 0
     grant_sum: float = 0.0
@@ -192,76 +192,72 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
 
 def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity: int,
                params: ModelParams) -> tuple[NDArray[np.bool_], list[_Vm]]:
-    """Hits per access of one split arm, and the VMs' states at the end."""
+    """Hits per access of one split arm, and the VMs' states at the end.
+
+    Each VM's cycle runs under the grant of the previous split; its demand
+    curve after the step feeds the next split (the agents' one-cycle lag).
+    """
     bt = merged.bt
-    states = [_Vm(vm, i, off, nb, size, HeatModel(params, nb), np.zeros(nb, dtype=bool), np.zeros(nb, dtype=bool))
+    states = [_Vm(vm, i, off, nb, size, Cycle(params, nb), np.zeros(nb, dtype=bool))
               for i, (vm, off, nb, size) in enumerate(zip(vms, merged.offsets, merged.nblocks, merged.sizes))]
-    fixed = None if arm == "benefit" else static_grants(arm, vms, cap)
-    n = len(bt)
-    hits = bytearray(n)
-    if n == 0:
+    benefit = arm == "benefit"
+    grants = _benefit_grants(states, None, cap) if benefit else static_grants(arm, vms, cap)
+    hits = bytearray(len(bt))
+    if len(bt) == 0:
         return np.zeros(0, dtype=bool), states
     cache: OrderedDict[int, None] = OrderedDict()  # unpinned resident blocks, all VMs
     pinset: set[int] = set()
-    room = capacity
     blocks = bt.block.tolist()
     t0 = float(bt.time[0])
     begin = 0
     for k, end in enumerate(cycle_ends(bt, params.interval)):
-        serve(blocks, begin, end, hits, pinset, cache, room)
+        serve(blocks, begin, end, hits, pinset, cache, capacity - len(pinset))
         resident = np.zeros(bt.nblocks, dtype=bool)
         if cache:
             resident[np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))] = True
-        now = t0 + params.interval * (k + 1)
-        heats = [_step(s, merged, begin, end, resident, now) for s in states]
-        begin = end
-        grants = fixed if fixed is not None else _benefit_grants(states, heats, cap, params)
-        for s, heat in zip(states, heats):
-            s.granted = grants[s.vm.name]
-            s.current = plan(heat, params=params, size_bytes=s.size, budget=s.granted, current=s.current,
-                             own=s.model.own)
-            _apply(s, cache, pinset, params.block_size)
-            s.grant_sum += s.granted
-        room = capacity - len(pinset)
-        while len(cache) > room:
-            cache.popitem(last=False)
         for s in states:
-            s.ours |= s.pinned
+            s.granted = grants[s.vm.name]
+            _step(s, merged, begin, end, resident, t0 + params.interval * (k + 1))
+            _apply(s, cache, pinset)
+            s.grant_sum += s.granted
             s.pinned_sum += int(s.pinned.sum()) * params.block_size
+        begin = end
+        while len(cache) > capacity - len(pinset):
+            cache.popitem(last=False)
+        if benefit:
+            grants = _benefit_grants(states, params, cap)
     return np.frombuffer(bytes(hits), dtype=bool).copy(), states
 
 
-def _step(s: _Vm, merged: _Merged, begin: int, end: int, resident: NDArray[np.bool_], now: float) -> NDArray[np.float32]:
-    """One VM's model step at the end of an interval: its accesses in [begin, end), its residency."""
+def _step(s: _Vm, merged: _Merged, begin: int, end: int, resident: NDArray[np.bool_], now: float) -> None:
+    """One VM's cycle at the end of an interval, on its accesses in [begin, end) and its residency."""
     mine = merged.vm[begin:end] == s.index
     block = merged.bt.block[begin:end][mine] - s.offset
     written, seen = interval_inputs(block, merged.bt.write[begin:end][mine], s.pinned, merged.bt.block_size)
     res = resident[s.offset:s.offset + s.nblocks] | s.pinned
-    s.ours &= res
-    s.ours |= s.pinned
-    return s.model.step(res.astype(np.float32), written, s.ours, now, seen=seen)
+    s.current = s.cycle.step(res.astype(np.float32), written, s.current, size_bytes=s.size, budget=s.granted,
+                             now=now, seen=seen).regions
 
 
-def _benefit_grants(states: list[_Vm], heats: list[NDArray[np.float32]], cap: int,
-                    params: ModelParams) -> dict[str, int]:
-    """The benefit split: every VM's demand curve (its plan at its full budget), divided as the agents do."""
+def _benefit_grants(states: list[_Vm], params: ModelParams | None, cap: int) -> dict[str, int]:
+    """The benefit split of the VMs' demand curves (None ``params``: no curves yet, the start)."""
     demands = {}
-    for s, heat in zip(states, heats):
-        full = plan(heat, params=params, size_bytes=s.size, budget=s.vm.budget, current=s.current, own=s.model.own)
-        demands[s.vm.name] = Demand(budget=s.vm.budget, minimum=s.vm.minimum, curve=demand_curve(full, heat, params),
-                                    granted=s.granted)
+    for s in states:
+        curve = () if params is None else demand_of(s.cycle.model.heat, s.cycle.model.own, params,
+                                                    size_bytes=s.size, budget=s.vm.budget, current=s.current)
+        demands[s.vm.name] = Demand(budget=s.vm.budget, minimum=s.vm.minimum, curve=curve, granted=s.granted)
     return split(demands, cap).grants
 
 
-def _apply(s: _Vm, cache: OrderedDict[int, None], pinset: set[int], bs: int) -> None:
-    """Pin ``s.current``: released blocks go back to the LRU (most recent), new ones leave it."""
-    wanted = np.zeros(s.nblocks, dtype=bool)
-    for region in s.current:
-        wanted[region.start // bs: -(-region.end // bs)] = True
-    for b in (np.flatnonzero(s.pinned & ~wanted) + s.offset).tolist():
+def _apply(s: _Vm, cache: OrderedDict[int, None], pinset: set[int]) -> None:
+    """Pin ``s.current``: released blocks go back to the shared LRU (most recent), new ones leave it."""
+    wanted = blocks_mask(s.current, s.cycle.params.block_size, s.nblocks)
+    released = np.flatnonzero(s.pinned & ~wanted) + s.offset
+    pinset.difference_update(released.tolist())
+    for b in released.tolist():
         cache[b] = None
-        pinset.discard(b)
     for b in (np.flatnonzero(wanted & ~s.pinned) + s.offset).tolist():
         cache.pop(b, None)
         pinset.add(b)
     s.pinned = wanted
+    s.cycle.pinned(s.current)
