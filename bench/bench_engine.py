@@ -1,20 +1,24 @@
-"""One full engine cycle on a 1 TiB image: scan + read evidence + model + plan + pin.
+"""One full engine cycle per disk size: scan + read evidence + model + plan + pin, a fixed touched set.
 
-    .venv/bin/python bench/bench_engine.py [--dir /tmp] [--cycles 20]
+    .venv/bin/python bench/bench_engine.py [--dir /dev/shm] [--sizes 64G,1T,16T,64T] [--rounds 3] [--cycles 12]
 
-Makes a 1 TiB sparse image, writes 512 MiB of it in 8 scattered 64 MiB
-ranges (so those pages are in the page cache), and runs DiskEngine cycles at
-the default ModelParams with a 256 MiB budget and no prefetch limit: the
-first cycles pin, the later ones are the steady state. Prints the CPU time
-(time.process_time) of each cycle's parts as the engine runs them, the
-median and worst total, and the process's peak RSS. Deletes the image.
+For each size, makes a sparse image of that size, writes 512 MiB of it in 8
+ranges of 64 MiB spread over the whole image (so those pages are in the
+page cache), and runs DiskEngine cycles at the default ModelParams with a
+256 MiB budget and no prefetch limit: the first cycles pin, the later ones
+are the steady state. Each size runs in its own process (bench/sizes.py),
+rounds interleaved. Per run: the median CPU time (time.process_time) of a
+cycle from the 4th on, the worst cycle, and the process's own memory
+(RssAnon, peak over the cycles; the locked image pages are file pages, not
+in RssAnon). The default directory is /dev/shm because ext4 refuses files
+of 16 TiB and more. Deletes the image.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
+import platform
 import statistics
 import sys
 import tempfile
@@ -23,10 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vmcache.service.engine import DiskEngine  # noqa: E402
+from bench.sizes import SIZES, emit, load, run_sizes, status_bytes, table  # noqa: E402
 from vmcache.model.params import ModelParams  # noqa: E402
+from vmcache.service.engine import DiskEngine  # noqa: E402
+from vmcache.units import parse_size  # noqa: E402
 
-MiB, GiB, TiB = 1 << 20, 1 << 30, 1 << 40
+MiB, GiB = 1 << 20, 1 << 30
 
 
 class CpuClock:
@@ -40,55 +46,61 @@ class CpuClock:
         return self.now
 
 
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if value.strip().endswith("kB"):
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default=tempfile.gettempdir())
-    ap.add_argument("--cycles", type=int, default=20)
-    args = ap.parse_args()
+def one(size_text: str, directory: str, cycles: int) -> None:
+    """Child: the engine's cycles on one sparse image of ``size_text``; emit the figures."""
     params = ModelParams()
-    fd, path = tempfile.mkstemp(prefix="vmcache-bench-engine-", suffix=".img", dir=args.dir)
+    size = parse_size(size_text, key="--one")
+    fd, path = tempfile.mkstemp(prefix="vmcache-scale-bench-", suffix=".img", dir=directory)
     try:
-        os.ftruncate(fd, TiB)
+        os.ftruncate(fd, size)
         chunk = os.urandom(MiB)
         for k in range(8):
-            base = k * 128 * GiB + (k % 2) * MiB
+            base = k * (size // 8 // MiB) * MiB + (k % 2) * MiB
             for off in range(0, 64 * MiB, MiB):
                 os.pwrite(fd, chunk, base + off)
         os.close(fd)
         fd = -1
-        costs = []
-        anon = locked = 0
+        base_anon = status_bytes("RssAnon")
+        costs, anon, pinned = [], 0, 0
         with DiskEngine(path, params=params, budget=256 * MiB, floor_bytes=GiB, prefetch_rate=None,
                         clock=CpuClock(params.interval)) as engine:
-            for cycle in range(args.cycles):
+            for _ in range(cycles):
                 started = time.process_time()
                 stats = engine.cycle()
-                costs.append(time.process_time() - started)
-                status = _status()
-                anon, locked = max(anon, status["RssAnon"]), max(locked, status["VmLck"])
-                print(f"cycle {cycle + 1:2d}: {costs[-1] * 1000:6.1f} ms CPU, pinned {stats.pinned_bytes >> 20} MiB "
-                      f"in {stats.pinned_regions} regions, resident {stats.resident_bytes >> 20} MiB", flush=True)
+                costs.append((time.process_time() - started) * 1e3)
+                anon = max(anon, status_bytes("RssAnon"))
+                pinned = max(pinned, stats.pinned_bytes)
         steady = costs[3:] or costs
-        print(f"median {statistics.median(steady) * 1000:.1f} ms CPU per cycle (from cycle 4), "
-              f"worst {max(costs) * 1000:.1f} ms")
-        print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (VmHWM, the pinned "
-              f"image pages mapped included); the process's own memory (RssAnon) at most {anon >> 20} MiB, "
-              f"locked image pages (VmLck) at most {locked >> 20} MiB")
-        print("goal: under 100 ms CPU per cycle, the process's own memory under 128 MiB")
+        emit({"cpu_ms": statistics.median(steady), "cpu_max_ms": max(costs), "anon_mib": anon / MiB,
+              "base_mib": base_anon / MiB, "pinned_mib": pinned / MiB})
     finally:
         if fd >= 0:
             os.close(fd)
         os.unlink(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="/dev/shm")
+    ap.add_argument("--sizes", default=SIZES)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cycles", type=int, default=12)
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        one(args.one, args.dir, args.cycles)
+        return 0
+    print(f"machine: {platform.machine()}, Linux {platform.release()}, Python {platform.python_version()}; "
+          f"load before: {load()}")
+    print(f"touched: 512 MiB in 8 ranges of 64 MiB, budget 256 MiB, {args.cycles} cycles per run, "
+          f"{args.rounds} rounds, images in {args.dir}")
+    results = run_sizes(__file__, args.sizes.split(","), args.rounds,
+                        ["--dir", args.dir, "--cycles", str(args.cycles)])
+    print(table(results, [("cpu_ms", "cycle ms CPU (median from 4th)", ".1f"),
+                          ("cpu_max_ms", "worst cycle ms", ".1f"), ("anon_mib", "RssAnon peak MiB", ".0f"),
+                          ("base_mib", "RssAnon after imports MiB", ".0f"),
+                          ("pinned_mib", "pinned MiB (max)", ".0f")]))
+    print(f"load after: {load()}")
     return 0
 
 
