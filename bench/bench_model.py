@@ -1,4 +1,4 @@
-"""CPU and memory of one model cycle (HeatModel.step + plan) per disk size, a fixed touched set.
+"""CPU and memory of one model cycle (HeatModel.step_blocks + plan_active) per disk size, a fixed touched set.
 
 Run: .venv/bin/python bench/bench_model.py [--sizes 64G,1T,16T,64T] [--rounds 3] [--cycles 20]
 
@@ -10,7 +10,7 @@ being written; ``ours`` is the set pinned by the previous plan, as the
 engine reports it; budget 256 MiB. Each size runs in its own process
 (bench/sizes.py), rounds interleaved; per round the median CPU time
 (time.process_time) of step + plan over the cycles, and the process's
-RssAnon after the last cycle, beside RssAnon after the imports (the
+peak RssAnon over the cycles, beside RssAnon after the imports (the
 difference is what the model and its inputs cost).
 """
 
@@ -28,7 +28,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.sizes import SIZES, emit, load, run_sizes, status_bytes, table  # noqa: E402
-from vmcache.model import HeatModel, ModelParams, Region, plan  # noqa: E402
+from vmcache.model import HeatModel, ModelParams, Region  # noqa: E402
+from vmcache.model.blocks import BlockValues  # noqa: E402
+from vmcache.model.planner import plan_active  # noqa: E402
 from vmcache.units import format_size, parse_size  # noqa: E402
 
 BUDGET = 256 << 20
@@ -47,20 +49,20 @@ class Touched:
         w0 = int(rng.integers(0, n - 32))
         self.wrange = np.arange(w0, w0 + 32, dtype=np.int64)
 
-    def residency(self) -> tuple[np.ndarray, np.ndarray]:
+    def residency(self) -> BlockValues:
         """Blocks with resident pages and their fractions (this cycle)."""
         frac = self.rng.integers(1, 257, self.scattered.size).astype(np.float32) / 256
         blocks = np.concatenate((self.hot, self.scattered))
         values = np.concatenate((np.ones(self.hot.size, np.float32), frac))
         order = np.argsort(blocks, kind="stable")
-        return blocks[order], values[order]
+        return BlockValues(blocks[order], values[order])
 
-    def writes(self) -> tuple[np.ndarray, np.ndarray]:
+    def writes(self) -> BlockValues:
         frac = self.rng.integers(1, 17, self.wscattered.size).astype(np.float32) / 16
         blocks = np.concatenate((self.wscattered, self.wrange))
         values = np.concatenate((frac, np.full(self.wrange.size, 0.5, np.float32)))
         order = np.argsort(blocks, kind="stable")
-        return blocks[order], values[order]
+        return BlockValues(blocks[order], values[order])
 
 
 def one(size_text: str, cycles: int, seed: int) -> None:
@@ -72,24 +74,18 @@ def one(size_text: str, cycles: int, seed: int) -> None:
     touched = Touched(n, seed)
     model = HeatModel(p, n)
     regions: list[Region] = []
-    costs = []
+    costs, anon = [], 0
     for cycle in range(cycles):
-        rb, rv = touched.residency()
-        wb, wv = touched.writes()
-        residency = np.zeros(n, dtype=np.float32)
-        residency[rb] = rv
-        writes = np.zeros(n, dtype=np.float32)
-        writes[wb] = wv
-        ours = np.zeros(n, dtype=bool)
-        for r in regions:
-            ours[r.start // p.block_size : -(-r.end // p.block_size)] = True
+        residency, writes = touched.residency(), touched.writes()
+        spans = [np.arange(r.start // p.block_size, -(-r.end // p.block_size)) for r in regions]
+        ours = np.unique(np.concatenate(spans)) if spans else np.zeros(0, np.int64)
         t0 = time.process_time()
-        heat = model.step(residency, writes, ours, now=cycle * p.interval)
-        regions = plan(heat, params=p, size_bytes=size, budget=BUDGET, current=regions, own=model.own)
+        active = model.step_blocks(residency, writes, ours, now=cycle * p.interval)
+        regions = plan_active(active, params=p, size_bytes=size, budget=BUDGET, current=regions)
         costs.append((time.process_time() - t0) * 1e3)
-        del residency, writes, ours
+        anon = max(anon, status_bytes("RssAnon"))
     emit({"blocks": n, "cpu_ms": statistics.median(costs), "cpu_max_ms": max(costs),
-          "anon_mib": status_bytes("RssAnon") / 2**20, "base_mib": base / 2**20,
+          "anon_mib": anon / 2**20, "base_mib": base / 2**20,
           "regions": len(regions), "pinned_mib": sum(r.length for r in regions) / 2**20})
 
 
@@ -111,7 +107,7 @@ def main() -> None:
     results = run_sizes(__file__, args.sizes.split(","), args.rounds,
                         ["--cycles", str(args.cycles), "--seed", str(args.seed)])
     print(table(results, [("blocks", "blocks", ".0f"), ("cpu_ms", "step+plan ms CPU (median)", ".2f"),
-                          ("cpu_max_ms", "worst cycle ms", ".1f"), ("anon_mib", "RssAnon MiB", ".0f"),
+                          ("cpu_max_ms", "worst cycle ms", ".1f"), ("anon_mib", "RssAnon peak MiB", ".0f"),
                           ("base_mib", "RssAnon after imports MiB", ".0f"),
                           ("pinned_mib", "planned MiB", ".0f")]))
     print(f"load after: {load()}")

@@ -59,7 +59,7 @@ def table(results: dict[str, list[dict]], columns: Sequence[tuple[str, str, str]
             values = [run[key] for run in runs]
             med = statistics.median(values)
             cell = format(med, fmt)
-            if len(values) > 1:
+            if min(values) != max(values):
                 cell += f" ({format(min(values), fmt)}-{format(max(values), fmt)})"
             cells.append(cell)
         rows.append(f"| {size} | " + " | ".join(cells) + " |")

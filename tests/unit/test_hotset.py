@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmcache.errors import ConfigError
-from vmcache.model.heat import HeatModel
+from vmcache.model.heat import ActiveHeat, HeatModel
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
 from vmcache.model.warm import WarmStart, heat_of
@@ -186,9 +186,7 @@ def test_seed_holds_a_waiting_region_and_releases_it_once_restored():
     assert model.heat[10:14].min() == pytest.approx(1.0 * 0.98 ** 19, rel=1e-5)
     assert model.own[10:14].min() == pytest.approx(1.0 * 0.98 ** 19, rel=1e-5)
     assert model.heat[:8].max() < 0.01 and model.heat[20:48].max() < 0.01
-    pinned = np.zeros(100, dtype=bool)
-    pinned[10:14] = True
-    assert warm.update(pinned) == 4 * MiB and not warm.done
+    assert warm.update(np.arange(10, 14)) == 4 * MiB and not warm.done
     assert warm.restored_bytes == 4 * MiB and warm.pending_bytes == 2 * MiB
     for k in range(20, 80):  # restored: left to the model, it decays like any other region
         model.step(cold, cold, nothing, 10.0 * (k + 1))
@@ -199,5 +197,6 @@ def test_seed_holds_a_waiting_region_and_releases_it_once_restored():
 
 def test_heat_of_sums_the_heat_of_each_region():
     heat = np.arange(10, dtype=np.float32)
-    regions = heat_of([Region(0, 2 * MiB, 99.0), Region(8 * MiB, 3 * MiB, 0.0)], heat, MiB)
+    active = ActiveHeat(np.arange(1, 10), heat[1:], heat[1:])
+    regions = heat_of([Region(0, 2 * MiB, 99.0), Region(8 * MiB, 3 * MiB, 0.0)], active, MiB)
     assert [r.priority for r in regions] == [1.0, 17.0]  # blocks past the array count as cold

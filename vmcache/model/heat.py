@@ -10,8 +10,8 @@ Per cycle, over ``nblocks`` blocks of ``params.block_size`` bytes, with
 ``gauss`` is the filter of ``scipy.ndimage.gaussian_filter1d`` with
 ``mode='constant'`` and ``truncate=4`` (same kernel, same result to float32
 rounding; the tests check it against scipy), computed as symmetric shifted
-adds in float32: ~4-5.5 ms instead of scipy's ~17 ms for 1M blocks at sigma 2,
-which matters when one agent runs a model per disk. Its kernel sums to 1, so a wide, fully resident region gives ``S == a_r`` in its
+adds in float32 (scipy's call costs ~3x more). Its kernel sums to 1, so a
+wide, fully resident region gives ``S == a_r`` in its
 middle, while an isolated resident block is diluted to
 ``a_r / (sqrt(2 pi) sigma_r)`` (0.2 a_r at the default sigma of 2): heat
 gathers where activity is dense.
@@ -34,7 +34,7 @@ is known, the term is 0). Treating our blocks as cold instead would make the
 guest-read edge blocks of a pinned region look isolated (diluted below the
 threshold), and they would never be pinned. The same normalisation treats
 the outside of the disk as unknown, so the first and last blocks are not
-halved. ``gauss(v)`` changes only when ``ours`` does and is cached.
+halved.
 
 Read evidence (``seen``): guest reads of pinned pages are page-cache hits
 that mincore cannot see, but they set the pages' referenced bits, which the
@@ -71,33 +71,58 @@ and pinning it would not have helped anyway.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from .blocks import BlockValues, check_index, dilate, member, positions, union
 from .params import ModelParams
 
-__all__ = ["HeatModel"]
+__all__ = ["ActiveHeat", "HeatModel", "DROP_SHARE"]
 
 _MIN_KNOWN = 0.1
 """Least share of the read kernel's weight (of what fits on the disk) that
 must fall on blocks not ours for the read term of a block to be estimated
 (else it is 0)."""
 
+DROP_SHARE = 1e-6
+"""A block whose heat and own heat are both at most ``DROP_SHARE * threshold /
+keep_factor`` is forgotten: a million times colder than the coldest heat the
+planner acts on, hysteresis included. (At 1e-4 the crumbs the dense model
+keeps decided a tie between two equally hot windows of a region differently
+in tests/unit/test_sparse_model.py; at 1e-6 no plan differed. Decaying from
+1 to there takes ~170 cycles at the default decay.)"""
+
+Index = NDArray[np.int64]
+
+
+class ActiveHeat(NamedTuple):
+    """The blocks that have heat: sorted ``blocks``, their ``heat`` and ``own`` heat (read-only)."""
+
+    blocks: Index
+    heat: NDArray[np.float32]
+    own: NDArray[np.float32]
+
 
 class HeatModel:
-    """Decaying heat per block of one disk; ``step`` once per cycle.
+    """Decaying heat of the blocks of one disk that have some; ``step`` once per cycle."""
 
-    Arrays are float32 and reused between steps (a 1 TiB image at 1 MiB
-    blocks is 1M blocks, ~4 MiB per array, six arrays).
-    """
+    def __init__(self, params: ModelParams, nblocks: int, *, drop_share: float = DROP_SHARE) -> None:
+        """Start with zero heat over ``nblocks`` blocks; ValueError if negative.
 
-    def __init__(self, params: ModelParams, nblocks: int) -> None:
-        """Start with zero heat over ``nblocks`` blocks; ValueError if negative."""
+        ``drop_share``: blocks colder than ``drop_share * threshold /
+        keep_factor`` are forgotten (0: only those with no heat at all, which
+        gives the dense model's numbers to the last bit).
+        """
         self._params = params
-        self._heat = np.zeros(0, dtype=np.float32)
-        self._own = np.zeros(0, dtype=np.float32)
-        self._last: float | None = None
-        self._alloc(nblocks)
+        self._drop = np.float32(drop_share * params.threshold / params.keep_factor)
+        self._read_kernel = _half_kernel(params.read_sigma)
+        self._write_kernel = _half_kernel(params.write_sigma)
+        self._radius = max(self._read_kernel.size, self._write_kernel.size) - 1
+        self._nblocks = 0
+        self.reset()
+        self.resize(nblocks)
 
     @property
     def params(self) -> ModelParams:
@@ -105,98 +130,177 @@ class HeatModel:
 
     @property
     def nblocks(self) -> int:
-        return int(self._heat.shape[0])
+        return self._nblocks
+
+    @property
+    def active(self) -> ActiveHeat:
+        """The blocks with heat or own heat, and both (sorted, read-only; replaced by each step)."""
+        return ActiveHeat(*(_readonly(a) for a in (self._blocks, self._heat, self._own)))
 
     @property
     def heat(self) -> NDArray[np.float32]:
-        """Current heat per block (read-only view, updated in place by ``step``)."""
-        view = self._heat.view()
-        view.flags.writeable = False
-        return view
+        """Heat per block, dense (a new read-only array of ``nblocks``: pictures and tests)."""
+        return _readonly(BlockValues(self._blocks, self._heat).to_dense(self._nblocks))
 
     @property
     def own(self) -> NDArray[np.float32]:
-        """Per block, the heat it earned itself: the same update without the filters.
+        """Per block, the heat it earned itself: the same update without the filters (dense, read-only).
 
         Where the Gaussian spreads one hot block over its neighbours, ``own``
         is high only on the block itself; the planner trims runs to the
-        blocks that are hot on their own (read-only view).
+        blocks that are hot on their own.
         """
-        view = self._own.view()
-        view.flags.writeable = False
-        return view
+        return _readonly(BlockValues(self._blocks, self._own).to_dense(self._nblocks))
 
     def step(self, residency: ArrayLike, writes: ArrayLike, ours: ArrayLike, now: float,
              seen: ArrayLike | None = None) -> NDArray[np.float32]:
-        """Fold one cycle's sample into the heat and return it (read-only view).
+        """Fold one cycle's sample, given as dense per-block arrays, and return the dense heat.
 
         ``residency``/``writes``: fractions in [0, 1] per block; ``ours``: bool
         per block, residency vmcache caused (excluded from the read signal);
         ``now``: monotonic seconds; ``seen``: read evidence of pinned blocks
         (fraction of sampled pages read since the previous step, NaN where
-        there is none): a block with evidence is judged by it, not held.
-        The first step counts as one full ``interval``; a step at or before
-        the previous ``now`` changes nothing. Raises ValueError when an
-        array's shape is not ``(nblocks,)`` or ``now`` is not finite.
+        there is none). The same as :meth:`step_blocks`, which the engine
+        uses. Raises ValueError when an array's shape is not ``(nblocks,)``
+        or ``now`` is not finite.
         """
-        if not math.isfinite(now):
-            raise ValueError(f"now must be finite, got {now!r}")
-        n = self.nblocks
-        res = _vector(residency, n, "residency")
-        wr = _vector(writes, n, "writes")
+        n = self._nblocks
+        res = BlockValues.from_dense(_vector(residency, n, "residency"))
+        wr = BlockValues.from_dense(_vector(writes, n, "writes"))
         mine = np.asarray(ours, dtype=bool)
         if mine.shape != (n,):
             raise ValueError(f"ours has shape {mine.shape}, expected ({n},)")
+        evidence = None
         if seen is not None:
-            res, mine = self._with_evidence(res, mine, _vector(seen, n, "seen"))
+            values = _vector(seen, n, "seen")
+            index = np.flatnonzero(~np.isnan(values)).astype(np.int64)
+            evidence = BlockValues(index, values[index].astype(np.float32))
+        self.step_blocks(res, wr, np.flatnonzero(mine).astype(np.int64), now, seen=evidence)
+        return self.heat
 
+    def step_blocks(self, residency: BlockValues, writes: BlockValues, ours: Index, now: float,
+                    seen: BlockValues | None = None) -> ActiveHeat:
+        """Fold one cycle's sample into the heat; return :attr:`active`.
+
+        ``residency``/``writes``: fractions in [0, 1] of the blocks listed
+        (others 0); ``ours``: sorted blocks whose residency vmcache caused
+        (excluded from the read signal); ``now``: monotonic seconds;
+        ``seen``: read evidence of pinned blocks (fraction of sampled pages
+        read since the previous step; blocks not listed have none): a block
+        with evidence is judged by it, not held. The first step counts as
+        one full ``interval``; a step at or before the previous ``now``
+        changes nothing. Raises ValueError for blocks unsorted, repeated or
+        outside the disk, or a ``now`` that is not finite.
+        """
+        if not math.isfinite(now):
+            raise ValueError(f"now must be finite, got {now!r}")
+        n = self._nblocks
+        res = BlockValues(check_index(residency.index, n, "residency"), np.asarray(residency.value, np.float32))
+        wr = BlockValues(check_index(writes.index, n, "writes"), np.asarray(writes.value, np.float32))
+        mine = check_index(ours, n, "ours")
+        if seen is not None and seen.index.size:
+            res, mine = self._with_evidence(res, mine, check_index(seen.index, n, "seen"),
+                                            np.asarray(seen.value, np.float32))
         p = self._params
         dt = p.interval if self._last is None else now - self._last
         if dt <= 0:
-            return self.heat
+            return self.active
         self._last = now
         d = np.float32(p.decay ** (dt / p.interval))
         dp = np.float32(p.pinned_decay ** (dt / p.interval))
+        guest = ~member(res.index, mine) & (res.value != 0)
+        written = bool(p.write_amplitude) and bool(wr.value.any())
+        sources = res.index[guest]
+        if written:
+            sources = union(sources, wr.index[wr.value != 0])
+        near, s = self._smoothed(sources, res, wr, mine, written)
+        own_in = self._unfiltered(near, res, guest, wr, written)
 
-        r, s = self._r, self._s
-        inverse = self._known_inverse(mine)
-        np.copyto(r, res, casting="unsafe")
-        np.copyto(r, 0.0, where=mine)
-        self._gauss(r, self._read_kernel, s, tmp=r)
-        s *= inverse  # normalised: mean residency of the known neighbours
+        blocks = union(self._blocks, near)
+        old = positions(blocks, self._blocks)
+        at = positions(blocks, near)
+        ours_here = member(blocks, mine)
+        heat = self._decayed(blocks.size, old, self._heat, at, s, d, dp, ours_here)
+        own = self._decayed(blocks.size, old, self._own, at, own_in, d, dp, ours_here)
+        keep = (heat > self._drop) | (own > self._drop)
+        self._blocks, self._heat, self._own = blocks[keep], heat[keep], own[keep]
+        return self.active
+
+    def _smoothed(self, sources: Index, res: BlockValues, wr: BlockValues, mine: Index,
+                  written: bool) -> tuple[Index, NDArray[np.float32]]:
+        """The blocks within a kernel radius of an input, and ``S`` there (the dense filter's numbers).
+
+        The filters run over the blocks within two radii: every block within
+        one radius then has its whole kernel inside that span (or the
+        disk's edge, where the dense filter pads with zeros too).
+        """
+        p, n, reach = self._params, self._nblocks, self._radius
+        near = dilate(sources, reach, n)
+        if near.size == 0:
+            return near, np.zeros(0, np.float32)
+        span = dilate(near, reach, n)
+        r = np.zeros(span.size, np.float32)
+        guest = ~member(res.index, mine) & (res.value != 0)
+        r[positions(span, res.index[guest])] = res.value[guest]
+        known = np.ones(span.size, np.float32)
+        inside = mine[member(mine, span)]
+        known[positions(span, inside)] = 0.0
+        s = _gauss(r, self._read_kernel)
+        s *= self._known_inverse(known)  # normalised: mean residency of the known neighbours
         s *= np.float32(p.read_amplitude)
-        written = bool(p.write_amplitude) and bool(wr.any())
         if written:
-            self._gauss(wr, self._write_kernel, s, tmp=r, scale=p.write_amplitude, add=True)
-        held = r  # free again
-        np.multiply(self._heat, dp, out=held)
-        self._heat *= d
-        s *= np.float32(1.0) - d
-        self._heat += s
-        np.maximum(self._heat, held, out=self._heat, where=mine)
+            w = np.zeros(span.size, np.float32)
+            w[positions(span, wr.index)] = wr.value
+            _gauss(w, self._write_kernel, out=s, scale=p.write_amplitude)
+        return near, s[positions(span, near)]
 
-        # the same update without the filters: what each block showed itself
-        own = s
-        np.multiply(res, np.float32(p.read_amplitude), out=own, casting="unsafe")
-        own[mine] = 0.0
+    def _unfiltered(self, near: Index, res: BlockValues, guest: NDArray[np.bool_], wr: BlockValues,
+                    written: bool) -> NDArray[np.float32]:
+        """The own-heat input over ``near``: ``a_r * R`` where not ours, plus ``a_w * W``."""
+        p = self._params
+        own = np.zeros(near.size, np.float32)
+        own[positions(near, res.index[guest])] = res.value[guest] * np.float32(p.read_amplitude)
         if written:
-            own += np.float32(p.write_amplitude) * wr.astype(np.float32, copy=False)
-        np.multiply(self._own, dp, out=held)
-        self._own *= d
-        own *= np.float32(1.0) - d
-        self._own += own
-        np.maximum(self._own, held, out=self._own, where=mine)
-        return self.heat
+            hit = wr.value != 0
+            own[positions(near, wr.index[hit])] += np.float32(p.write_amplitude) * wr.value[hit]
+        return own
 
-    def _with_evidence(self, res: NDArray[np.floating], mine: NDArray[np.bool_],
-                       seen: NDArray[np.floating]) -> tuple[NDArray[np.floating], NDArray[np.bool_]]:
+    @staticmethod
+    def _decayed(size: int, old: NDArray[np.intp], values: NDArray[np.float32], at: NDArray[np.intp],
+                 fresh: NDArray[np.float32], d: np.float32, dp: np.float32,
+                 ours: NDArray[np.bool_]) -> NDArray[np.float32]:
+        """``d * H + (1 - d) * S``, held at ``dp * H`` where ours, over ``size`` blocks."""
+        prev = np.zeros(size, np.float32)
+        prev[old] = values
+        held = prev * dp
+        prev *= d
+        add = np.zeros(size, np.float32)
+        add[at] = fresh
+        add *= np.float32(1.0) - d
+        prev += add
+        np.maximum(prev, held, out=prev, where=ours)
+        return prev
+
+    def _with_evidence(self, res: BlockValues, mine: Index, index: Index,
+                       seen: NDArray[np.float32]) -> tuple[BlockValues, Index]:
         """Blocks with read evidence count as known, with residency ``min(1, seen_scale * seen)``."""
-        evident = ~np.isnan(seen)
-        if not evident.any():
+        keep = ~np.isnan(seen)
+        index, seen = index[keep], seen[keep]
+        if index.size == 0:
             return res, mine
-        res = np.array(res, dtype=np.float32, copy=True)
-        res[evident] = np.minimum(np.float32(1.0), seen[evident] * np.float32(self._params.seen_scale))
-        return res, mine & ~evident
+        blocks = union(res.index, index)
+        values = np.zeros(blocks.size, np.float32)
+        values[positions(blocks, res.index)] = res.value
+        values[positions(blocks, index)] = np.minimum(np.float32(1.0), seen * np.float32(self._params.seen_scale))
+        return BlockValues(blocks, values), mine[~member(mine, index)]
+
+    def _known_inverse(self, known: NDArray[np.float32]) -> NDArray[np.float32]:
+        """``1 / gauss(not ours)``, 0 where too little is known (``known`` is overwritten)."""
+        weight = _gauss(known, self._read_kernel)
+        enough = weight >= self._min_known
+        np.divide(np.float32(1.0), weight, out=weight, where=enough)
+        weight[~enough] = 0.0
+        return weight
 
     def seed(self, first: int, end: int, heat: float) -> None:
         """Raise the heat (and own heat) of blocks ``[first, end)`` to at least ``heat``.
@@ -209,84 +313,62 @@ class HeatModel:
         if not math.isfinite(heat) or heat < 0:
             raise ValueError(f"seed heat must be finite and not negative, got {heat!r}")
         first, end = max(0, first), min(end, self.nblocks)
-        if first < end:
+        if first < end and heat > 0:
             value = np.float32(heat)
-            np.maximum(self._heat[first:end], value, out=self._heat[first:end])
-            np.maximum(self._own[first:end], value, out=self._own[first:end])
+            blocks = union(self._blocks, np.arange(first, end, dtype=np.int64))
+            old = positions(blocks, self._blocks)
+            seeded = positions(blocks, np.arange(first, end, dtype=np.int64))
+            for name in ("_heat", "_own"):
+                values = np.zeros(blocks.size, np.float32)
+                values[old] = getattr(self, name)
+                values[seeded] = np.maximum(values[seeded], value)
+                setattr(self, name, values)
+            self._blocks = blocks
 
     def resize(self, nblocks: int) -> None:
         """The disk grew or shrank: keep the heat of surviving blocks, new ones start cold."""
-        self._alloc(nblocks)
-
-    def reset(self) -> None:
-        """Forget all heat and the time of the last step."""
-        self._heat.fill(0.0)
-        self._own.fill(0.0)
-        self._last = None
-
-    def _known_inverse(self, mine: NDArray[np.bool_]) -> NDArray[np.float32]:
-        """``1 / gauss(not ours)`` (0 where too little is known), cached per ``ours``."""
-        if self._ours is not None and np.array_equal(self._ours, mine):
-            return self._inverse
-        known = self._inverse
-        np.logical_not(mine, out=self._r, casting="unsafe")
-        self._gauss(self._r, self._read_kernel, known, tmp=self._r)
-        enough = known >= self._min_known
-        np.divide(np.float32(1.0), known, out=known, where=enough)
-        known[~enough] = 0.0
-        self._ours = mine.copy()
-        return known
-
-    def _alloc(self, nblocks: int) -> None:
         if nblocks < 0:
             raise ValueError(f"nblocks must not be negative, got {nblocks}")
-        heat = np.zeros(nblocks, dtype=np.float32)
-        keep = min(nblocks, self._heat.shape[0])
-        heat[:keep] = self._heat[:keep]
-        self._heat = heat
-        own = np.zeros(nblocks, dtype=np.float32)
-        own[:keep] = self._own[:keep]
-        self._own = own
-        self._r = np.empty(nblocks, dtype=np.float32)
-        self._s = np.empty(nblocks, dtype=np.float32)
-        self._inverse = np.empty(nblocks, dtype=np.float32)
-        self._ours: NDArray[np.bool_] | None = None
-        self._read_kernel = _half_kernel(self._params.read_sigma)
-        self._write_kernel = _half_kernel(self._params.write_sigma)
+        keep = self._blocks < nblocks
+        self._blocks, self._heat, self._own = self._blocks[keep], self._heat[keep], self._own[keep]
+        self._nblocks = nblocks
         # a disk shorter than the kernel never sees the whole kernel weight
         half, mid = self._read_kernel, (nblocks - 1) // 2
         mass = float(half[0] + half[1 : min(mid, half.size - 1) + 1].sum()
                      + half[1 : min(nblocks - 1 - mid, half.size - 1) + 1].sum())
         self._min_known = np.float32(_MIN_KNOWN * mass)
-        margin = max(self._read_kernel.size, self._write_kernel.size) - 1
-        self._pad = np.zeros(nblocks + 2 * margin, dtype=np.float32)
 
-    def _gauss(
-        self,
-        values: NDArray[np.generic],
-        half: NDArray[np.float32],
-        out: NDArray[np.float32],
-        *,
-        tmp: NDArray[np.float32],
-        scale: float = 1.0,
-        add: bool = False,
-    ) -> None:
-        """``out (+)= scale * gauss(values)`` (zeros outside); ``tmp`` may be ``values``."""
-        n, r = values.shape[0], half.size - 1
-        pad = self._pad
-        pad[:r] = 0.0
-        np.copyto(pad[r : r + n], values, casting="unsafe")
-        pad[r + n : 2 * r + n] = 0.0
-        centre = pad[r : r + n]
-        if add:
-            np.multiply(centre, np.float32(half[0] * scale), out=tmp)
-            out += tmp
-        else:
-            np.multiply(centre, np.float32(half[0] * scale), out=out)
-        for k in range(1, r + 1):  # one pass per kernel tap pair, not per block
-            np.add(pad[r - k : r - k + n], pad[r + k : r + k + n], out=tmp)
-            tmp *= np.float32(half[k] * scale)
-            out += tmp
+    def reset(self) -> None:
+        """Forget all heat and the time of the last step."""
+        self._blocks = np.zeros(0, np.int64)
+        self._heat = np.zeros(0, np.float32)
+        self._own = np.zeros(0, np.float32)
+        self._last: float | None = None
+
+
+def _readonly(array: NDArray[np.generic]) -> NDArray[np.generic]:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _gauss(values: NDArray[np.float32], half: NDArray[np.float32], *, out: NDArray[np.float32] | None = None,
+           scale: float = 1.0) -> NDArray[np.float32]:
+    """``scale * gauss(values)`` (zeros outside), added to ``out`` when given, else a new array."""
+    n, r = values.shape[0], half.size - 1
+    pad = np.zeros(n + 2 * r, dtype=np.float32)
+    pad[r : r + n] = values
+    centre = pad[r : r + n]
+    if out is None:
+        out = np.multiply(centre, np.float32(half[0] * scale))
+    else:
+        out += np.multiply(centre, np.float32(half[0] * scale))
+    tmp = np.empty(n, dtype=np.float32)
+    for k in range(1, r + 1):  # one pass per kernel tap pair, not per block
+        np.add(pad[r - k : r - k + n], pad[r + k : r + k + n], out=tmp)
+        tmp *= np.float32(half[k] * scale)
+        out += tmp
+    return out
 
 
 def _vector(values: ArrayLike, n: int, name: str) -> NDArray[np.floating]:

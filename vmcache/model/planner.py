@@ -34,6 +34,12 @@ The result is sorted by priority (highest first, then by offset); its total
 length never exceeds ``budget`` (rounded down to a page) and its count never
 exceeds ``max_regions``. ``Region.priority`` is the effective heat sum, so
 the pinner's "release lowest priority first" agrees with this order.
+
+:func:`plan_active` plans from the model's sparse form
+(:attr:`HeatModel.active`: only the blocks with heat), at a cost that
+follows those blocks, not the disk's size; :func:`plan` takes dense
+per-block arrays and gives the same regions (blocks with no heat are never
+hot and add exactly nothing to a prefix sum).
 """
 
 from __future__ import annotations
@@ -43,10 +49,12 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from .blocks import PrefixSums, runs
+from .heat import ActiveHeat
 from .params import PAGE_SIZE, ModelParams
 from .region import Region
 
-__all__ = ["plan"]
+__all__ = ["plan", "plan_active"]
 
 _Runs = tuple[NDArray[np.intp], NDArray[np.intp]]
 
@@ -60,7 +68,7 @@ def plan(
     current: Iterable[Region] = (),
     own: ArrayLike | None = None,
 ) -> list[Region]:
-    """Choose the regions to pin for one disk (see the module docstring).
+    """Choose the regions to pin for one disk from dense per-block arrays (see the module docstring).
 
     ``heat``: heat per block (``HeatModel.heat``); ``size_bytes``: size of the
     image file; ``budget``: bytes that may be pinned for it; ``current``: the
@@ -71,45 +79,74 @@ def plan(
     values = np.asarray(heat)
     if values.ndim != 1:
         raise ValueError(f"heat must be one-dimensional, got shape {values.shape}")
+    nblocks = min(values.shape[0], -(-max(size_bytes, 0) // params.block_size))
+    values = values[:nblocks]
+    mine = None if own is None else np.asarray(own)[:nblocks]
+    some = values != 0 if mine is None else (values != 0) | (mine != 0)
+    blocks = np.flatnonzero(some).astype(np.int64)
+    active = ActiveHeat(blocks, values[blocks].astype(np.float32),
+                        (mine[blocks] if mine is not None else np.zeros(blocks.size)).astype(np.float32))
+    return plan_active(active, params=params, size_bytes=size_bytes, budget=budget, current=current,
+                       trim=own is not None)
+
+
+def plan_active(
+    active: ActiveHeat,
+    *,
+    params: ModelParams,
+    size_bytes: int,
+    budget: int,
+    current: Iterable[Region] = (),
+    trim: bool = True,
+) -> list[Region]:
+    """Choose the regions to pin from the blocks that have heat (``HeatModel.active``).
+
+    Blocks past the file are ignored; ``trim``: cut runs to the blocks hot
+    on their own (``active.own``). Raises ValueError for a negative size or
+    budget.
+    """
     if size_bytes < 0 or budget < 0:
         raise ValueError(f"size_bytes and budget must not be negative, got {size_bytes}, {budget}")
     bs = params.block_size
     budget = budget - budget % PAGE_SIZE
     file_end = -(-size_bytes // PAGE_SIZE) * PAGE_SIZE
-    nblocks = min(values.shape[0], -(-size_bytes // bs))
+    nblocks = -(-size_bytes // bs)
     if budget == 0 or nblocks == 0:
         return []
-    inside = _inside(current, nblocks, params)
-    eff = _effective_heat(values[:nblocks], inside, params)
+    upto = int(np.searchsorted(active.blocks, nblocks))
+    blocks = np.asarray(active.blocks[:upto], dtype=np.int64)
+    inside = _inside(current, blocks, params)
+    eff = _effective_heat(active.heat[:upto], inside, params)
 
-    starts, ends = _hot_runs(eff > params.threshold)
-    if own is not None:
-        own_eff = _effective_heat(np.asarray(own)[:nblocks], inside, params)
-        starts, ends = _trim_to_own(starts, ends, own_eff > params.threshold)
+    starts, ends = runs(blocks[eff > params.threshold])
+    if trim:
+        own_eff = _effective_heat(active.own[:upto], inside, params)
+        starts, ends = _trim_to_own(starts, ends, blocks[own_eff > params.threshold])
     starts, ends = _merge(starts, ends, (starts[1:] - ends[:-1]) > params.merge_gap)
     long_enough = (ends - starts) >= params.min_region
     starts, ends = starts[long_enough], ends[long_enough]
     if starts.size == 0:
         return []
 
-    sums = np.zeros(nblocks + 1, dtype=np.float64)
-    np.cumsum(eff, dtype=np.float64, out=sums[1:])
+    sums = PrefixSums(blocks, eff)
     starts, ends = _cap(starts, ends, sums, params.max_regions)
-    priority = sums[ends] - sums[starts]
+    priority = sums.at(ends) - sums.at(starts)
     order = np.lexsort((starts, -priority))
     return _fill_budget(starts[order], ends[order], priority[order], sums, bs, file_end, budget)
 
 
-def _inside(current: Iterable[Region], nblocks: int, params: ModelParams) -> NDArray[np.bool_] | None:
-    """Blocks of the current regions (None when there is no hysteresis to apply)."""
+def _inside(current: Iterable[Region], blocks: NDArray[np.int64], params: ModelParams) -> NDArray[np.bool_] | None:
+    """Which of ``blocks`` lie in a current region (None when there is no hysteresis to apply)."""
     if params.keep_factor == 1.0:
         return None
     bs = params.block_size
-    inside = np.zeros(nblocks, dtype=bool)
-    for region in current:  # one slice per pinned region, not per block
-        if region.length > 0:
-            inside[max(region.start // bs, 0) : -(-region.end // bs)] = True
-    return inside
+    spans = [(max(r.start // bs, 0), -(-r.end // bs)) for r in current if r.length > 0]
+    if not spans:
+        return np.zeros(blocks.size, dtype=bool)
+    firsts = np.sort(np.array([s for s, _ in spans], dtype=np.int64))
+    ends = np.sort(np.array([e for _, e in spans], dtype=np.int64))
+    # regions begun minus regions ended at each block: > 0 inside one
+    return (np.searchsorted(firsts, blocks, side="right") - np.searchsorted(ends, blocks, side="right")) > 0
 
 
 def _effective_heat(heat: NDArray[np.generic], inside: NDArray[np.bool_] | None,
@@ -121,15 +158,8 @@ def _effective_heat(heat: NDArray[np.generic], inside: NDArray[np.bool_] | None,
     return eff
 
 
-def _hot_runs(hot: NDArray[np.bool_]) -> _Runs:
-    """Maximal runs of True as half-open block ranges [start, end)."""
-    edges = np.flatnonzero(np.diff(hot.view(np.int8), prepend=np.int8(0), append=np.int8(0)))
-    return edges[0::2], edges[1::2]
-
-
-def _trim_to_own(starts: NDArray[np.intp], ends: NDArray[np.intp], hot_itself: NDArray[np.bool_]) -> _Runs:
-    """Cut each run back to its first and last block hot on its own; runs with none stay whole."""
-    where = np.flatnonzero(hot_itself)
+def _trim_to_own(starts: NDArray[np.intp], ends: NDArray[np.intp], where: NDArray[np.int64]) -> _Runs:
+    """Cut each run back to its first and last block hot on its own (``where``, sorted); runs with none stay whole."""
     if where.size == 0:
         return starts, ends
     before = np.searchsorted(where, starts)  # index in ``where`` of a run's first own-hot block
@@ -149,7 +179,7 @@ def _merge(starts: NDArray[np.intp], ends: NDArray[np.intp], apart: NDArray[np.b
     return np.concatenate((starts[:1], starts[cut + 1])), np.concatenate((ends[cut], ends[-1:]))
 
 
-def _cap(starts: NDArray[np.intp], ends: NDArray[np.intp], sums: NDArray[np.float64], cap: int) -> _Runs:
+def _cap(starts: NDArray[np.intp], ends: NDArray[np.intp], sums: PrefixSums, cap: int) -> _Runs:
     """At most ``cap`` runs: merge across cheap small gaps, then drop the weakest."""
     excess = starts.size - cap
     if excess <= 0:
@@ -163,7 +193,7 @@ def _cap(starts: NDArray[np.intp], ends: NDArray[np.intp], sums: NDArray[np.floa
     apart[order] = False
     starts, ends = _merge(starts, ends, apart)
     if starts.size > cap:
-        priority = sums[ends] - sums[starts]
+        priority = sums.at(ends) - sums.at(starts)
         strongest = np.sort(np.argsort(-priority, kind="stable")[:cap])
         starts, ends = starts[strongest], ends[strongest]
     return starts, ends
@@ -173,7 +203,7 @@ def _fill_budget(
     starts: NDArray[np.intp],
     ends: NDArray[np.intp],
     priority: NDArray[np.float64],
-    sums: NDArray[np.float64],
+    sums: PrefixSums,
     bs: int,
     file_end: int,
     budget: int,
@@ -187,7 +217,7 @@ def _fill_budget(
             width = left // bs
             if width == 0:
                 continue
-            window = sums[s + width : e + 1] - sums[s : e - width + 1]
+            window = sums.at(np.arange(s + width, e + 1)) - sums.at(np.arange(s, e - width + 1))
             best = int(np.argmax(window))
             s, prio = s + best, float(window[best])
             start, end = s * bs, min((s + width) * bs, file_end)

@@ -344,7 +344,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         pinned_total += len(pinset)
         run.pinned_blocks_max = max(run.pinned_blocks_max, len(pinset))
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
-    run.hot = heat_of(current, cycle.model.heat, bs)
+    run.hot = heat_of(current, cycle.model.active, bs)
     run.cycles = ncycles
     run.pinned_blocks_mean = pinned_total / (ncycles + (warm is not None))  # the warm start's first cycle too
     return run

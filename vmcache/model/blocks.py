@@ -1,0 +1,127 @@
+"""Sparse per-block values: sorted block indices and one value each (pure numpy).
+
+A disk of 64 TiB has 64M blocks of 1 MiB, of which a guest touches a few
+thousand; the model and the planner keep and take only the blocks with
+something to say. :class:`BlockValues` is that form for an input
+(residency, writes, read evidence); the helpers below are the few set
+operations the model needs on sorted index arrays.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = ["BlockValues", "PrefixSums", "check_index", "dilate", "member", "positions", "runs", "union"]
+
+Index = NDArray[np.int64]
+
+
+class BlockValues(NamedTuple):
+    """``value[i]`` belongs to block ``index[i]``; ``index`` sorted, unique; blocks not listed are 0."""
+
+    index: Index
+    value: NDArray[np.float32]
+
+    @classmethod
+    def empty(cls) -> BlockValues:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.float32))
+
+    @classmethod
+    def from_dense(cls, values: ArrayLike) -> BlockValues:
+        """The non-zero entries of a dense per-block array (NaN counts as a value)."""
+        array = np.asarray(values)
+        index = np.flatnonzero(array != 0).astype(np.int64)
+        return cls(index, array[index].astype(np.float32))
+
+    def at(self, blocks: Index) -> NDArray[np.float32]:
+        """The values of sorted ``blocks`` (0 for blocks not listed)."""
+        out = np.zeros(blocks.size, dtype=np.float32)
+        if self.index.size and blocks.size:
+            where = np.minimum(np.searchsorted(self.index, blocks), self.index.size - 1)
+            found = self.index[where] == blocks
+            out[found] = self.value[where[found]]
+        return out
+
+    def to_dense(self, nblocks: int, fill: float = 0.0) -> NDArray[np.float32]:
+        """The dense per-block array (O(nblocks): for pictures and tests, not for the cycle)."""
+        out = np.full(nblocks, fill, dtype=np.float32)
+        keep = self.index < nblocks
+        out[self.index[keep]] = self.value[keep]
+        return out
+
+
+def check_index(index: Index, nblocks: int, name: str) -> Index:
+    """``index`` as int64 if sorted, unique and inside ``[0, nblocks)``; ValueError otherwise."""
+    index = np.asarray(index, dtype=np.int64)
+    if index.ndim != 1:
+        raise ValueError(f"{name} blocks must be one-dimensional, got shape {index.shape}")
+    if index.size and (index[0] < 0 or index[-1] >= nblocks or np.any(index[1:] <= index[:-1])):
+        raise ValueError(f"{name} blocks must be sorted, unique and in [0, {nblocks})")
+    return index
+
+
+def runs(index: Index) -> tuple[Index, Index]:
+    """Maximal runs of consecutive blocks in sorted unique ``index``, as half-open [start, end)."""
+    if index.size == 0:
+        return index[:0], index[:0]
+    cut = np.flatnonzero(np.diff(index) != 1)
+    starts = np.concatenate((index[:1], index[cut + 1]))
+    ends = np.concatenate((index[cut] + 1, index[-1:] + 1))
+    return starts, ends
+
+
+def dilate(index: Index, radius: int, nblocks: int) -> Index:
+    """Every block within ``radius`` of a block of ``index``, inside ``[0, nblocks)`` (sorted)."""
+    if index.size == 0 or radius == 0:
+        return index.copy()
+    starts, ends = runs(index)
+    starts = np.maximum(starts - radius, 0)
+    ends = np.minimum(ends + radius, nblocks)
+    apart = np.flatnonzero(starts[1:] > ends[:-1])  # runs grown into each other are joined
+    starts = np.concatenate((starts[:1], starts[apart + 1]))
+    ends = np.concatenate((ends[apart], ends[-1:]))
+    lengths = ends - starts
+    offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts, lengths) + offsets
+
+
+def positions(within: Index, blocks: Index) -> NDArray[np.intp]:
+    """Where each of ``blocks`` (all present in sorted ``within``) sits in ``within``."""
+    return np.searchsorted(within, blocks)
+
+
+def member(blocks: Index, of: Index) -> NDArray[np.bool_]:
+    """Per block of ``blocks``: is it in sorted ``of``."""
+    if of.size == 0 or blocks.size == 0:
+        return np.zeros(blocks.size, dtype=bool)
+    at = np.minimum(np.searchsorted(of, blocks), of.size - 1)
+    return of[at] == blocks
+
+
+def union(*indices: Index) -> Index:
+    """The sorted union of sorted unique block indices (np.union1d without its hashing)."""
+    joined = np.concatenate(indices).astype(np.int64, copy=False)
+    joined.sort(kind="stable")  # runs of sorted input: a merge, not a full sort
+    if joined.size < 2:
+        return joined
+    return joined[np.concatenate(([True], joined[1:] != joined[:-1]))]
+
+
+class PrefixSums:
+    """Sum of the values of all blocks before a block (float64), from the blocks that have one.
+
+    The same numbers as ``cumsum`` over the dense array: blocks not listed
+    add exactly nothing.
+    """
+
+    def __init__(self, blocks: Index, values: NDArray[np.floating]) -> None:
+        self._blocks = blocks
+        self._sums = np.zeros(blocks.size + 1, dtype=np.float64)
+        np.cumsum(values, dtype=np.float64, out=self._sums[1:])
+
+    def at(self, block: ArrayLike) -> NDArray[np.float64]:
+        """The sums before each of ``block``."""
+        return self._sums[np.searchsorted(self._blocks, block)]
