@@ -152,6 +152,8 @@ def test_sparse_terabyte_with_a_little_resident(tmp_path: Path) -> None:
     nonzero = np.flatnonzero(res.fraction)
     assert list(nonzero) == [(5 << 30) // (64 * MiB), res.nblocks - 1]
     assert res.fraction[nonzero].tolist() == [0.125, 0.0625]
+    # the scan's own answer lists the two resident blocks, nothing over the rest of the terabyte
+    assert res.blocks.index.tolist() == list(nonzero) and res.blocks.value.tolist() == [0.125, 0.0625]
 
 
 def test_fd_is_used_and_left_open(image: Path) -> None:

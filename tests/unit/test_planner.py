@@ -254,7 +254,7 @@ class Unmasked(Cycle):
     """The paper's bug: residency vmcache caused is taken for guest reads."""
 
     def _masked(self) -> np.ndarray:
-        return np.zeros(self.nblocks, bool)
+        return np.zeros(0, np.int64)  # no block masked
 
 
 class Loop:

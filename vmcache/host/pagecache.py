@@ -1,7 +1,9 @@
 """Page-cache residency of an image file: cachestat(2) and mincore(2).
 
 ``scan_residency`` answers "which blocks of this file are in the page
-cache, and how much of each": one float32 fraction per block.
+cache, and how much of each": the blocks with resident pages and their
+fractions, in sorted arrays whose size follows what is resident, not the
+file's size (``Residency.fraction`` is the dense per-block view).
 
 cachestat(2) (Linux 6.5+, bound in ``vmcache.host.cachestat``, which
 needs no numpy) counts the cached pages of a byte range without mapping
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, PageCacheError
+from ..model.blocks import BlockValues
 from .cachestat import (
     _UNSUPPORTED_ERRNOS,
     PAGE_SIZE,
@@ -73,16 +76,17 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 class Residency:
     """Page-cache residency of one file, per block of ``block_size`` bytes.
 
-    ``fraction[i]`` is the fraction of block ``i``'s pages that are resident
-    (the last, partial block over its real pages). The cachestat counters
-    cover the whole file; they are None when cachestat was not used.
+    ``blocks``: the blocks with resident pages (sorted) and, for each, the
+    fraction of its pages that are resident (the last, partial block over
+    its real pages); other blocks have none. The cachestat counters cover
+    the whole file; they are None when cachestat was not used.
     """
 
     path: str
     size_bytes: int
     page_size: int
     block_size: int
-    fraction: np.ndarray
+    blocks: BlockValues
     resident_pages: int
     method: str  # "cachestat" or "mincore"
     nr_cache: int | None = None
@@ -93,7 +97,12 @@ class Residency:
 
     @property
     def nblocks(self) -> int:
-        return int(self.fraction.shape[0])
+        return -(-self.size_bytes // self.block_size)
+
+    @property
+    def fraction(self) -> np.ndarray:
+        """Resident fraction of every block, dense (O(nblocks): for people and pictures, not the cycle)."""
+        return self.blocks.to_dense(self.nblocks)
 
     @property
     def total_pages(self) -> int:
@@ -153,7 +162,8 @@ class _Scan:
         self.block_size = block_size
         self.ppb = block_size // PAGE_SIZE
         self.nblocks = -(-size // block_size)
-        self.fraction = np.zeros(self.nblocks, dtype=np.float32)
+        self._index: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
         self.resident_pages = 0
         last_bytes = size - (self.nblocks - 1) * block_size if self.nblocks else 0
         self.last_pages = -(-last_bytes // PAGE_SIZE)
@@ -167,7 +177,8 @@ class _Scan:
     def fill(self, offset: int, end: int) -> None:
         """Mark the blocks of ``[offset, end)`` (block aligned, end may be EOF) fully resident."""
         b0, b1 = offset // self.block_size, -(-end // self.block_size)
-        self.fraction[b0:b1] = 1.0
+        self._index.append(np.arange(b0, b1, dtype=np.int64))
+        self._values.append(np.ones(b1 - b0, dtype=np.float32))
         self.resident_pages += -(-(end - offset) // PAGE_SIZE)
 
     def probe(self, offset: int, end: int) -> None:
@@ -184,7 +195,17 @@ class _Scan:
         denom = np.full(nb, self.ppb, dtype=np.float32)
         if b1 == self.nblocks:
             denom[-1] = self.last_pages
-        np.divide(counts, denom, out=self.fraction[b0:b1], casting="unsafe")
+        some = np.flatnonzero(counts)
+        self._index.append(b0 + some.astype(np.int64))
+        self._values.append((counts[some] / denom[some]).astype(np.float32))
+
+    def result(self) -> BlockValues:
+        """The resident blocks found, sorted."""
+        if not self._index:
+            return BlockValues.empty()
+        index, values = np.concatenate(self._index), np.concatenate(self._values)
+        order = np.argsort(index, kind="stable")
+        return BlockValues(index[order], values[order])
 
 
 def _scan_cachestat(scan: _Scan, chunk: int) -> None:
@@ -314,7 +335,7 @@ def _scan(name: str, fd: int, block_size: int, chunk: int, use_cachestat: bool |
         size_bytes=size,
         page_size=PAGE_SIZE,
         block_size=block_size,
-        fraction=scan.fraction,
+        blocks=scan.result(),
         resident_pages=scan.resident_pages,
     )
     if whole is None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import PinError
 from ..logfmt import event
+from ..model.blocks import BlockValues, blocks_of
 from ..model.cycle import blocks_mask
 from ..model.region import Region
 from .meminfo import MemInfo, read_meminfo
@@ -119,20 +120,25 @@ class Pinner:
     def pinned_bytes(self) -> int:
         return sum(length for _, length in self._pins)
 
+    def pinned_blocks(self, block_size: int, nblocks: int) -> np.ndarray:
+        """The blocks (below ``nblocks``) with any byte pinned: sorted int64, as many as are pinned."""
+        return blocks_of(self.pinned, block_size, nblocks)
+
     def pinned_mask(self, block_size: int, nblocks: int) -> np.ndarray:
-        """Bool per block: True where any byte of the block is pinned."""
+        """Bool per block: True where any byte of the block is pinned (dense: for pictures)."""
         return blocks_mask(self.pinned, block_size, nblocks)
 
     def read_evidence(self, block_size: int, nblocks: int, refs: PageRefs, *, per_block: int = 16,
-                      phase: int = 0) -> np.ndarray:
-        """Per block, the fraction of sampled pinned pages read since ``refs`` was last cleared.
+                      phase: int = 0) -> BlockValues:
+        """For the pinned blocks, the fraction of their sampled pages read since ``refs`` was last cleared.
 
-        NaN for blocks not pinned, or everywhere when the kernel gives no
-        evidence (see vmcache.host.pagerefs). ``per_block`` pages are
+        Blocks not pinned are not listed, and none are when the kernel gives
+        no evidence (see vmcache.host.pagerefs). ``per_block`` pages are
         sampled evenly over each pinned block, shifted by ``phase`` pages
         (vary it between calls so that no access pattern aliases the sample).
         """
-        out = np.full(nblocks, np.nan, dtype=np.float32)
+        index: list[np.ndarray] = []
+        values: list[np.ndarray] = []
         for (start, length), pin in self._pins.items():
             npages = length // PAGE_SIZE
             first_block = start // block_size
@@ -147,13 +153,20 @@ class Pinner:
             block_of, idx = block_of[keep], idx[keep]
             hits = refs.referenced(pin.addr, idx)
             if hits is None:
-                return np.full(nblocks, np.nan, dtype=np.float32)
+                return BlockValues.empty()
             sampled = np.bincount(block_of, minlength=len(offsets))
             read = np.bincount(block_of, weights=hits, minlength=len(offsets))
-            blocks = first_block + np.arange(len(offsets))
+            blocks = first_block + np.arange(len(offsets), dtype=np.int64)
             ok = (sampled > 0) & (blocks < nblocks)
-            out[blocks[ok]] = (read[ok] / sampled[ok]).astype(np.float32)
-        return out
+            index.append(blocks[ok])
+            values.append((read[ok] / sampled[ok]).astype(np.float32))
+        if not any(part.size for part in index):
+            return BlockValues.empty()
+        blocks, fractions = np.concatenate(index), np.concatenate(values)
+        order = np.argsort(blocks, kind="stable")
+        blocks, fractions = blocks[order], fractions[order]
+        last = np.append(blocks[1:] != blocks[:-1], True)  # a block two pins share: the later pin's, as before
+        return BlockValues(blocks[last], fractions[last])
 
     # -- changes ---------------------------------------------------------
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..errors import BitmapReadError, QMPCommandError, TrackerError
 from ..logfmt import event
+from ..model.blocks import BlockValues
 from .blockdev import node_size
 from .nbdreader import empty_extents, merge_extents, read_dirty_extents
 from .qmp import Monitor
@@ -55,6 +56,7 @@ __all__ = [
     "DirtyTracker",
     "ExtentReader",
     "extents_to_blocks",
+    "extents_to_block_values",
 ]
 
 DEFAULT_GRANULARITY: Final = 64 * 1024
@@ -488,31 +490,35 @@ class DirtyTracker:
 def extents_to_blocks(extents: np.ndarray, block_size: int, nblocks: int) -> np.ndarray:
     """Fraction of each block written: float32 array of ``nblocks`` entries in [0, 1].
 
+    The dense form of :func:`extents_to_block_values` (same rules). Raises
+    ValueError for a block size under 1 or a negative ``nblocks``.
+    """
+    return extents_to_block_values(extents, block_size, nblocks).to_dense(nblocks)
+
+
+def extents_to_block_values(extents: np.ndarray, block_size: int, nblocks: int) -> BlockValues:
+    """The blocks written and the fraction of each written, in [0, 1] (sorted; cost follows the extents).
+
     ``extents`` are ``(offset, length)`` rows in bytes (any order, may
     overlap); bytes past ``nblocks * block_size`` are ignored. A partial
-    last block counts against a full ``block_size``.
+    last block counts against a full ``block_size``. Raises ValueError for
+    a block size under 1 or a negative ``nblocks``.
     """
     if block_size <= 0 or nblocks < 0:
         raise ValueError("block_size must be > 0 and nblocks >= 0")
-    out = np.zeros(nblocks, dtype=np.float64)
     ext = merge_extents(extents)
     if nblocks == 0 or len(ext) == 0:
-        return out.astype(np.float32)
-    limit = nblocks * block_size
+        return BlockValues.empty()
     starts = ext[:, 0]
-    ends = np.minimum(starts + ext[:, 1], limit)
+    ends = np.minimum(starts + ext[:, 1], nblocks * block_size)
     keep = starts < ends
     starts, ends = starts[keep], ends[keep]
     first = starts // block_size
-    last = (ends - 1) // block_size
-    same = first == last
-    np.add.at(out, first[same], (ends - starts)[same])
-    span = ~same
-    f, lst, s, e = first[span], last[span], starts[span], ends[span]
-    np.add.at(out, f, (f + 1) * block_size - s)
-    np.add.at(out, lst, e - lst * block_size)
-    diff = np.zeros(nblocks + 1, dtype=np.int64)
-    np.add.at(diff, f + 1, 1)
-    np.add.at(diff, lst, -1)
-    out += np.cumsum(diff[:-1]) * float(block_size)
-    return np.minimum(out / block_size, 1.0).astype(np.float32)
+    counts = (ends - 1) // block_size - first + 1
+    total = int(counts.sum())
+    blocks = np.repeat(first, counts) + (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts))
+    low = np.maximum(blocks * block_size, np.repeat(starts, counts))
+    high = np.minimum((blocks + 1) * block_size, np.repeat(ends, counts))
+    index, inverse = np.unique(blocks, return_inverse=True)
+    written = np.bincount(inverse, weights=(high - low).astype(np.float64), minlength=index.size)
+    return BlockValues(index.astype(np.int64), np.minimum(written / block_size, 1.0).astype(np.float32))

@@ -9,12 +9,15 @@ operations the model needs on sorted index arrays.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["BlockValues", "PrefixSums", "check_index", "dilate", "member", "positions", "runs", "union"]
+from .region import Region
+
+__all__ = ["BlockValues", "PrefixSums", "blocks_of", "check_index", "dilate", "member", "positions", "runs", "union"]
 
 Index = NDArray[np.int64]
 
@@ -125,3 +128,10 @@ class PrefixSums:
     def at(self, block: ArrayLike) -> NDArray[np.float64]:
         """The sums before each of ``block``."""
         return self._sums[np.searchsorted(self._blocks, block)]
+
+
+def blocks_of(regions: Iterable[Region], block_size: int, nblocks: int) -> Index:
+    """The blocks below ``nblocks`` with any byte in one of ``regions`` (sorted, unique)."""
+    spans = [np.arange(max(r.start // block_size, 0), min(-(-r.end // block_size), nblocks), dtype=np.int64)
+             for r in regions if r.length > 0]
+    return union(*spans) if spans else np.zeros(0, dtype=np.int64)

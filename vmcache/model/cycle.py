@@ -23,6 +23,12 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
 restored, for a warm start). No clock, no I/O: time is the ``now`` argument.
+
+Every array of a step lists only the blocks resident, written, pinned or
+with heat (:class:`~vmcache.model.blocks.BlockValues`, sorted block
+indices): a 64 TiB thin disk costs what a 64 GiB one does when the guest
+touches the same data. The replay and the tests may pass dense per-block
+arrays instead; they are converted at the door.
 """
 
 from __future__ import annotations
@@ -31,11 +37,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
+from .blocks import BlockValues, blocks_of, member, union
 from .heat import HeatModel
 from .params import ModelParams
-from .planner import plan
+from .planner import plan_active
 from .region import Region
 from .warm import WarmStart
 
@@ -86,8 +93,8 @@ class Cycle:
         self.params = params
         self.prefetch_rate = prefetch_rate
         self.model = HeatModel(params, nblocks)
-        self._ours = np.zeros(nblocks, dtype=bool)
-        self._prev: NDArray[np.float32] | None = None
+        self._ours = np.zeros(0, dtype=np.int64)  # sorted blocks
+        self._prev: BlockValues | None = None
         self._tokens = 0.0
         self._last_plan: float | None = None
         self.warm: WarmStart | None = None
@@ -99,10 +106,10 @@ class Cycle:
 
     @property
     def ours(self) -> NDArray[np.bool_]:
-        """Blocks whose residency vmcache caused (read-only view)."""
-        view = self._ours.view()
-        view.flags.writeable = False
-        return view
+        """Per block, whether vmcache caused its residency (dense, a new array: pictures and tests)."""
+        mask = np.zeros(self.nblocks, dtype=bool)
+        mask[self._ours] = True
+        return mask
 
     def resize(self, nblocks: int) -> bool:
         """Follow the disk to ``nblocks`` blocks (heat and ours of surviving blocks kept); True if it changed.
@@ -112,66 +119,69 @@ class Cycle:
         if nblocks == self.nblocks:
             return False
         self.model.resize(nblocks)
-        ours = np.zeros(nblocks, dtype=bool)
-        keep = min(nblocks, len(self._ours))
-        ours[:keep] = self._ours[:keep]
-        self._ours = ours
+        self._ours = self._ours[self._ours < nblocks]
         self._prev = None
         return True
 
     def step(
         self,
-        residency: NDArray[np.floating],
-        written: NDArray[np.floating],
+        residency: BlockValues | ArrayLike,
+        written: BlockValues | ArrayLike,
         pinned: Sequence[Region],
         *,
         size_bytes: int,
         budget: int,
         now: float,
-        seen: NDArray[np.floating] | None = None,
+        seen: BlockValues | ArrayLike | None = None,
     ) -> CycleResult:
         """One cycle: ours, read misses, model step, plan, prefetch limit (see the module docstring).
 
-        ``residency``: fraction of each block in the page cache (any cause);
-        ``written``: fraction of each block the guest wrote since the last
-        step; ``pinned``: the regions pinned now; ``seen``: read evidence of
-        pinned blocks (NaN where none), or None. Raises ValueError when an
-        array is not ``(nblocks,)`` or ``now`` is not finite.
+        ``residency``: the blocks in the page cache (any cause) and the
+        fraction of each; ``written``: the blocks the guest wrote since the
+        last step and the fraction of each; ``pinned``: the regions pinned
+        now; ``seen``: read evidence of the pinned blocks, or None. Each may
+        be dense per-block arrays instead (NaN where ``seen`` has none).
+        Raises ValueError for a dense array that is not ``(nblocks,)``,
+        blocks unsorted, repeated or past the disk, or a ``now`` that is not
+        finite.
         """
-        bs = self.params.block_size
-        self._ours &= residency > 0
-        self._ours |= blocks_mask(pinned, bs, self.nblocks)
-        read_miss = self._read_miss(residency, written, size_bytes)
-        heat = self.model.step(residency, written, self._masked(), now, seen=seen)
+        n = self.nblocks
+        res, wr = _listed(residency, n, "residency"), _listed(written, n, "written")
+        evidence = None if seen is None else _listed(seen, n, "seen", nan_is_none=True)
+        kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
+        self._ours = union(kept, blocks_of(pinned, self.params.block_size, n))
+        read_miss = self._read_miss(res, wr, size_bytes)
+        self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
         if self.warm is not None:
             self.warm.seed(self.model, now)
-        regions = plan(heat, params=self.params, size_bytes=size_bytes, budget=budget, current=pinned,
-                       own=self.model.own)
-        regions, waiting = self._limit_prefetch(regions, residency, pinned, budget, now)
+        regions = plan_active(self.model.active, params=self.params, size_bytes=size_bytes, budget=budget,
+                              current=pinned)
+        regions, waiting = self._limit_prefetch(regions, res, pinned, budget, now)
         return CycleResult(regions, read_miss, waiting)
 
     def pinned(self, regions: Iterable[Region]) -> None:
         """What the caller pinned after this step: its residency is ours from now on."""
-        mask = blocks_mask(regions, self.params.block_size, self.nblocks)
-        self._ours |= mask
+        blocks = blocks_of(regions, self.params.block_size, self.nblocks)
+        self._ours = union(self._ours, blocks)
         if self.warm is not None and not self.warm.done:
-            self.warm.update(mask)
+            self.warm.update(blocks)
 
-    def _masked(self) -> NDArray[np.bool_]:
-        """The blocks the model must not take residency from (ours)."""
+    def _masked(self) -> NDArray[np.int64]:
+        """The blocks the model must not take residency from (ours; sorted)."""
         return self._ours
 
-    def _read_miss(self, fraction: NDArray[np.floating], written: NDArray[np.floating], size: int) -> int:
+    def _read_miss(self, resident: BlockValues, written: BlockValues, size: int) -> int:
         """Bytes that appeared in the cache since the last step, not by our hand nor by writes."""
-        prev, self._prev = self._prev, np.array(fraction, dtype=np.float32)
+        prev, self._prev = self._prev, resident
         if prev is None:
             return 0
-        grown = fraction - prev - written
-        grown[self._ours] = 0.0
+        blocks = resident.index  # only a resident block can have grown
+        grown = resident.value - prev.at(blocks) - written.at(blocks)
+        grown[member(blocks, self._ours)] = 0.0
         np.maximum(grown, 0.0, out=grown)
-        return min(size, int(float(grown.sum()) * self.params.block_size))
+        return min(size, int(float(grown.sum(dtype=np.float64)) * self.params.block_size))
 
-    def _limit_prefetch(self, regions: list[Region], fraction: NDArray[np.floating], pinned: Sequence[Region],
+    def _limit_prefetch(self, regions: list[Region], resident: BlockValues, pinned: Sequence[Region],
                         budget: int, now: float) -> tuple[list[Region], int]:
         """Keep the device reads that pinning new regions causes under ``prefetch_rate``.
 
@@ -197,8 +207,9 @@ class Cycle:
             if region.span in current:
                 kept[region.span] = region
                 continue
-            first, last = region.start // bs, -(-region.end // bs)
-            cold = float((1.0 - fraction[first:last]).sum()) * bs
+            first, end = region.start // bs, -(-region.end // bs)
+            lo, hi = np.searchsorted(resident.index, [first, end])
+            cold = (end - first - float(resident.value[lo:hi].sum(dtype=np.float64))) * bs
             if not waiting and cold <= self._tokens:
                 self._tokens -= cold
                 kept[region.span] = region
@@ -208,3 +219,14 @@ class Cycle:
                 if old.overlap(region):
                     kept.setdefault(old.span, old)
         return sorted(kept.values(), key=lambda r: -r.priority), waiting
+
+
+def _listed(values: BlockValues | ArrayLike, nblocks: int, name: str, *, nan_is_none: bool = False) -> BlockValues:
+    """``values`` as listed blocks: as given, or the non-zero (not NaN) entries of a dense array."""
+    if isinstance(values, BlockValues):
+        return values
+    array = np.asarray(values)
+    if array.shape != (nblocks,):
+        raise ValueError(f"{name} has shape {array.shape}, expected ({nblocks},)")
+    index = np.flatnonzero(~np.isnan(array) if nan_is_none else array != 0).astype(np.int64)
+    return BlockValues(index, array[index].astype(np.float32))

@@ -32,9 +32,10 @@ from ..host.meminfo import MemInfo, read_meminfo
 from ..host.pagecache import Residency, scan_residency
 from ..host.pagerefs import PageRefs
 from ..host.pinner import Pinner
-from ..host.tracker import extents_to_blocks
+from ..host.tracker import extents_to_block_values
 from ..logfmt import event
-from ..model.cycle import Cycle, blocks_mask, evidence_per_block
+from ..model.blocks import BlockValues
+from ..model.cycle import Cycle, evidence_per_block
 from ..model.params import ModelParams
 from ..model.region import Region
 from ..model.stats import CycleStats
@@ -111,7 +112,7 @@ class DiskEngine:
         self._clear_refs = clear_refs
         self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, logger=self._log)
         self._cycle = Cycle(params, prefetch_rate=prefetch_rate)
-        self._written = np.zeros(0, dtype=np.float32)
+        self._written = BlockValues.empty()
         self._cycles = 0
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
@@ -129,23 +130,24 @@ class DiskEngine:
 
     @property
     def heat(self) -> np.ndarray:
-        """Heat per block (empty before the first cycle)."""
+        """Heat per block, dense (empty before the first cycle; O(nblocks): for pictures)."""
         return self._cycle.model.heat
 
     def hot_regions(self) -> list[Region]:
         """The regions held now, priority = their heat summed over their blocks (what a hot set saves)."""
-        return heat_of(self._pinner.pinned, self.heat, self.params.block_size)
+        return heat_of(self._pinner.pinned, self._cycle.model.active, self.params.block_size)
 
     def pinned_mask(self) -> np.ndarray:
         return self._pinner.pinned_mask(self.params.block_size, self._cycle.nblocks)
 
     def heatmap_data(self, disk: str, *, title: str = "") -> HeatmapData:
-        """This disk's state as the heat-map picture draws it (after at least one cycle)."""
+        """This disk's state as the heat-map picture draws it (after at least one cycle; dense arrays)."""
         size = self.residency.size_bytes if self.residency else 0
-        guest = self.residency.fraction.copy() if self.residency else np.zeros(0, dtype=np.float32)
-        guest[self._cycle.ours] = 0.0
+        guest = self.residency.fraction if self.residency else np.zeros(0, dtype=np.float32)
+        guest[self._cycle.ours[: guest.size]] = 0.0
         return HeatmapData(heat=np.array(self.heat), pinned=self.pinned_mask(), resident=guest,
-                           written=self._written, block_size=self.params.block_size, image_size=size,
+                           written=self._written.to_dense(self._cycle.nblocks), block_size=self.params.block_size,
+                           image_size=size,
                            disk=disk, title=title, image=self.image, when=datetime.now())
 
     # The cycle --------------------------------------------------------------------------
@@ -165,14 +167,14 @@ class DiskEngine:
             self._log.info(event("disk.resize", image=self.image, blocks=n))
 
         sample = self._writes() if self._writes else WriteSample(result="none")
-        written = extents_to_blocks(sample.extents, bs, n)
+        written = extents_to_block_values(sample.extents, bs, n)
         self._written = written
         current = self._pinner.pinned
-        per_block = evidence_per_block(int(blocks_mask(current, bs, n).sum()))
+        per_block = evidence_per_block(self._pinner.pinned_blocks(bs, n).size)
         seen = self._pinner.read_evidence(bs, n, self._refs, per_block=per_block, phase=self._cycles)
         self._cycles += 1
         now = self._clock()
-        decided = self._cycle.step(res.fraction, written, current, size_bytes=res.size_bytes,
+        decided = self._cycle.step(res.blocks, written, current, size_bytes=res.size_bytes,
                                    budget=self.budget, now=now, seen=seen)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
