@@ -22,8 +22,10 @@ import numpy as np
 
 from ..errors import PinError
 from ..logfmt import event
+from ..model import pindiff
 from ..model.blocks import BlockValues, blocks_of
 from ..model.cycle import blocks_mask
+from ..model.pindiff import Span
 from ..model.region import Region
 from .meminfo import MemInfo, read_meminfo
 from .pagerefs import PageRefs
@@ -41,7 +43,6 @@ _libc.madvise.restype = ctypes.c_int
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_RANDOM = 1
 
-Span = tuple[int, int]  # (start, length) in image-file bytes
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,29 @@ class PinReport:
 class _Pin:
     region: Region
     addr: int
+
+
+class _Run:
+    """What one ``apply`` has done so far: releases, additions, failures, the MemAvailable estimate."""
+
+    def __init__(self, pinner: Pinner, available: int) -> None:
+        self._pinner = pinner
+        self.available = available
+        self.added: list[Region] = []
+        self.removed: list[Region] = []
+        self.failures: list[PinFailure] = []
+        self.released_for_pressure = 0
+
+    def release(self, span: Span, reason: str) -> int:
+        """Release pin ``span``; the bytes freed (0 when it failed: the failure is recorded)."""
+        region = self._pinner._pins[span].region
+        failure = self._pinner._release(span, reason)
+        if failure:
+            self.failures.append(failure)
+            return 0
+        self.removed.append(region)
+        self.available += span[1]
+        return span[1]
 
 
 def _mlock(addr: int, length: int) -> None:
@@ -170,16 +194,6 @@ class Pinner:
 
     # -- changes ---------------------------------------------------------
 
-    def _clip(self, regions: Sequence[Region], size: int) -> list[Region]:
-        """Regions page aligned and cut to the file size, highest priority first, one per span."""
-        out: dict[Span, Region] = {}
-        for region in sorted(regions, key=lambda r: -r.priority):
-            start = region.start // PAGE_SIZE * PAGE_SIZE
-            end = min(-(-region.end // PAGE_SIZE) * PAGE_SIZE, -(-size // PAGE_SIZE) * PAGE_SIZE)
-            if end > start and (start, end - start) not in out:
-                out[(start, end - start)] = Region(start, end - start, region.priority)
-        return list(out.values())
-
     def _pin(self, region: Region) -> PinFailure | None:
         assert self._fd is not None
         op = "mmap"
@@ -238,7 +252,8 @@ class Pinner:
         be pinned they stay, at its priority. When MemAvailable is already
         under the floor nothing new is pinned and the lowest-priority pins
         are released until the estimate (MemAvailable plus the bytes
-        released) is back above it.
+        released) is back above it. What to do is decided by
+        vmcache.model.pindiff; this method only carries it out.
 
         Raises PinError (with ``.report``) when some region could not be
         pinned or released; every other region is still applied and tracked.
@@ -249,136 +264,78 @@ class Pinner:
             size = os.fstat(self._fd).st_size
         except OSError as err:
             raise PinError(f"fstat: {os.strerror(err.errno or 0)}", path=self.path, errno=err.errno) from err
-        wanted = self._clip(regions, size)
-        available = self._meminfo().available_bytes
-        pressure = available < self.floor_bytes
-        failures: list[PinFailure] = []
-        removed: list[Region] = []
-
-        def release(span: Span, reason: str) -> int:
-            region = self._pins[span].region
-            failure = self._release(span, reason)
-            if failure:
-                failures.append(failure)
-                return 0
-            removed.append(region)
-            return span[1]
-
-        # 1. pins that overlap nothing in the plan go first: their bytes count as freed.
-        #    A pin that overlaps a planned region of another extent (the region
-        #    grew, shrank or moved) is "reshaped": it stays locked until its
-        #    replacement is, so the shared pages are never unlocked in between
-        #    and only the new bytes need headroom. If the replacement cannot be
-        #    pinned (floor), the old pin stays with the new priority.
-        wanted_spans = {r.span for r in wanted}
-        overlapping: dict[Span, list[Span]] = {}
-        for region in wanted:
-            if region.span not in self._pins:
-                overlapping[region.span] = [s for s, pin in self._pins.items() if s not in wanted_spans
-                                            and pin.region.overlap(region)]
-        reshaped = {s for spans in overlapping.values() for s in spans}
-        for span in [s for s in self._pins if s not in wanted_spans and s not in reshaped]:
-            available += release(span, "plan")
-
-        # 2. walk the plan by priority: keep, add (replacing what it overlaps), or skip for budget / floor.
-        total = 0
-        headroom = 0 if pressure else max(0, available - self.floor_bytes)
-        to_add: list[tuple[Region, list[Span]]] = []
-        claimed: set[Span] = set()
-        skipped_budget = skipped_floor = kept = 0
-        for region in wanted:
-            if region.span in self._pins:
-                if total + region.length > budget:
-                    skipped_budget += region.length
-                    available += release(region.span, "budget")
-                    continue
-                self._pins[region.span].region = region  # priority may have changed
-                total += region.length
-                kept += 1
-                continue
-            old = [s for s in overlapping[region.span] if s not in claimed]
-            if total + region.length > budget:
-                skipped_budget += region.length
-                continue
-            shared = sum(self._pins[s].region.overlap(region) for s in old)
-            if region.length - shared <= headroom:
-                to_add.append((region, old))
-                claimed.update(old)
-                headroom -= region.length - shared
-                total += region.length
-                continue
-            skipped_floor += region.length
-            # keep what is already locked of it, within the budget, at the new priority
-            for span in old:
-                if total + span[1] <= budget:
-                    self._pins[span].region = Region(span[0], span[1], region.priority)
-                    claimed.add(span)
-                    total += span[1]
-                    kept += 1
-        if skipped_floor:
-            self._log.info(event("pin.skip", reason="floor", bytes=skipped_floor, available=available, floor=self.floor_bytes))
-
-        # 3. pin the additions; the pins they replace go once the new one holds the pages.
-        added: list[Region] = []
-        for region, old in to_add:
-            for span in old:
-                self._unlock_outside(span, region)
-            failure = self._pin(region)
-            if failure:
-                failures.append(failure)
-                for span in old:  # lock the old pins whole again, or let them go
-                    try:
-                        _mlock(self._pins[span].addr, span[1])
-                    except OSError:
-                        available += release(span, "reshape")
-                continue
-            added.append(region)
-            for span in old:
-                available += release(span, "reshape")
-        for span in [s for s in reshaped if s not in claimed and s in self._pins]:
-            available += release(span, "budget")
-
-        # 4. under pressure, give back the lowest-priority pins until above the floor.
-        released_for_pressure = 0
+        wanted = pindiff.clip(regions, size)
+        run = _Run(self, self._meminfo().available_bytes)
+        pressure = run.available < self.floor_bytes
+        stale, overlapping = pindiff.unplanned(self._regions(), wanted)
+        for span in stale:
+            run.release(span, "plan")
+        headroom = 0 if pressure else max(0, run.available - self.floor_bytes)
+        todo = pindiff.diff(self._regions(), wanted, overlapping, budget=budget, headroom=headroom)
+        for span in todo.release:
+            run.release(span, "budget")
+        for span, region in todo.keep.items():
+            self._pins[span].region = region  # priority may have changed
+        if todo.skipped_floor:
+            self._log.info(event("pin.skip", reason="floor", bytes=todo.skipped_floor, available=run.available,
+                                 floor=self.floor_bytes))
+        for addition in todo.add:
+            self._add(addition, run)
+        for span in todo.orphans:
+            if span in self._pins:
+                run.release(span, "budget")
         if pressure:
-            for region in sorted(self._pins.values(), key=lambda p: (p.region.priority, -p.region.start)):
-                if available >= self.floor_bytes:
+            for span in pindiff.pressure_order(self._regions().values()):
+                if run.available >= self.floor_bytes:
                     break
-                freed = release(region.region.span, "pressure")
-                released_for_pressure += freed
-                available += freed
+                run.released_for_pressure += run.release(span, "pressure")
+        return self._report(run, todo)
 
+    def _regions(self) -> dict[Span, Region]:
+        return {span: pin.region for span, pin in self._pins.items()}
+
+    def _add(self, addition: pindiff.Addition, run: _Run) -> None:
+        """Lock a new region; the pins it replaces go once it holds their pages, or are locked whole again."""
+        region, old = addition.region, addition.replaces
+        for span in old:
+            self._unlock_outside(span, region)
+        failure = self._pin(region)
+        if failure:
+            run.failures.append(failure)
+            for span in old:
+                try:
+                    _mlock(self._pins[span].addr, span[1])
+                except OSError:
+                    run.release(span, "reshape")
+            return
+        run.added.append(region)
+        for span in old:
+            run.release(span, "reshape")
+
+    def _report(self, run: _Run, todo: pindiff.PinDiff) -> PinReport:
+        """The report of one ``apply``, logged; raises PinError carrying it when something failed."""
         report = PinReport(
             pinned_bytes=self.pinned_bytes,
             regions=tuple(self.pinned),
-            added=tuple(added),
-            removed=tuple(removed),
-            kept=kept,
-            skipped_for_budget=skipped_budget,
-            skipped_for_floor=skipped_floor,
-            released_for_pressure=released_for_pressure,
-            failures=tuple(failures),
+            added=tuple(run.added),
+            removed=tuple(run.removed),
+            kept=todo.kept,
+            skipped_for_budget=todo.skipped_budget,
+            skipped_for_floor=todo.skipped_floor,
+            released_for_pressure=run.released_for_pressure,
+            failures=tuple(run.failures),
         )
-        changed = added or removed or skipped_budget or skipped_floor or released_for_pressure or failures
-        self._log.log(
-            logging.INFO if changed else logging.DEBUG,
-            event(
-                "pin.apply",
-                regions=len(report.regions),
-                bytes=report.pinned_bytes,
-                added=len(added),
-                removed=len(removed),
-                kept=kept,
-                skipped_budget=skipped_budget,
-                skipped_floor=skipped_floor,
-                released_pressure=released_for_pressure,
-                failures=len(failures),
-            )
-        )
-        if failures:
-            first = failures[0]
+        changed = (report.added or report.removed or report.skipped_for_budget or report.skipped_for_floor
+                   or report.released_for_pressure or report.failures)
+        self._log.log(logging.INFO if changed else logging.DEBUG, event(
+            "pin.apply", regions=len(report.regions), bytes=report.pinned_bytes, added=len(report.added),
+            removed=len(report.removed), kept=report.kept, skipped_budget=report.skipped_for_budget,
+            skipped_floor=report.skipped_for_floor, released_pressure=report.released_for_pressure,
+            failures=len(report.failures)))
+        if report.failures:
+            first = report.failures[0]
             error = PinError(
-                f"{first.op} failed for {len(failures)} region(s), first at {first.start}+{first.length}: "
+                f"{first.op} failed for {len(report.failures)} region(s), first at {first.start}+{first.length}: "
                 f"{os.strerror(first.errno)}",
                 path=self.path,
                 errno=first.errno,

@@ -286,6 +286,15 @@ class VmcacheRun:
     """The regions held at the end, priority = their heat (what a saved hot set keeps)."""
 
 
+def _check_fits(bt: BlockTrace, capacity: int, params: ModelParams, pin_budget: int) -> None:
+    """Raises ValueError when the model's block size is not the trace's or the pin budget exceeds the cache."""
+    bs = bt.block_size
+    if params.block_size != bs:
+        raise ValueError(f"model block_size {params.block_size} differs from the trace's {bs}")
+    if pin_budget > capacity * bs:
+        raise ValueError(f"pin budget {pin_budget} is more than the cache ({capacity} blocks of {bs})")
+
+
 def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
             size_bytes: int | None = None, warm: WarmStart | None = None) -> VmcacheRun:
     """Hit or miss per access for vmcache's pinning over an LRU, ``capacity`` blocks in all.
@@ -299,10 +308,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     ValueError when they do not fit.
     """
     bs = bt.block_size
-    if params.block_size != bs:
-        raise ValueError(f"model block_size {params.block_size} differs from the trace's {bs}")
-    if pin_budget > capacity * bs:
-        raise ValueError(f"pin budget {pin_budget} is more than the cache ({capacity} blocks of {bs})")
+    _check_fits(bt, capacity, params, pin_budget)
     n, nb = len(bt), bt.nblocks
     size = nb * bs if size_bytes is None else size_bytes
     run = VmcacheRun(hits=np.zeros(n, dtype=bool))

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from datetime import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -167,8 +167,7 @@ class DiskEngine:
             self._log.info(event("disk.resize", image=self.image, blocks=n))
 
         sample = self._writes() if self._writes else WriteSample(result="none")
-        written = extents_to_block_values(sample.extents, bs, n)
-        self._written = written
+        self._written = written = extents_to_block_values(sample.extents, bs, n)
         current = self._pinner.pinned
         per_block = evidence_per_block(self._pinner.pinned_blocks(bs, n).size)
         seen = self._pinner.read_evidence(bs, n, self._refs, per_block=per_block, phase=self._cycles)
@@ -179,12 +178,7 @@ class DiskEngine:
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
         report = self._pinner.apply(decided.regions, self.budget)
-        warm = self.warm
-        restoring = warm is not None and not warm.done
-        self._cycle.pinned(report.regions)
-        if warm is not None and restoring and warm.done:
-            self._log.info(event("warm.done", image=self.image, restored=warm.restored_bytes,
-                                 given_up=warm.given_up_bytes, total=warm.total_bytes))
+        self._settle(report.regions)
         if self._clear_refs:
             self._refs.clear()  # also forgets the references mlock itself just made
 
@@ -205,8 +199,8 @@ class DiskEngine:
             mem_available_bytes=mem.available_bytes,
             backing_off=bool(report.skipped_for_floor or report.released_for_pressure),
             skipped_for_floor_bytes=report.skipped_for_floor,
-            warm_restored_bytes=warm.restored_bytes if warm else 0,
-            warm_total_bytes=warm.total_bytes if warm else 0,
+            warm_restored_bytes=self.warm.restored_bytes if self.warm else 0,
+            warm_total_bytes=self.warm.total_bytes if self.warm else 0,
             error=sample.error,
         )
         self.last = stats
@@ -214,6 +208,15 @@ class DiskEngine:
                               resident=stats.resident_bytes, written=stats.guest_written_bytes,
                               read_miss=decided.read_miss_bytes, seconds=f"{stats.duration_seconds:.4f}"))
         return stats
+
+    def _settle(self, pinned: Sequence[Region]) -> None:
+        """Tell the cycle what is pinned now; log when that completed a warm start."""
+        warm = self.warm
+        restoring = warm is not None and not warm.done
+        self._cycle.pinned(pinned)
+        if warm is not None and restoring and warm.done:
+            self._log.info(event("warm.done", image=self.image, restored=warm.restored_bytes,
+                                 given_up=warm.given_up_bytes, total=warm.total_bytes))
 
     def close(self) -> None:
         """Unpin everything and close the image."""

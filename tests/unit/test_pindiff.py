@@ -1,0 +1,52 @@
+"""pindiff: what the pinner locks, unlocks and keeps, decided without touching memory (pure)."""
+
+from __future__ import annotations
+
+from vmcache.model import pindiff
+from vmcache.model.region import Region
+
+PAGE = 4096
+MB = 1 << 20
+
+
+def pins(*regions: Region) -> dict[tuple[int, int], Region]:
+    return {r.span: r for r in regions}
+
+
+def test_clip_aligns_to_pages_cuts_to_the_file_and_dedupes_by_span() -> None:
+    regions = [Region(100, 5000, 1.0), Region(0, 8192, 3.0), Region(3 * PAGE, 10 * PAGE, 2.0)]
+    assert pindiff.clip(regions, 4 * PAGE + 1) == [Region(0, 2 * PAGE, 3.0), Region(3 * PAGE, 2 * PAGE, 2.0)]
+
+
+def test_a_pin_overlapping_nothing_goes_and_a_moved_region_reshapes_its_old_pin() -> None:
+    current = pins(Region(0, MB, 1.0), Region(10 * MB, MB, 1.0))
+    wanted = [Region(MB // 2, MB, 2.0)]
+    stale, overlapping = pindiff.unplanned(current, wanted)
+    assert stale == [(10 * MB, MB)]
+    assert overlapping == {(MB // 2, MB): [(0, MB)]}
+    todo = pindiff.diff(pins(Region(0, MB, 1.0)), wanted, overlapping, budget=4 * MB, headroom=MB // 2)
+    # only the new half needs headroom
+    assert todo.add == [pindiff.Addition(Region(MB // 2, MB, 2.0), ((0, MB),))] and not todo.orphans
+
+
+def test_without_headroom_a_reshaped_pin_stays_at_the_new_priority() -> None:
+    current = pins(Region(0, MB, 1.0))
+    wanted = [Region(0, 2 * MB, 5.0)]
+    _, overlapping = pindiff.unplanned(current, wanted)
+    todo = pindiff.diff(current, wanted, overlapping, budget=4 * MB, headroom=0)
+    assert todo.add == [] and todo.skipped_floor == 2 * MB
+    assert todo.keep == {(0, MB): Region(0, MB, 5.0)} and todo.kept == 1
+
+
+def test_budget_keeps_the_highest_priority_and_releases_the_rest() -> None:
+    current = pins(Region(0, MB, 1.0), Region(4 * MB, MB, 1.0))
+    wanted = [Region(4 * MB, MB, 3.0), Region(0, MB, 2.0), Region(8 * MB, MB, 1.5)]
+    _, overlapping = pindiff.unplanned(current, wanted)
+    todo = pindiff.diff(current, wanted, overlapping, budget=MB, headroom=10 * MB)
+    assert list(todo.keep) == [(4 * MB, MB)] and todo.release == [(0, MB)]
+    assert todo.add == [] and todo.skipped_budget == 2 * MB
+
+
+def test_pressure_gives_back_the_lowest_priority_first() -> None:
+    order = pindiff.pressure_order([Region(0, MB, 2.0), Region(MB, MB, 1.0), Region(2 * MB, MB, 1.0)])
+    assert order == [(2 * MB, MB), (MB, MB), (0, MB)]
