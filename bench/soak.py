@@ -54,7 +54,7 @@ from tests.live.livelib import (
     stop_agents,
     wait_for,
 )
-from vmcache.observe.status import file_stem
+from vmcache.host.files import file_stem
 
 DISK = 256 * MiB
 

@@ -17,7 +17,8 @@ import time
 
 from vmcache.settings.config import load_host_config
 from vmcache.service.launcher import remove_own_pidfile
-from vmcache.observe.status import AgentStatus, file_stem, status_path, write_status
+from vmcache.host.files import file_stem
+from vmcache.observe.status import AgentStatus, status_path, write_status
 
 MAX_LIFETIME = 300.0  # never outlive a test run by long, even if nobody stops it
 

@@ -31,7 +31,7 @@ import libvirt_qemu
 
 from vmcache.service.launcher import pidfile_holder
 from vmcache.settings.metadata import NAMESPACE
-from vmcache.observe.status import file_stem
+from vmcache.host.files import file_stem
 
 __all__ = [
     "GiB", "HOOK_LOCK", "HOOK_PATHS", "MiB", "REPO", "URI", "LiveEnv", "QMPError", "cache_metadata", "connect",

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("libvirt")
 
 from vmcache.cli import main  # noqa: E402
-from vmcache.observe.status import file_stem  # noqa: E402
+from vmcache.host.files import file_stem  # noqa: E402
 
 from tests.live.livelib import (  # noqa: E402
     MiB,

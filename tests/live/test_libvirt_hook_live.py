@@ -33,7 +33,7 @@ libvirt = pytest.importorskip("libvirt")
 from vmcache.cli import main  # noqa: E402
 from vmcache.service.launcher import pidfile_holder  # noqa: E402
 from vmcache.settings.metadata import NAMESPACE  # noqa: E402
-from vmcache.observe.status import file_stem  # noqa: E402
+from vmcache.host.files import file_stem  # noqa: E402
 
 from tests.live import livelib  # noqa: E402
 from tests.live.livelib import REPO, LiveEnv, cache_metadata, connect, domain_xml, start_paused  # noqa: E402

@@ -37,10 +37,10 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from vmcache.observe.exporter import DEFAULT_PORTS, BasicAuth, MetricsServer, TLSOptions, serve_metrics
-from vmcache.observe.filesd import TargetsFile, safe_name
+from vmcache.observe.filesd import TargetsFile
 from vmcache.observe.metrics import AgentMetrics
 from vmcache.model.stats import CycleStats
-from vmcache.observe.status import file_stem
+from vmcache.host.files import file_stem
 
 pytestmark = pytest.mark.live
 
@@ -267,7 +267,7 @@ def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(pro
         assert labels["job"] == "vmcache"
         assert labels["instance"] == urllib.parse.urlsplit(host.status(name)["metrics_url"]).netloc
         assert not any(k.startswith("exported_") for k in labels)
-        assert (prometheus.targets_dir / f"{safe_name(name)}.json").exists()
+        assert (prometheus.targets_dir / f"{file_stem(name)}.json").exists()
     budget = _by_domain(prometheus.query(f'vmcache_budget_bytes{{domain=~"{pattern}"}}'))
     assert {d: float(r["value"][1]) for d, r in budget.items()} == budgets
     up = _by_domain(prometheus.query(f'up{{job="vmcache", domain=~"{pattern}"}}'))
@@ -277,7 +277,7 @@ def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(pro
     gone, kept = budgets
     subprocess.run(["virsh", "-c", livelib.URI, "destroy", gone], check=True, capture_output=True, timeout=60)
     livelib.wait_for(lambda: host.agent_pid(gone) is None, "the destroyed domain's agent to exit")
-    assert not (prometheus.targets_dir / f"{safe_name(gone)}.json").exists()
+    assert not (prometheus.targets_dir / f"{file_stem(gone)}.json").exists()
     prometheus.wait("the destroyed domain's target to go", lambda: gone not in prometheus.active_domains())
     assert kept in prometheus.active_domains()
     subprocess.run(["virsh", "-c", livelib.URI, "destroy", kept], check=True, capture_output=True, timeout=60)

@@ -39,7 +39,7 @@ libvirt = pytest.importorskip("libvirt")
 from vmcache.settings.config import CACHE_DIR  # noqa: E402
 from vmcache.host.qmp import ALLOWED_COMMANDS, TRANSACTION_ACTIONS  # noqa: E402
 from vmcache.settings.metadata import NAMESPACE  # noqa: E402
-from vmcache.observe.status import file_stem  # noqa: E402
+from vmcache.host.files import file_stem  # noqa: E402
 
 from tests.live import livelib  # noqa: E402
 from tests.procutil import open_files  # noqa: E402

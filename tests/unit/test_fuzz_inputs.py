@@ -32,7 +32,8 @@ from vmcache.service.hook import FILTER_OPS, START_OPS, STOP_OPS, Action, run
 from vmcache.service.launcher import LaunchResult
 from vmcache.settings.metadata import NAMESPACE, DiskInfo, parse_domain
 from vmcache.settings.policy import choose_disks, domain_budget
-from vmcache.observe.status import file_stem, status_path
+from vmcache.host.files import file_stem
+from vmcache.observe.status import status_path
 from vmcache.units import MAX_SIZE, parse_size
 
 # libvirt allows any character in a name but '/' (and the hook may still be handed one).

@@ -27,7 +27,6 @@ from vmcache.observe.heatmap import (
     pinned_regions,
     render_image,
     render_png,
-    write_atomic,
 )
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -228,36 +227,6 @@ def test_json_buckets_aggregate_large_disks() -> None:
 def test_from_json_rejects_other_documents() -> None:
     with pytest.raises(ValueError):
         heatmap_from_json({"format": "something-else"})
-
-
-# --- writing -----------------------------------------------------------
-
-
-def test_write_atomic_replaces_without_partial_reads(tmp_path: Path) -> None:
-    target = tmp_path / "vda.png"
-    pngs = [render_png(data(pinned=[i], hot=[i])) for i in range(2)]
-    write_atomic(target, pngs[0])
-    stop, bad = threading.Event(), []
-
-    def read() -> None:
-        while not stop.is_set():
-            content = target.read_bytes()
-            if content not in pngs:
-                bad.append(len(content))
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    for i in range(100):
-        write_atomic(target, pngs[i % 2])
-    stop.set()
-    reader.join()
-    assert bad == []
-    assert [p.name for p in tmp_path.iterdir()] == ["vda.png"]
-
-
-def test_write_atomic_into_a_missing_directory_is_a_host_error(tmp_path: Path) -> None:
-    with pytest.raises(HostError):
-        write_atomic(tmp_path / "missing" / "x.png", b"png")
 
 
 def test_writer_writes_every_nth_cycle_and_builds_data_only_then(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from vmcache.service.launcher import (
     remove_own_pidfile,
     systemd_escape,
 )
-from vmcache.observe.status import file_stem
+from vmcache.host.files import file_stem
 
 from tests.procutil import open_files
 from tests.standin_agent import kill_agents

@@ -14,7 +14,6 @@ from vmcache.model.stats import CycleStats
 from vmcache.observe.status import (
     AgentStatus,
     DiskStatus,
-    file_stem,
     read_status,
     read_statuses,
     status_path,
@@ -34,18 +33,6 @@ def sample(domain="web-1", pid=None) -> AgentStatus:
             DiskStatus("vdb", "/img/b.raw", "none", False, reason="cache=none bypasses the page cache"),
         ],
     )
-
-
-def test_file_stem_is_safe_and_distinct():
-    assert file_stem("web-1") == "web-1"
-    assert file_stem("a b/c") == "a%20b%2Fc"
-    assert file_stem(".x") == "%2Ex"
-    assert file_stem("ü") == "%C3%BC"
-    assert file_stem("a%20b") != file_stem("a b")
-    long = file_stem("x" * 1000)
-    assert len(long) <= 200 and long != file_stem("x" * 999)
-    for name in ["..", ".", "a/../b", "\n"]:
-        assert "/" not in file_stem(name) and file_stem(name) not in (".", "..")
 
 
 def test_write_then_read_round_trip(tmp_path):

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit
 
 from ..errors import ConfigError, DomainError, HostError
 from ..observe.exporter import BasicAuth
-from ..observe.heatmap import write_atomic
+from ..host.files import write_atomic
 from ..observe.status import read_status, status_path
 from ._host import add_host_options, host_config
 

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _picture(engine: Any, path: str) -> None:
-    from ..observe.heatmap import render_png, write_atomic
+    from ..host.files import write_atomic
+    from ..observe.heatmap import render_png
 
     write_atomic(path, render_png(engine.heatmap_data(os.path.basename(engine.image), title="vmcache watch")))

@@ -31,13 +31,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from ..errors import HostError
 from ..model.share import DEFAULT_KEEP, Curve, Demand, Split, split
+from .files import write_atomic
 from .procs import is_alive, start_time
 
 __all__ = ["Ledger", "LedgerEntry", "HostShare", "SHARE_VERSION"]
@@ -262,19 +262,8 @@ class Ledger:
 
     @staticmethod
     def _write_json(path: str, data: object) -> None:
-        directory = os.path.dirname(path) or "."
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=directory)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(data, f, indent=1)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-        except OSError as err:
-            raise HostError(f"cannot write ledger: {err.strerror}", path=path, errno=err.errno) from err
+        # no fsync: it lives in the runtime directory (/run, a tmpfs) and is rewritten every cycle
+        write_atomic(path, json.dumps(data, indent=1), fsync=False, what="ledger")
 
 
 def _curve(points: object) -> Curve:

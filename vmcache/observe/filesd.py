@@ -1,6 +1,7 @@
 """Prometheus file_sd targets: one JSON file per agent, so one scrape job finds every agent.
 
-Each agent writes ``/run/vmcache/prometheus/<domain>.json`` when its metrics
+Each agent writes ``/run/vmcache/prometheus/<stem>.json`` (``file_stem`` of the
+domain name, as for its status file) when its metrics
 endpoint is up and removes it when it stops; a scrape job with::
 
     file_sd_configs:
@@ -14,38 +15,19 @@ glob does not match, then rename), so Prometheus never reads half of it.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
-import os
-import re
-import tempfile
 from pathlib import Path
 
 from ..errors import HostError
+from ..host.files import file_stem, write_atomic
 from ..logfmt import event
 
-__all__ = ["DEFAULT_DIRECTORY", "TargetsFile", "safe_name", "targets_document"]
+__all__ = ["DEFAULT_DIRECTORY", "TargetsFile", "targets_document"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DIRECTORY = Path("/run/vmcache/prometheus")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
-
-def safe_name(domain: str) -> str:
-    """A file name for ``domain``: itself when plain, else a cleaned form plus a short hash.
-
-    Distinct domain names always give distinct file names (``a b`` and
-    ``a_b`` differ by the hash); no result starts with a dot or contains
-    a slash.
-    """
-    cleaned = _UNSAFE.sub("_", domain)[:100]
-    if cleaned == domain and domain and not domain.startswith("."):
-        return domain
-    digest = hashlib.sha256(domain.encode()).hexdigest()[:8]
-    return f"{cleaned.lstrip('.') or 'domain'}-{digest}"
 
 
 def targets_document(target: str, labels: dict[str, str]) -> list[dict[str, object]]:
@@ -75,29 +57,14 @@ class TargetsFile:
         self.uuid = uuid
         self.target = target
         self.directory = Path(directory)
-        self.path = self.directory / f"{safe_name(domain)}.json"
+        self.path = self.directory / f"{file_stem(domain)}.json"
         self.labels = {**(labels or {}), "domain": domain, "uuid": uuid}
         self._text = json.dumps(targets_document(target, self.labels), indent=2, ensure_ascii=False) + "\n"
 
     def write(self) -> Path:
         """Create or replace the file atomically; returns its path. Raises HostError."""
-        try:
-            self.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.path.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(self._text)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.chmod(tmp, 0o644)  # Prometheus may run as its own user
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except OSError as err:
-            raise HostError(f"cannot write Prometheus targets file: {err.strerror}",
-                            path=str(self.path), errno=err.errno) from err
+        # 0644: Prometheus may run as its own user
+        write_atomic(self.path, self._text, make_dirs=True, what="Prometheus targets file")
         log.info(event("filesd.written", path=self.path, target=self.target))
         return self.path
 

@@ -23,7 +23,6 @@ import io
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from ..errors import HostError
+from ..host.files import write_atomic
 from ..units import format_size
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "render_image",
     "block_pixel",
     "render_png",
-    "write_atomic",
     "heatmap_json",
     "heatmap_from_json",
     "heatmap_page",
@@ -378,29 +377,6 @@ def render_png(data: HeatmapData, options: RenderOptions = RenderOptions()) -> b
     return buf.getvalue()
 
 
-def write_atomic(path: str | os.PathLike[str], payload: bytes, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``payload`` so a reader sees the old file or the new one, never a part.
-
-    Raises HostError when the directory cannot be written.
-    """
-    target = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(payload)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError as err:
-        raise HostError(f"cannot write {target.name}: {err.strerror}", path=str(target), errno=err.errno) from err
-
-
 def pinned_regions(data: HeatmapData) -> list[tuple[int, int]]:
     """Maximal runs of pinned blocks as ``(start, length)`` bytes, clipped to the image."""
     p = np.concatenate(([False], data.pinned, [False])).astype(np.int8)
@@ -488,9 +464,9 @@ class HeatmapWriter:
             return False
         data = make_data()
         if self.png_path is not None:
-            write_atomic(self.png_path, render_png(data, self.options))
+            write_atomic(self.png_path, render_png(data, self.options), what="heat map")
         if self.json_path is not None:
-            write_atomic(self.json_path, json.dumps(heatmap_json(data)).encode() + b"\n")
+            write_atomic(self.json_path, json.dumps(heatmap_json(data)).encode() + b"\n", what="heat map")
         return True
 
 

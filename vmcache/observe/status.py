@@ -2,7 +2,7 @@
 
 Each agent keeps ``<runtime_dir>/agents/<stem>.json`` up to date (after
 every cycle and on every state change), where ``<stem>`` is
-:func:`file_stem` of the domain name; the launcher's pidfile is
+:func:`vmcache.host.files.file_stem` of the domain name; the launcher's pidfile is
 ``<stem>.pid`` beside it. The file is replaced atomically (write to a
 temporary file, fsync, rename), so a reader never sees half of one.
 
@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ..errors import HostError
+from ..host.files import file_stem, write_atomic
 from ..host.procs import is_alive, start_time
 
-if TYPE_CHECKING:  # an annotation only: the hook imports this module (file_stem)
+if TYPE_CHECKING:  # an annotation only: status readers need not load the model
     from ..model.stats import CycleStats
 
 __all__ = [
@@ -50,7 +50,6 @@ __all__ = [
     "DiskStatus",
     "AgentStatus",
     "AgentEntry",
-    "file_stem",
     "status_path",
     "write_status",
     "read_status",
@@ -59,30 +58,6 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 STATES = ("starting", "running", "backing-off", "stopping", "disabled")
-
-_SAFE = re.compile(r"[A-Za-z0-9_.+-]")
-_MAX_STEM = 200
-
-
-def file_stem(domain: str) -> str:
-    """A file name for ``domain`` (libvirt names may hold any character but '/').
-
-    Letters, digits and ``_.+-`` are kept; other bytes become ``%XX``, as
-    does a leading dot; very long names are cut and end in a hash.
-    """
-    out = []
-    for i, ch in enumerate(domain):
-        if _SAFE.match(ch) and not (i == 0 and ch == "."):
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-    stem = "".join(out) or "%00"
-    if len(stem) > _MAX_STEM:
-        import hashlib
-
-        digest = hashlib.sha256(domain.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        stem = f"{stem[:_MAX_STEM - 17]}~{digest}"
-    return stem
 
 
 def status_path(agents_dir: str, domain: str) -> str:
@@ -193,23 +168,8 @@ def write_status(path: str, status: AgentStatus, *, now: float | None = None) ->
     status.updated_at = time.time() if now is None else now
     if status.pid_start_time is None:
         status.pid_start_time = start_time(status.pid)
-    directory = os.path.dirname(path) or "."
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(status.to_json(), f, indent=1, sort_keys=True)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as err:
-        raise HostError(f"cannot write status: {err.strerror}", path=path, errno=err.errno) from err
+    text = json.dumps(status.to_json(), indent=1, sort_keys=True) + "\n"
+    write_atomic(path, text, make_dirs=True, what="status")
 
 
 @dataclass(frozen=True)

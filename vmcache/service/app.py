@@ -20,7 +20,7 @@ from ..host.virtdomain import DEFAULT_URI, connect
 from ..logfmt import domain_logger
 from ..model.params import ModelParams
 from ..observe.heatmap import HeatmapWriter, RenderOptions
-from ..observe.status import file_stem
+from ..host.files import file_stem
 from ..settings.config import HostConfig
 from ..settings.policy import DiskChoice
 from .agent import Agent, nbd_dir

@@ -37,7 +37,7 @@ from ..settings.config import DEFAULT_PATH, HostConfig
 from ..errors import HostError
 from ..host.procs import cmdline
 from ..logfmt import event
-from ..observe.status import file_stem
+from ..host.files import file_stem
 
 if TYPE_CHECKING:
     import subprocess

@@ -1,0 +1,78 @@
+"""Files vmcache writes: one atomic writer, one name for a domain (or path) as a file name.
+
+Cheap to import (os and re only): the libvirt hook uses it on its fast path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ..errors import HostError
+
+__all__ = ["file_stem", "write_atomic"]
+
+_SAFE = re.compile(r"[A-Za-z0-9_.+-]")
+_MAX_STEM = 200
+
+
+def file_stem(name: str) -> str:
+    """A file name for ``name``: a domain name (libvirt allows any character but '/') or a path.
+
+    Letters, digits and ``_.+-`` are kept; other bytes become ``%XX``, as
+    does a leading dot, so distinct names give distinct stems and none is
+    ``.``, ``..`` or holds a ``/``; very long names are cut and end in a hash.
+    """
+    out = []
+    for i, ch in enumerate(name):
+        if _SAFE.match(ch) and not (i == 0 and ch == "."):
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+    stem = "".join(out) or "%00"
+    if len(stem) > _MAX_STEM:
+        import hashlib
+
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        stem = f"{stem[:_MAX_STEM - 17]}~{digest}"
+    return stem
+
+
+def write_atomic(path: str | os.PathLike[str], payload: bytes | str, *, mode: int = 0o644, fsync: bool = True,
+                 make_dirs: bool = False, what: str = "file") -> None:
+    """Replace ``path`` with ``payload`` so a reader sees the old file or the new one, never a part.
+
+    The file gets ``mode`` whatever the umask (readers such as Prometheus
+    may run as another user). ``fsync``: flush the data before the rename
+    (off for files that are only caches or rewritten every few seconds);
+    ``make_dirs``: create missing directories (0755). The temporary file is
+    created exclusively (no symlink followed) beside ``path`` and removed
+    on failure. Raises HostError("cannot write WHAT: ...") on any OSError.
+    """
+    target = os.fspath(path)
+    directory = os.path.dirname(target) or "."
+    data = payload.encode("utf-8") if isinstance(payload, str) else payload
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        if make_dirs:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            try:
+                os.fchmod(fd, mode)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as err:
+        raise HostError(f"cannot write {what}: {err.strerror}", path=target, errno=err.errno) from err
