@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.standin_agent import kill_agents  # noqa: E402
-from vmcache.settings.config import CACHE_DIR, cache_path  # noqa: E402
+from vmcache.host.configfile import CACHE_DIR, cache_path  # noqa: E402
 from vmcache.service.launcher import pidfile_holder  # noqa: E402
 from vmcache.settings.metadata import NAMESPACE  # noqa: E402
 
@@ -96,7 +96,7 @@ def main() -> int:
         config = Path(tmp, "vmcache.yaml")
         config.write_text(f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\n"
                           f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n")
-        time.sleep(2.1)  # the cache keeps only configs unchanged for 2 s (vmcache.settings.config._settled)
+        time.sleep(2.1)  # the cache keeps only configs unchanged for 2 s (vmcache.host.configfile._settled)
         hook = Path(tmp, "qemu")
         text = (REPO / "hooks" / "qemu").read_text()
         text = text.replace("VMCACHE_PYTHON=/opt/vmcache/venv/bin/python", f"VMCACHE_PYTHON={sys.executable}")

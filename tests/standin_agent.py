@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from vmcache.settings.config import load_host_config
+from vmcache.host.configfile import load_host_config
 from vmcache.service.launcher import remove_own_pidfile
 from vmcache.host.files import file_stem
 from vmcache.observe.status import AgentStatus, status_path, write_status

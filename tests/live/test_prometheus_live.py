@@ -36,7 +36,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from vmcache.observe.exporter import DEFAULT_PORTS, BasicAuth, MetricsServer, TLSOptions, serve_metrics
+from vmcache.observe.exporter import DEFAULT_PORTS, MetricsServer, serve_metrics
+from vmcache.settings.config import MetricsBasicAuth, MetricsTLS
 from vmcache.observe.filesd import TargetsFile
 from vmcache.observe.metrics import AgentMetrics
 from vmcache.model.stats import CycleStats
@@ -188,8 +189,8 @@ class StandInAgent:
 def start_agent(prometheus: Prometheus) -> Iterator[Callable[..., StandInAgent]]:
     agents: list[StandInAgent] = []
 
-    def start(domain: str, pinned_mib: int, *, tls: TLSOptions | None = None,
-              basic_auth: BasicAuth | None = None) -> StandInAgent:
+    def start(domain: str, pinned_mib: int, *, tls: MetricsTLS | None = None,
+              basic_auth: MetricsBasicAuth | None = None) -> StandInAgent:
         uuid = str(uuidlib.uuid4())
         metrics = AgentMetrics(domain, uuid, registry=CollectorRegistry(), version="0.0.0-live")
         disk = metrics.disk("vda", f"/var/lib/libvirt/images/{domain}.raw")
@@ -288,8 +289,8 @@ def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(pro
 
 def test_https_agent_with_basic_auth_is_scraped(prometheus: Prometheus, secrets: dict[str, Path],
                                                 start_agent: Callable[..., StandInAgent]) -> None:
-    agent = start_agent("live-tls", 128, tls=TLSOptions(str(secrets["cert"]), str(secrets["key"])),
-                        basic_auth=BasicAuth("prometheus", str(secrets["password"])))
+    agent = start_agent("live-tls", 128, tls=MetricsTLS(str(secrets["cert"]), str(secrets["key"])),
+                        basic_auth=MetricsBasicAuth("prometheus", str(secrets["password"])))
     assert agent.server.scheme == "https"
     got = prometheus.wait("the TLS agent's pinned bytes",
                           lambda: prometheus.query('vmcache_pinned_bytes{domain="live-tls", job="vmcache-tls"}'))

@@ -36,7 +36,7 @@ import yaml
 
 libvirt = pytest.importorskip("libvirt")
 
-from vmcache.settings.config import CACHE_DIR  # noqa: E402
+from vmcache.host.configfile import CACHE_DIR  # noqa: E402
 from vmcache.host.qmp import ALLOWED_COMMANDS, TRANSACTION_ACTIONS  # noqa: E402
 from vmcache.settings.metadata import NAMESPACE  # noqa: E402
 from vmcache.host.files import file_stem  # noqa: E402

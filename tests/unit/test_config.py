@@ -11,9 +11,9 @@ from vmcache.settings.config import (
     MetricsBasicAuth,
     MetricsTLS,
     PinnedCap,
-    load_host_config,
     parse_host_config,
 )
+from vmcache.host.configfile import load_host_config
 from vmcache.errors import ConfigError
 from vmcache.model.params import ModelParams
 
@@ -229,8 +229,8 @@ def test_hook_mode_leaves_model_values_to_the_agent():
 import json  # noqa: E402
 import os  # noqa: E402
 
-import vmcache.settings.config as config_module  # noqa: E402
-from vmcache.settings.config import cache_path  # noqa: E402
+import vmcache.host.configfile as config_module  # noqa: E402
+from vmcache.host.configfile import cache_path  # noqa: E402
 
 FULL = """\
 budget: 2G
@@ -371,3 +371,25 @@ def test_prefetch_rate_is_a_size_or_unlimited() -> None:
     with pytest.raises(ConfigError) as err:
         parse_host_config("prefetch_rate: fast")
     assert str(err.value).startswith("prefetch_rate: 'fast'")
+
+
+def test_settings_package_does_no_io() -> None:
+    """settings/ parses what operators say; reading files and caching are vmcache.host.configfile's."""
+    import ast
+    import pathlib
+
+    import vmcache.settings
+
+    forbidden = {"socket", "ctypes", "libvirt", "qemu", "prometheus_client", "time", "io", "subprocess", "stat",
+                 "tempfile", "fcntl", "shutil", "json"}
+    for path in pathlib.Path(vmcache.settings.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                names = ["open()"]
+            else:
+                continue
+            assert not {n.split(".")[0] for n in names} & (forbidden | {"open()"}), f"{path.name}: {names}"

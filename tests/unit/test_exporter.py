@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from vmcache.errors import ConfigError, HostError
-from vmcache.observe.exporter import BasicAuth, TLSOptions, serve_metrics
+from vmcache.observe.exporter import serve_metrics
+from vmcache.settings.config import MetricsBasicAuth, MetricsTLS
 
 
 @pytest.fixture
@@ -173,7 +174,7 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_tls_serves_https_verified_against_the_self_signed_cert(registry: CollectorRegistry,
                                                                cert: tuple[Path, Path]) -> None:
     crt, key = cert
-    with serve_metrics(registry, ports=[0], tls=TLSOptions(str(crt), str(key))) as server:
+    with serve_metrics(registry, ports=[0], tls=MetricsTLS(str(crt), str(key))) as server:
         assert server.url.startswith("https://")
         ctx = ssl.create_default_context(cafile=str(crt))
         assert gauge_value(fetch(server.url, context=ctx)[1]) == 42
@@ -188,7 +189,7 @@ def test_tls_serves_https_verified_against_the_self_signed_cert(registry: Collec
 def test_tls_client_that_never_handshakes_does_not_block_others(registry: CollectorRegistry,
                                                                cert: tuple[Path, Path]) -> None:
     crt, key = cert
-    with serve_metrics(registry, ports=[0], tls=TLSOptions(str(crt), str(key))) as server:
+    with serve_metrics(registry, ports=[0], tls=MetricsTLS(str(crt), str(key))) as server:
         with socket.create_connection(("127.0.0.1", server.port)):  # connects, says nothing
             time.sleep(0.2)
             ctx = ssl.create_default_context(cafile=str(crt))
@@ -199,7 +200,7 @@ def test_tls_client_that_never_handshakes_does_not_block_others(registry: Collec
 
 def test_mutual_tls_requires_a_client_certificate(registry: CollectorRegistry, cert: tuple[Path, Path]) -> None:
     crt, key = cert
-    tls = TLSOptions(str(crt), str(key), client_cafile=str(crt), client_auth_required=True)
+    tls = MetricsTLS(str(crt), str(key), client_cafile=str(crt), client_auth_required=True)
     with serve_metrics(registry, ports=[0], tls=tls) as server:
         no_cert = ssl.create_default_context(cafile=str(crt))
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
@@ -212,7 +213,7 @@ def test_mutual_tls_requires_a_client_certificate(registry: CollectorRegistry, c
 def test_tls_with_missing_key_is_a_config_error(registry: CollectorRegistry, tmp_path: Path,
                                                 cert: tuple[Path, Path]) -> None:
     with pytest.raises(ConfigError, match="metrics.tls.certfile"):
-        serve_metrics(registry, ports=[0], tls=TLSOptions(str(cert[0]), str(tmp_path / "nope.pem")))
+        serve_metrics(registry, ports=[0], tls=MetricsTLS(str(cert[0]), str(tmp_path / "nope.pem")))
 
 
 # --- basic auth --------------------------------------------------------
@@ -227,7 +228,7 @@ def password_file(tmp_path: Path) -> Path:
 
 def test_basic_auth_accepts_the_right_password_and_rejects_others(registry: CollectorRegistry,
                                                                   password_file: Path) -> None:
-    auth = BasicAuth("prometheus", str(password_file))
+    auth = MetricsBasicAuth("prometheus", str(password_file))
     with serve_metrics(registry, ports=[0], basic_auth=auth) as server:
         status, body = fetch(server.url, auth=("prometheus", "s3cret-Ω"))
         assert status == 200 and gauge_value(body) == 42
@@ -239,7 +240,7 @@ def test_basic_auth_accepts_the_right_password_and_rejects_others(registry: Coll
 
 
 def test_basic_auth_challenge_and_garbage_headers(registry: CollectorRegistry, password_file: Path) -> None:
-    auth = BasicAuth("prometheus", str(password_file))
+    auth = MetricsBasicAuth("prometheus", str(password_file))
     with serve_metrics(registry, ports=[0], basic_auth=auth) as server:
         for header in ["Bearer abc", "Basic !!!notbase64", "Basic", "basic " + base64.b64encode(b"x").decode()]:
             req = urllib.request.Request(server.url, headers={"Authorization": header})
@@ -251,8 +252,8 @@ def test_basic_auth_challenge_and_garbage_headers(registry: CollectorRegistry, p
 
 def test_basic_auth_over_tls(registry: CollectorRegistry, password_file: Path, cert: tuple[Path, Path]) -> None:
     crt, key = cert
-    with serve_metrics(registry, ports=[0], tls=TLSOptions(str(crt), str(key)),
-                       basic_auth=BasicAuth("prometheus", str(password_file))) as server:
+    with serve_metrics(registry, ports=[0], tls=MetricsTLS(str(crt), str(key)),
+                       basic_auth=MetricsBasicAuth("prometheus", str(password_file))) as server:
         ctx = ssl.create_default_context(cafile=str(crt))
         assert fetch(server.url, context=ctx, auth=("prometheus", "wrong"))[0] == 401
         assert fetch(server.url, context=ctx, auth=("prometheus", "s3cret-Ω"))[0] == 200
@@ -262,7 +263,7 @@ def test_password_is_never_logged(registry: CollectorRegistry, password_file: Pa
                                   caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     with serve_metrics(registry, address="127.0.0.1", ports=[0],
-                       basic_auth=BasicAuth("prometheus", str(password_file))) as server:
+                       basic_auth=MetricsBasicAuth("prometheus", str(password_file))) as server:
         fetch(server.url, auth=("prometheus", "wrong"))
         fetch(server.url, auth=("prometheus", "s3cret-Ω"))
     assert "metrics.serving" in caplog.text
@@ -276,7 +277,7 @@ def test_unusable_credentials_are_config_errors_without_the_password(registry: C
     p = tmp_path / "secret.file"
     p.write_bytes(content)
     with pytest.raises(ConfigError) as caught:
-        serve_metrics(registry, ports=[0], basic_auth=BasicAuth(user, str(p)))
+        serve_metrics(registry, ports=[0], basic_auth=MetricsBasicAuth(user, str(p)))
     assert "hunter2" not in str(caught.value)
 
 
@@ -284,7 +285,7 @@ def test_missing_password_file_is_a_config_error_naming_the_file(registry: Colle
                                                                  tmp_path: Path) -> None:
     missing = tmp_path / "absent"
     with pytest.raises(ConfigError, match="absent"):
-        serve_metrics(registry, ports=[0], basic_auth=BasicAuth("prometheus", str(missing)))
+        serve_metrics(registry, ports=[0], basic_auth=MetricsBasicAuth("prometheus", str(missing)))
 
 
 
@@ -298,7 +299,7 @@ def test_pages_are_served_beside_metrics_behind_the_same_auth(registry: Collecto
         return None
 
     user = ("prometheus", password_file.read_text().strip())
-    with serve_metrics(registry, ports=[0], pages=pages, basic_auth=BasicAuth("prometheus", str(password_file))) as srv:
+    with serve_metrics(registry, ports=[0], pages=pages, basic_auth=MetricsBasicAuth("prometheus", str(password_file))) as srv:
         base = f"http://127.0.0.1:{srv.port}"
         assert fetch(base + "/heatmap/vda.json", auth=user) == (200, '{"disk": "vda"}')
         assert fetch(base + "/heatmap/vda.json")[0] == 401

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import vmcache.service.hook as hook_module
-from vmcache.settings.config import cache_path
+from vmcache.host.configfile import cache_path
 from vmcache.errors import HostError
 from vmcache.service.hook import Action, decide, run
 from vmcache.service.launcher import LaunchResult

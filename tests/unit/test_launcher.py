@@ -200,7 +200,7 @@ def test_detached_start_does_not_leak_our_fds(host, tmp_path):
 def test_concurrent_starts_give_one_agent(host):
     config, config_path, markers = host
     code = (
-        "import sys; from vmcache.settings.config import load_host_config; from vmcache.service.launcher import make_launcher;"
+        "import sys; from vmcache.host.configfile import load_host_config; from vmcache.service.launcher import make_launcher;"
         f"c=load_host_config({config_path!r});"
         f"print(make_launcher(c, config_path={config_path!r}, systemd_dir='/nonexistent').start('race').action)"
     )

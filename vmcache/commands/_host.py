@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..settings.config import DEFAULT_PATH, HostConfig, load_host_config
+from ..host.configfile import load_host_config
+from ..settings.config import DEFAULT_PATH, HostConfig
 from ..service.launcher import LaunchResult, make_launcher
 
 __all__ = ["add_host_options", "host_config", "ensure_agent"]

@@ -16,7 +16,7 @@ import urllib.request
 from urllib.parse import quote, urlsplit
 
 from ..errors import ConfigError, DomainError, HostError
-from ..observe.exporter import BasicAuth
+from ..observe.exporter import basic_auth_credentials
 from ..host.files import write_atomic
 from ..observe.status import read_status, status_path
 from ._host import add_host_options, host_config
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     context = None
     m = config.metrics
     if m.basic_auth is not None:
-        credentials = BasicAuth(m.basic_auth.username, m.basic_auth.password_file).load()
+        credentials = basic_auth_credentials(m.basic_auth)
         request.add_header("Authorization", "Basic " + base64.b64encode(credentials).decode())
     if parts.scheme == "https" and m.tls is not None:
         context = ssl.create_default_context(cafile=m.tls.client_cafile or m.tls.certfile)

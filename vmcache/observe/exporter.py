@@ -4,7 +4,8 @@ prometheus_client's ``start_http_server`` takes one port and no
 authentication, so this module builds the same server from the library's
 public parts (``make_wsgi_app``, ``ThreadingWSGIServer``) and keeps its TLS
 option names (``certfile``, ``keyfile``, ``client_cafile``,
-``client_capath``, ``client_auth_required``, ``tls_min_version``). Two
+``client_auth_required``: vmcache.settings.config.MetricsTLS, as operators
+write them in the host config; TLS 1.2 at least). Two
 differences, both on purpose: the TLS handshake runs in the request's
 thread with a timeout (a client that connects and says nothing cannot stall
 every scrape), and basic auth is a small WSGI wrapper comparing in constant
@@ -27,7 +28,6 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler
@@ -36,13 +36,14 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from ..errors import ConfigError, HostError
+from ..settings.config import MetricsBasicAuth, MetricsTLS
 from ..logfmt import event
 
 __all__ = [
     "DEFAULT_ADDRESS",
     "DEFAULT_PORTS",
-    "TLSOptions",
-    "BasicAuth",
+    "basic_auth_credentials",
+    "tls_context",
     "MetricsServer",
     "serve_metrics",
 ]
@@ -57,69 +58,53 @@ CLIENT_TIMEOUT = 10.0
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-@dataclass(frozen=True)
-class TLSOptions:
-    """HTTPS for the metrics endpoint, with prometheus_client's option names.
+TLS_MIN_VERSION = ssl.TLSVersion.TLSv1_2
 
-    ``client_cafile``/``client_capath`` with ``client_auth_required`` ask
-    Prometheus for a client certificate (mutual TLS).
+
+def tls_context(tls: MetricsTLS) -> ssl.SSLContext:
+    """The server-side SSL context for ``tls``; ConfigError when a file cannot be loaded.
+
+    ``client_cafile`` with ``client_auth_required`` asks Prometheus for a
+    client certificate (mutual TLS).
     """
-
-    certfile: str
-    keyfile: str
-    client_cafile: str | None = None
-    client_capath: str | None = None
-    client_auth_required: bool = False
-    tls_min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
-
-    def context(self) -> ssl.SSLContext:
-        """The server-side SSL context; ConfigError when a file cannot be loaded."""
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = self.tls_min_version
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = TLS_MIN_VERSION
+    try:
+        ctx.load_cert_chain(certfile=tls.certfile, keyfile=tls.keyfile)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError("metrics.tls.certfile", tls.certfile,
+                          f"cannot load certificate and key {tls.keyfile!r}: {err}") from err
+    if tls.client_cafile:
         try:
-            ctx.load_cert_chain(certfile=self.certfile, keyfile=self.keyfile)
+            ctx.load_verify_locations(tls.client_cafile)
         except (OSError, ssl.SSLError) as err:
-            raise ConfigError("metrics.tls.certfile", self.certfile,
-                              f"cannot load certificate and key {self.keyfile!r}: {err}") from err
-        if self.client_cafile or self.client_capath:
-            try:
-                ctx.load_verify_locations(self.client_cafile, self.client_capath)
-            except (OSError, ssl.SSLError) as err:
-                raise ConfigError("metrics.tls.client_cafile", self.client_cafile or self.client_capath,
-                                  f"cannot load client CA: {err}") from err
-        if self.client_auth_required:
-            if not (self.client_cafile or self.client_capath):
-                raise ConfigError("metrics.tls.client_auth_required", True,
-                                  "needs client_cafile or client_capath")
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+            raise ConfigError("metrics.tls.client_cafile", tls.client_cafile,
+                              f"cannot load client CA: {err}") from err
+    if tls.client_auth_required:
+        if not tls.client_cafile:
+            raise ConfigError("metrics.tls.client_auth_required", True, "needs client_cafile")
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
 
 
-@dataclass(frozen=True)
-class BasicAuth:
-    """HTTP basic auth: a user name and the file holding the password.
+def basic_auth_credentials(auth: MetricsBasicAuth) -> bytes:
+    """``username:password`` as a client sends it; ConfigError when unusable.
 
-    The file is read when the server starts (one line; a trailing newline
-    is not part of the password). The password is never logged or shown.
+    The password file is read now (one line; a trailing newline is not part
+    of the password). The password is never logged or shown.
     """
-
-    username: str
-    password_file: str
-
-    def load(self) -> bytes:
-        """``username:password`` as sent by a client; ConfigError when unusable."""
-        if not self.username or ":" in self.username:
-            raise ConfigError("metrics.basic_auth.username", self.username, "must be non-empty, without ':'")
-        try:
-            raw = Path(self.password_file).read_bytes()
-        except OSError as err:
-            raise ConfigError("metrics.basic_auth.password_file", self.password_file,
-                              f"cannot read: {err.strerror}") from err
-        password = raw.removesuffix(b"\n").removesuffix(b"\r")
-        if not password or b"\n" in password:
-            raise ConfigError("metrics.basic_auth.password_file", self.password_file,
-                              "must hold one non-empty line")
-        return self.username.encode() + b":" + password
+    if not auth.username or ":" in auth.username:
+        raise ConfigError("metrics.basic_auth.username", auth.username, "must be non-empty, without ':'")
+    try:
+        raw = Path(auth.password_file).read_bytes()
+    except OSError as err:
+        raise ConfigError("metrics.basic_auth.password_file", auth.password_file,
+                          f"cannot read: {err.strerror}") from err
+    password = raw.removesuffix(b"\n").removesuffix(b"\r")
+    if not password or b"\n" in password:
+        raise ConfigError("metrics.basic_auth.password_file", auth.password_file,
+                          "must hold one non-empty line")
+    return auth.username.encode() + b":" + password
 
 
 def _require_basic_auth(app: WSGIApp, credentials: bytes, realm: str = "vmcache") -> WSGIApp:
@@ -279,8 +264,8 @@ def serve_metrics(
     *,
     address: str = DEFAULT_ADDRESS,
     ports: Iterable[int] = DEFAULT_PORTS,
-    tls: TLSOptions | None = None,
-    basic_auth: BasicAuth | None = None,
+    tls: MetricsTLS | None = None,
+    basic_auth: MetricsBasicAuth | None = None,
     pages: PageResolver | None = None,
 ) -> MetricsServer:
     """Serve ``registry`` at ``/metrics`` on ``address`` and the first free port of ``ports``.
@@ -291,12 +276,12 @@ def serve_metrics(
     no port of the range is free or the address cannot be bound,
     ConfigError when the TLS files or the password file are unusable.
     """
-    ssl_context = tls.context() if tls is not None else None
+    ssl_context = tls_context(tls) if tls is not None else None
     app: WSGIApp = make_wsgi_app(registry)
     if pages is not None:
         app = _with_pages(app, pages)
     if basic_auth is not None:
-        app = _require_basic_auth(app, basic_auth.load())
+        app = _require_basic_auth(app, basic_auth_credentials(basic_auth))
         if tls is None and not _is_loopback(address):
             log.warning(event("metrics.basic_auth_without_tls", address=address,
                               hint="the password crosses the network in clear text"))

@@ -20,7 +20,7 @@ libvirtd waits for every call, so the hook does the cheapest checks first
 and operations vmcache ignores; a domain XML that does not contain
 vmcache's namespace URI (every opted-in domain's does) is ignored before
 any XML parser is loaded; the host config comes from the JSON cache
-:func:`vmcache.settings.config.load_host_config` keeps (no PyYAML while the file is
+:func:`vmcache.host.configfile.load_host_config` keeps (no PyYAML while the file is
 unchanged); the XML parser (defusedxml) and the launcher are imported only
 when needed.
 """
@@ -34,7 +34,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..settings.config import CACHE_DIR, DEFAULT_PATH
+from ..host.configfile import CACHE_DIR
+from ..settings.config import DEFAULT_PATH
 from ..errors import ConfigError, VmcacheError
 from ..logfmt import event
 
@@ -203,7 +204,8 @@ def run(
         decision = Decision(Action.IGNORE, args[0], op, "no vmcache metadata")
     if decision is not None and decision.action is not Action.STOP and decision.op not in START_OPS:
         return decision  # a filter, or nothing vmcache acts on: nothing to do or log
-    from ..settings.config import HostConfig, load_host_config
+    from ..host.configfile import load_host_config
+    from ..settings.config import HostConfig
 
     config_error = None
     try:

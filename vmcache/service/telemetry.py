@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 
 from .. import __version__
-from ..observe.exporter import BasicAuth, MetricsServer, TLSOptions, serve_metrics
+from ..observe.exporter import MetricsServer, serve_metrics
 from ..observe.filesd import TargetsFile
 from ..observe.heatmap import HeatmapData, RenderOptions, heatmap_page
 from ..observe.metrics import AgentMetrics
@@ -42,15 +42,9 @@ class Telemetry:
         """
         metrics = self.metrics(uuid)
         m = self._config.metrics
-        tls = auth = None
-        if m.tls is not None:
-            tls = TLSOptions(certfile=m.tls.certfile, keyfile=m.tls.keyfile, client_cafile=m.tls.client_cafile,
-                             client_auth_required=m.tls.client_auth_required)
-        if m.basic_auth is not None:
-            auth = BasicAuth(m.basic_auth.username, m.basic_auth.password_file)
         options = RenderOptions(blocks_per_pixel=self._config.heatmap.blocks_per_pixel,
                                 aspect=self._config.heatmap.aspect)
-        self._server = serve_metrics(metrics.registry, address=m.listen, ports=m.ports, tls=tls, basic_auth=auth,
+        self._server = serve_metrics(metrics.registry, address=m.listen, ports=m.ports, tls=m.tls, basic_auth=m.basic_auth,
                                      pages=lambda path: heatmap_page(path, heatmaps, options))
         self._targets = TargetsFile(self.domain, uuid, self._server.target,
                                     directory=os.path.join(self._config.runtime_dir, "prometheus"))

@@ -7,20 +7,19 @@ naming the key (dotted for nested keys: ``metrics.listen``) and the value.
 docs/configuration.md describes every key; hooks/vmcache.yaml is the
 commented default file ``make install`` puts in place.
 
-This module reads one file and imports no libvirt, numpy or socket code:
-the libvirt hook loads it on every domain start, with ``check_model=False``
+Pure: text in, HostConfig out (and its JSON form, for the cache of
+validated configs vmcache.host.configfile keeps); reading the file is
+vmcache.host.configfile's. No libvirt, numpy or socket code: the libvirt
+hook loads this module on every domain start, with ``check_model=False``
 (vmcache.model's package imports numpy; the hook needs no model, and the
 agent it starts checks the ``model`` section and reports it). PyYAML is
-imported only when a file is parsed: with ``cache_dir`` (the hook passes
-:data:`CACHE_DIR`), the validated config is kept as JSON keyed by the
-file's identity, and read back instead while the file is unchanged.
+imported only when a text is parsed.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
@@ -42,16 +41,12 @@ __all__ = [
     "MetricsTLS",
     "MetricsBasicAuth",
     "HeatmapConfig",
-    "load_host_config",
     "parse_host_config",
-    "CACHE_DIR",
-    "cache_path",
+    "config_to_json",
+    "config_from_json",
 ]
 
 DEFAULT_PATH = "/etc/vmcache/vmcache.yaml"
-#: Where load_host_config(cache_dir=CACHE_DIR) keeps validated configs (beside the
-#: default runtime_dir: it is read before the config, and so its runtime_dir, is known).
-CACHE_DIR = "/run/vmcache/config-cache"
 
 #: Cache modes whose image QEMU opens without O_DIRECT (through the page cache).
 CACHE_MODES = ("writethrough", "writeback", "unsafe")
@@ -81,7 +76,7 @@ class PinnedCap:
 
 @dataclass(frozen=True)
 class MetricsTLS:
-    """HTTPS for the metrics endpoint (fields as vmcache.observe.exporter.TLSOptions takes them)."""
+    """HTTPS for the metrics endpoint (vmcache.observe.exporter.tls_context makes the SSL context)."""
 
     certfile: str
     keyfile: str
@@ -91,7 +86,7 @@ class MetricsTLS:
 
 @dataclass(frozen=True)
 class MetricsBasicAuth:
-    """HTTP basic auth: user name and a file holding the password (as vmcache.observe.exporter.BasicAuth)."""
+    """HTTP basic auth: user name and a file holding the password (read by exporter.basic_auth_credentials)."""
 
     username: str
     password_file: str
@@ -170,7 +165,7 @@ class HostConfig:
         return os.path.join(self.runtime_dir, "ledger.json")
 
 
-# --- loading ----------------------------------------------------------------
+# --- parsing ----------------------------------------------------------------
 
 _strict_loader: type | None = None
 
@@ -204,144 +199,24 @@ def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, 
     return loader.construct_mapping(node, deep=deep)
 
 
-def load_host_config(path: str = DEFAULT_PATH, *, check_model: bool = True,
-                     cache_dir: str | None = None) -> HostConfig:
-    """Read the host config at ``path``; a missing file gives the defaults.
-
-    Raises ConfigError for unreadable files, invalid YAML and bad values.
-    ``check_model=False`` leaves the ``model`` section's values unchecked
-    (for the hook, which must not import numpy). With ``cache_dir``, a
-    valid config is cached there (:func:`cache_path`) and read back, without
-    PyYAML, while the file keeps its identity (device, inode, size, mtime,
-    ctime); a stale, foreign or damaged cache file is ignored.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return HostConfig()
-    except OSError as err:
-        raise ConfigError(path, None, f"cannot read: {err}") from err
-    try:
-        st = os.fstat(fd)
-        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        cached = _read_cache(cache_path(path, cache_dir), path, key) if cache_dir is not None else None
-        if cached is not None:
-            if check_model:
-                cached.model_params()
-            return cached
-        try:
-            with open(fd, encoding="utf-8", closefd=False) as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(path, None, f"cannot read: {err}") from err
-    finally:
-        os.close(fd)
-    config = parse_host_config(text, source=path, check_model=check_model)
-    if cache_dir is not None and _settled(st):
-        _write_cache(cache_path(path, cache_dir), path, key, config)
-    return config
+# --- the JSON form of a validated config (what vmcache.host.configfile caches) ---
 
 
-# --- the cache of validated configs (for the hook) ---------------------------
-
-_CACHE_VERSION = 1
-_SETTLE_NS = 2_000_000_000
-_MAX_NAME = 200
-
-
-def cache_path(path: str, cache_dir: str = CACHE_DIR) -> str:
-    """The cache file of the config at ``path``: its absolute path as a file name (``/`` as ``%2F``)."""
-    name = os.path.abspath(path).replace("%", "%25").replace("/", "%2F")
-    if len(name) > _MAX_NAME:
-        import hashlib
-
-        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        name = f"{name[-(_MAX_NAME - 17):]}~{digest}"
-    return os.path.join(cache_dir, name + ".json")
-
-
-def _settled(st: os.stat_result) -> bool:
-    """False while the file changed within the last 2 s: a write in the same clock tick could
-    keep size and mtime (git's "racily clean" case), so such a file is not cached yet."""
-    import time
-
-    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > _SETTLE_NS
-
-
-def _read_cache(cache: str, path: str, key: list[int]) -> HostConfig | None:
-    """The cached config if ``cache`` is a regular file owned by root (or us), writable by its
-    owner only, and recorded for ``path`` with this ``key``; else None (parse the file)."""
-    try:
-        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid())
-                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
-            return None
-        with open(fd, "rb", closefd=False) as f:
-            raw = f.read(1 << 20)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    import json
-
-    try:
-        data = json.loads(raw)
-        if data["version"] != _CACHE_VERSION or data["path"] != os.path.abspath(path) or data["key"] != key:
-            return None
-        return _from_json(data["config"])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _write_cache(cache: str, path: str, key: list[int], config: HostConfig) -> None:
-    """Replace ``cache`` atomically with ``config`` if it survives the JSON round trip; never raises."""
-    import json
-
-    try:
-        encoded = _to_json(config)
-        if _from_json(json.loads(json.dumps(encoded))) != config:
-            return  # e.g. model values JSON cannot carry exactly
-        text = json.dumps({"version": _CACHE_VERSION, "path": os.path.abspath(path), "key": key,
-                           "config": encoded}, sort_keys=True)
-    except (ValueError, TypeError, KeyError):
-        return
-    directory = os.path.dirname(cache)
-    tmp = os.path.join(directory, f".{os.path.basename(cache)}.{os.getpid()}.tmp")
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.fchmod(fd, 0o644)  # whatever the umask
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, cache)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
-def _to_json(value: Any) -> Any:
+def config_to_json(value: Any) -> Any:
     """HostConfig and its parts as JSON values (dataclasses as objects, sets sorted)."""
     if is_dataclass(value):
-        return {f.name: _to_json(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: config_to_json(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, (frozenset, set)):
         return sorted(value)
     if isinstance(value, Mapping):
-        return {k: _to_json(v) for k, v in value.items()}
+        return {k: config_to_json(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return [_to_json(v) for v in value]
+        return [config_to_json(v) for v in value]
     return value
 
 
-def _from_json(data: dict[str, Any]) -> HostConfig:
-    """The inverse of :func:`_to_json` for a HostConfig (KeyError/TypeError if it does not fit)."""
+def config_from_json(data: dict[str, Any]) -> HostConfig:
+    """The inverse of :func:`config_to_json` for a HostConfig (KeyError/TypeError if it does not fit)."""
     metrics = dict(data["metrics"])
     if metrics["tls"] is not None:
         metrics["tls"] = MetricsTLS(**metrics["tls"])
@@ -361,7 +236,7 @@ def _from_json(data: dict[str, Any]) -> HostConfig:
 
 def parse_host_config(text: str, *, source: str = DEFAULT_PATH, check_model: bool = True) -> HostConfig:
     """Parse the YAML text of a host config; ConfigError naming key and value if it is wrong."""
-    import yaml  # here, not at import time: the hook mostly reads the cache (load_host_config)
+    import yaml  # here, not at import time: the hook mostly reads the cache (vmcache.host.configfile)
 
     try:
         data = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
