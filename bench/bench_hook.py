@@ -6,7 +6,7 @@ Installs nothing: it runs a copy of hooks/qemu pointed at this Python and
 a temporary host config whose agent is tests/standin_agent.py, and times
 each call from fork to exit (what libvirtd waits for). As on a real host the
 config is older than a couple of seconds, so the hook reads the validated
-copy vmcache.settings.config caches in /run/vmcache/config-cache (removed at the end)
+copy vmcache.host.configfile caches in /run/vmcache/config-cache (removed at the end)
 instead of parsing the YAML. Scenarios:
 
 - ``ignore``: ``started`` of a domain without vmcache metadata (most domains);
