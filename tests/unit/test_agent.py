@@ -6,6 +6,8 @@ these check the loop's decisions one at a time.
 
 from __future__ import annotations
 
+import os
+
 import json
 import logging
 import threading
@@ -23,16 +25,16 @@ from vmcache.observe.status import DiskStatus, status_path
 from vmcache.service.agent import EXIT_FAILURE, EXIT_OK, Agent
 from vmcache.service.budget import Budget
 from vmcache.service.diskset import DiskSet
-from vmcache.settings.config import HostConfig
+from vmcache.settings.config import HostConfig, PinnedCap
 from vmcache.settings.metadata import DiskInfo, DomainInfo, DomainSettings
 
 MiB = 1 << 20
 LOG = logging.getLogger("test.agent")
 
 
-def _info(*disks: str, enabled: bool = True, budget: int = 64 * MiB) -> DomainInfo:
+def _info(*disks: str, enabled: bool = True, budget: int = 64 * MiB, minimum: int | None = None) -> DomainInfo:
     return DomainInfo("d", "uuid-1", tuple(DiskInfo(t, source=f"/img/{t}.raw", cache="writethrough") for t in disks),
-                      DomainSettings(enabled=enabled, budget=budget))
+                      DomainSettings(enabled=enabled, budget=budget, minimum=minimum))
 
 
 class FakeLink:
@@ -87,6 +89,7 @@ class FakeWorker:
     closed: bool | None = None
     pinned_bytes: int = 0
     failing: bool = False
+    curve: tuple[tuple[int, float], ...] = ()
     status: DiskStatus = field(init=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +105,9 @@ class FakeWorker:
         return CycleStats(now=0.0, duration_seconds=0.0, size_bytes=0, budget_bytes=budget, pinned_bytes=budget,
                           pinned_regions=1, resident_bytes=budget, guest_written_bytes=0, guest_read_miss_bytes=0,
                           recently_evicted_pages=None, bitmap_read="ok", mem_available_bytes=0, backing_off=False)
+
+    def demand(self, share: float) -> tuple[tuple[int, float], ...]:
+        return self.curve
 
     def rebind(self, monitor: Any) -> None:
         self.monitor = monitor
@@ -122,6 +128,9 @@ class FakeTelemetry:
 
     def set_host_memory(self, available: int) -> None:
         pass
+
+    def set_share(self, budget: int, granted: int, demand: int, minimum: int, cap: int | None) -> None:
+        self.share = (budget, granted, demand, minimum, cap)
 
     def close(self) -> None:
         pass
@@ -144,8 +153,9 @@ class Harness:
 
 
 def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: list[float] | None = None,
-            failing: set[str] = frozenset()) -> Harness:  # type: ignore[assignment]
-    config = HostConfig(interval=0.001, runtime_dir=str(tmp_path / "run"))
+            failing: set[str] = frozenset(), cap: int | None = None) -> Harness:  # type: ignore[assignment]
+    config = HostConfig(interval=0.001, runtime_dir=str(tmp_path / "run"),
+                        **({"pinned_cap": PinnedCap(size=cap, fraction=None)} if cap is not None else {}))
     holder: list[Agent] = []
     link = FakeLink(info, events, holder)
     workers: dict[str, FakeWorker] = {}
@@ -188,6 +198,36 @@ def test_runs_every_disk_under_its_share_and_cleans_up_when_stopped(tmp_path: Pa
     assert all(w.closed is True for w in h.workers.values())  # QEMU alive: bitmaps removed
     assert not Path(status_path(h.config.agents_dir, "d")).exists()
     assert "d" not in Ledger(h.config.ledger_path, None).entries()
+
+
+def test_the_agent_publishes_its_demand_and_divides_its_grant_between_disks_by_it(tmp_path: Path) -> None:
+    from vmcache.model.share import Demand
+
+    h = harness(tmp_path, _info("vda", "vdb", minimum=8 * MiB), [Pending()] * 3, cap=40 * MiB)
+    # another domain's agent holds nothing but asks for 20 MiB of dense bytes
+    Ledger(h.config.ledger_path, 40 * MiB, pid=os.getppid()).divide(
+        "other", Demand(budget=20 * MiB, curve=((20 * MiB, 20 * MiB * 0.9),)))
+    statuses: list[dict[str, Any]] = []
+    shares: list[dict[str, Any]] = []
+    real_write = h.agent._write_status
+
+    def spy() -> None:
+        real_write()
+        statuses.append(h.status())
+        shares.append(json.loads(Path(h.config.ledger_path).with_name("share.json").read_text()))
+        for w in h.workers.values():  # after the first cycle the disks know their heat: vdb is hot, vda cold
+            w.curve = ((4 * MiB, 4 * MiB * 0.1),) if w.target == "vda" else ((32 * MiB, 32 * MiB * 0.5),)
+
+    h.agent._write_status = spy  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    # first cycle: no curves anywhere but other's: other 20 MiB (dense), this domain the rest, prorated
+    assert h.workers["vda"].budgets[0] == h.workers["vdb"].budgets[0] == 10 * MiB
+    # then its grant goes to vdb's denser bytes first
+    assert (h.workers["vda"].budgets[-1], h.workers["vdb"].budgets[-1]) == (0, 20 * MiB)
+    last = statuses[-1]
+    assert last["granted_bytes"] == 20 * MiB and last["demand_bytes"] == 36 * MiB and last["minimum_bytes"] == 8 * MiB
+    assert shares[-1]["domains"]["d"]["min"] == 8 * MiB and shares[-1]["domains"]["d"]["budget"] == 64 * MiB
+    assert "d" not in json.loads(Path(h.config.ledger_path).with_name("share.json").read_text())["domains"]
 
 
 def test_a_disk_with_a_lasting_error_resyncs_once_not_every_cycle(tmp_path: Path) -> None:

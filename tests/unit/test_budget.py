@@ -64,13 +64,13 @@ def _budget(tmp_path: Path, levels: list[float], *, cap: PinnedCap = PinnedCap()
 def test_budget_backs_off_under_psi_and_reserves_what_it_grants(tmp_path: Path) -> None:
     budget = _budget(tmp_path, [0.0, 40.0, 40.0, 1.0])
     disks = {"vda": 64 << 20, "vdb": 32 << 20}
-    full = budget.grant(disks)
+    full = budget.grant(disks, {}, held=0)
     assert (full.want, full.granted, full.backing_off) == (96 << 20, 96 << 20, False)
     assert dict(full.disks) == disks
-    half = budget.grant(disks)
+    half = budget.grant(disks, {}, held=0)
     assert half.backing_off and dict(half.disks) == {"vda": 32 << 20, "vdb": 16 << 20}
-    assert budget.grant(disks).disks["vda"] == 16 << 20
-    assert budget.grant(disks).disks["vda"] == 32 << 20  # PSI low again: doubles back
+    assert budget.grant(disks, {}, held=0).disks["vda"] == 16 << 20
+    assert budget.grant(disks, {}, held=0).disks["vda"] == 32 << 20  # PSI low again: doubles back
     budget.hold(5 << 20)
     assert Ledger(str(tmp_path / "ledger.json"), None).entries()["d"].bytes == 5 << 20
     budget.release()
@@ -79,11 +79,48 @@ def test_budget_backs_off_under_psi_and_reserves_what_it_grants(tmp_path: Path) 
 
 def test_budget_prorates_disks_under_the_host_wide_cap(tmp_path: Path) -> None:
     other = _budget(tmp_path, [0.0], cap=PinnedCap(size=100 << 20, fraction=None), pid=1, domain="other")
-    other.grant({"vda": 60 << 20})
+    other.grant({"vda": 60 << 20}, {}, held=0)
     mine = _budget(tmp_path, [0.0], cap=PinnedCap(size=100 << 20, fraction=None), pid=2)
-    grant = mine.grant({"vda": 60 << 20, "vdb": 20 << 20})
-    assert (grant.want, grant.granted) == (80 << 20, 40 << 20)
+    grant = mine.grant({"vda": 60 << 20, "vdb": 20 << 20}, {}, held=0)
+    # no demand curves yet: the cap is shared equally (50 each), but other still holds 60
+    assert (grant.want, grant.target, grant.granted) == (80 << 20, 50 << 20, 40 << 20)
     assert dict(grant.disks) == {"vda": 30 << 20, "vdb": 10 << 20}
+
+
+def _flat(nbytes: int, density: float) -> tuple[tuple[int, float], ...]:
+    return ((nbytes, nbytes * density),)
+
+
+def test_budget_takes_its_share_by_benefit_and_divides_it_between_disks_by_benefit(tmp_path: Path) -> None:
+    MiB = 1 << 20
+    cap = PinnedCap(size=100 * MiB, fraction=None)
+    cold = _budget(tmp_path, [0.0] * 4, cap=cap, pid=1, domain="cold")
+    hot = _budget(tmp_path, [0.0] * 4, cap=cap, pid=2, domain="hot")
+    first = cold.grant({"vda": 100 * MiB}, {"vda": _flat(100 * MiB, 0.1)}, held=0)
+    assert first.granted == 100 * MiB  # alone
+    cold.hold(100 * MiB)
+    grant = hot.grant({"vda": 50 * MiB, "vdb": 50 * MiB},
+                      {"vda": _flat(10 * MiB, 0.9), "vdb": _flat(50 * MiB, 0.5)}, held=0)
+    assert grant.demand == 60 * MiB and grant.target == 60 * MiB
+    assert grant.granted == 0  # cold still holds the cap
+    shrink = cold.grant({"vda": 100 * MiB}, {"vda": _flat(100 * MiB, 0.1)}, held=100 * MiB)
+    assert shrink.target == 40 * MiB and shrink.granted == 40 * MiB
+    cold.hold(40 * MiB)
+    grant = hot.grant({"vda": 50 * MiB, "vdb": 50 * MiB},
+                      {"vda": _flat(10 * MiB, 0.9), "vdb": _flat(50 * MiB, 0.5)}, held=0)
+    assert grant.granted == 60 * MiB
+    assert dict(grant.disks) == {"vda": 10 * MiB, "vdb": 50 * MiB}  # each disk what its curve asks
+
+
+def test_guaranteed_minimum_and_minimums_over_the_cap(tmp_path: Path) -> None:
+    MiB = 1 << 20
+    cap = PinnedCap(size=100 * MiB, fraction=None)
+    a = _budget(tmp_path, [0.0] * 2, cap=cap, pid=1, domain="a")
+    b = _budget(tmp_path, [0.0] * 2, cap=cap, pid=2, domain="b")
+    a.minimum, b.minimum = 80 * MiB, 40 * MiB
+    a.grant({"vda": 100 * MiB}, {}, held=0)
+    grant = b.grant({"vda": 100 * MiB}, {}, held=0)
+    assert grant.error and "minimums" in grant.error and grant.minimum == 40 * MiB
 
 
 def test_unreadable_psi_keeps_the_share(tmp_path: Path) -> None:
@@ -96,11 +133,11 @@ def test_unreadable_psi_keeps_the_share(tmp_path: Path) -> None:
 
     budget = Budget("d", Ledger(str(tmp_path / "ledger.json"), None), cap=PinnedCap(), psi_threshold=10.0,
                     pressure=pressure, meminfo=_mem, logger=logging.getLogger("test"))
-    assert budget.grant({"vda": 8}).share == 0.5
-    assert budget.grant({"vda": 8}).share == 0.5  # unreadable now: kept, not reset
+    assert budget.grant({"vda": 8}, {}, held=0).share == 0.5
+    assert budget.grant({"vda": 8}, {}, held=0).share == 0.5  # unreadable now: kept, not reset
 
 
 def test_a_ledger_that_cannot_be_locked_fails_the_grant(tmp_path: Path) -> None:
     (tmp_path / "ledger.json.lock").mkdir()  # the lock file cannot be opened
     with pytest.raises(HostError):
-        _budget(tmp_path, [0.0]).grant({"vda": 8})
+        _budget(tmp_path, [0.0]).grant({"vda": 8}, {}, held=0)

@@ -129,9 +129,32 @@ def test_status_human_and_dead_agents(host, capsys, tmp_path):
                DiskStatus("vdb", "/img/b", "none", False, reason="cache=none bypasses the page cache")]))
     assert main(["status", "--host-config", opts[1]]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB (granted 1GiB), pinned 1MiB, resident 2MiB")
+    assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB, demand 0B, granted 1GiB, pinned 1MiB, resident 2MiB")
     assert "  last error: boom" in out
     assert "vda    cache=writethrough budget 1GiB pinned 1MiB resident 2MiB dirtied 4KiB/s (64KiB granules) last cycle 0.250s" in out
     assert "vdb    cache=none         skipped: cache=none bypasses the page cache" in out
     assert main(["status", "other", "--host-config", opts[1]]) == 1
     assert "no vmcache agent for domain 'other'" in capsys.readouterr().err
+
+
+def test_status_host_line_says_how_the_cap_is_divided(tmp_path):
+    import os
+
+    from vmcache.commands.status import host_line
+    from vmcache.host.ledger import Ledger
+    from vmcache.model.share import Demand
+
+    MiB = 1 << 20
+    path = tmp_path / "ledger.json"
+    assert host_line(Ledger(str(path), None).host_share()) is None  # nobody published yet
+    a = Ledger(str(path), 100 * MiB)
+    a.divide("a", Demand(budget=100 * MiB, minimum=80 * MiB))
+    a.divide("b", Demand(budget=100 * MiB, minimum=40 * MiB))
+    # an older agent's entry: bytes in ledger.json, no demand
+    data = json.loads(path.read_text())
+    data["domains"]["old"] = {"pid": os.getpid(), "pid_start_time": None, "bytes": 10 * MiB}
+    path.write_text(json.dumps(data))
+    line = host_line(Ledger(str(path), None).host_share())
+    assert line.startswith("host: pinned cap 100MiB, held ")
+    assert "1 older agents hold 10MiB first come" in line
+    assert "\n  error: guaranteed minimums add up to" in line

@@ -229,3 +229,17 @@ def test_default_registry_is_private_and_carries_process_metrics() -> None:
     assert a.registry is not b.registry
     assert "process_resident_memory_bytes" in names
     assert not any(n.startswith("vmcache_") and n.endswith("_created") for n in names)
+
+
+def test_share_of_the_host_cap_per_domain(agent: AgentMetrics) -> None:
+    reg = agent.registry
+    agent.set_share(budget=2048 * MiB, granted=512 * MiB, demand=600 * MiB, minimum=64 * MiB,
+                    cap=1024 * MiB)
+    labels = {"domain": "web1", "uuid": UUID}
+    assert value(reg, "vmcache_granted_bytes", **labels) == 512 * MiB
+    assert value(reg, "vmcache_demand_bytes", **labels) == 600 * MiB
+    assert value(reg, "vmcache_guaranteed_bytes", **labels) == 64 * MiB
+    assert value(reg, "vmcache_domain_budget_bytes", **labels) == 2048 * MiB
+    assert value(reg, "vmcache_host_pinned_cap_bytes", **labels) == 1024 * MiB
+    agent.set_share(budget=1, granted=1, demand=0, minimum=0, cap=None)  # no cap: no series, not a false 0
+    assert value(reg, "vmcache_host_pinned_cap_bytes", **labels) is None

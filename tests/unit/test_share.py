@@ -99,7 +99,7 @@ def test_incumbent_keeps_its_bytes_against_a_slightly_denser_newcomer():
 
 def test_quantum_keeps_small_moves_when_they_fit():
     demands = {"a": Demand(100 * MiB, curve=flat(51 * MiB, 0.9), granted=50 * MiB),
-               "b": Demand(100 * MiB, curve=flat(100 * MiB, 0.5), granted=50 * MiB)}
+               "b": Demand(100 * MiB, curve=flat(100 * MiB, 0.5), granted=50 * MiB)}  # budgets/32 > 2 MiB
     assert split(demands, 100 * MiB, keep=1.0).grants == {"a": 51 * MiB, "b": 49 * MiB}
     assert split(demands, 100 * MiB, keep=1.0, quantum=2 * MiB).grants == {"a": 50 * MiB, "b": 50 * MiB}
 

@@ -14,7 +14,8 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-from ..errors import DomainError
+from ..errors import DomainError, VmcacheError
+from ..host.ledger import HostShare, Ledger
 from ..service.launcher import pidfile_holder
 from ..observe.status import AgentEntry, read_statuses
 from ..units import format_size
@@ -92,12 +93,16 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
             continue
         head = (f"{row['domain']}: {row['state']}"
                 + (f" pid {row['pid']}" if row.get("pid") else "")
-                + f", budget {_size(row.get('budget_bytes'))} (granted {_size(row.get('granted_bytes'))})"
+                + f", budget {_size(row.get('budget_bytes'))}"
+                + (f", min {_size(row['minimum_bytes'])}" if row.get("minimum_bytes") else "")
+                + f", demand {_size(row.get('demand_bytes'))}, granted {_size(row.get('granted_bytes'))}"
                 + f", pinned {_size(row.get('pinned_bytes'))}, resident {_size(row.get('resident_bytes'))}"
                 + f", updated {_ago(row.get('updated_at'), now)}")
         lines.append(head)
         if row.get("last_error"):
             lines.append(f"  last error: {row['last_error']}")
+        if row.get("share_error") and row.get("running"):
+            lines.append(f"  host cap: {row['share_error']}")
         for disk in row.get("disks", []):
             if not disk.get("eligible"):
                 lines.append(f"  {disk['target']:6s} cache={disk['cache']:12s} skipped: {disk.get('reason')}")
@@ -118,6 +123,27 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
     return "\n".join(lines)
 
 
+def host_line(share: HostShare | None) -> str | None:
+    """One line on how the host's pinned cap is divided (None when no agent published a demand)."""
+    if share is None or not share.demands:
+        return None
+    s = share.split
+    older = {d: b for d, b in share.held.items() if d not in share.demands}
+    cap = "no pinned cap" if s.cap is None else f"pinned cap {format_size(s.cap)}"
+    line = (f"host: {cap}, held {format_size(sum(share.held.values()))} by {len(share.held)} agents, "
+            f"granted {format_size(sum(s.grants.values()))} by benefit to {len(share.demands)}"
+            + (f", guaranteed {format_size(s.minimums)}" if s.minimums else "")
+            + (f"; {len(older)} older agents hold {format_size(sum(older.values()))} first come" if older else ""))
+    return line + (f"\n  error: {s.error}" if s.error else "")
+
+
+def _host_share(config: Any) -> HostShare | None:
+    try:
+        return Ledger(config.ledger_path, None).host_share()
+    except VmcacheError:  # status shows the agents even when the ledger cannot be read
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     config = host_config(args)
     rows = collect(config.agents_dir, args.domain)
@@ -126,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1, sort_keys=True))
     else:
-        print(render(rows, time.time()))
+        host = host_line(_host_share(config)) if args.domain is None else None
+        print((host + "\n" if host and rows else "") + render(rows, time.time()))
     return 0
 

@@ -20,8 +20,9 @@ the same figure for a 64 KiB or a 1 MiB block size, a 5 s or a 30 s cycle, a
 
 Hysteresis: bytes a domain was granted last time count ``keep`` times their
 benefit (an incumbent must be beaten by that factor), and a domain's grant
-moves only when the new split moves it by more than ``quantum`` bytes, so
-grants do not flap between near-equal curves.
+moves only when the new split moves it by more than ``quantum`` bytes (or
+1/32 of its budget, whichever is less), so grants do not flap between
+near-equal curves.
 
 Domains without a curve (agents of an older vmcache in the ledger) keep
 what they hold: it comes off the cap before the split (``fixed``).
@@ -174,8 +175,8 @@ def split(demands: Mapping[str, Demand], cap: int | None, *, fixed: int = 0, kee
        last step taken may be cut. Nobody passes its budget.
     3. What no curve asks for is shared equally between domains below their
        budget (so a domain whose heat grows can pin at once).
-    4. A grant within ``quantum`` bytes of the previous one stays, when the
-       total still fits.
+    4. A grant within ``quantum`` bytes (and 1/32 of the domain's budget) of
+       the previous one stays, when the total still fits.
 
     Raises ValueError for a negative cap, budget or minimum, or ``keep`` < 1.
     """
@@ -203,8 +204,8 @@ def split(demands: Mapping[str, Demand], cap: int | None, *, fixed: int = 0, kee
             margin[name] = density
     left = _share_rest(demands, grants, left)
     if quantum > 0:
-        held = {n: d.granted if abs(grants[n] - d.granted) <= quantum and d.granted <= d.budget else grants[n]
-                for n, d in demands.items()}
+        held = {n: d.granted if abs(grants[n] - d.granted) <= min(quantum, d.budget // 32) and d.granted <= d.budget
+                else grants[n] for n, d in demands.items()}
         if sum(held.values()) <= avail:
             grants = held
     return Split(grants, cap, fixed, minimums, error, margin)

@@ -133,6 +133,17 @@ class AgentMetrics:
         self.host_memory_available = gauge(
             "host_memory_available_bytes",
             "MemAvailable of the host (/proc/meminfo) at the agent's last cycle.", AGENT_LABELS)
+        self.domain_budget = gauge(
+            "domain_budget_bytes", "The domain's budget in force (metadata budget, times the memory-pressure share).",
+            AGENT_LABELS)
+        self.granted = gauge(
+            "granted_bytes", "Bytes of the host's pinned cap the domain may pin this cycle (its grant).", AGENT_LABELS)
+        self.demand = gauge(
+            "demand_bytes", "Bytes the domain's demand curve asks for (its plans at the full budget).", AGENT_LABELS)
+        self.minimum = gauge("guaranteed_bytes", "The domain's guaranteed share of the cap (metadata min=).",
+                             AGENT_LABELS)
+        self.host_cap = gauge("host_pinned_cap_bytes", "The host-wide pinned_cap every agent shares (absent: no cap).",
+                              AGENT_LABELS)
         self.errors = counter("errors", "Errors the agent met, by kind (a class of vmcache's error tree).",
                               (*AGENT_LABELS, "kind"))
         self.image_size = gauge("image_size_bytes", "Size of the disk's image file.")
@@ -200,6 +211,17 @@ class AgentMetrics:
     def count_error(self, kind: BaseException | type[BaseException] | str) -> None:
         """Count one error; ``kind`` is an exception, its class or a name from ERROR_KINDS."""
         self.errors.labels(*self._agent, error_kind(kind)).inc()
+
+    def set_share(self, *, budget: int, granted: int, demand: int, minimum: int, cap: int | None) -> None:
+        """Record the domain's part in the split of the host cap (docs/metrics.md)."""
+        self.domain_budget.labels(*self._agent).set(budget)
+        self.granted.labels(*self._agent).set(granted)
+        self.demand.labels(*self._agent).set(demand)
+        self.minimum.labels(*self._agent).set(minimum)
+        if cap is None:
+            _discard(self.host_cap, self._agent)
+        else:
+            self.host_cap.labels(*self._agent).set(cap)
 
     def set_host_memory(self, available_bytes: int) -> None:
         """Record the host's MemAvailable."""

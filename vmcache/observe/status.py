@@ -13,6 +13,9 @@ Schema (version 1), all sizes in bytes, times in seconds since the epoch::
      "state": "running",              # starting | running | backing-off | stopping | disabled
      "started_at": 1700000000.0, "updated_at": 1700000100.0,
      "interval": 10.0, "budget_bytes": 2147483648, "granted_bytes": 2147483648,
+     "demand_bytes": 1073741824,      # what its demand curve asks of the host cap
+     "minimum_bytes": 0,              # its guaranteed share (metadata min=)
+     "share_error": null,             # e.g. the minimums of all domains exceed the cap
      "metrics_url": "http://127.0.0.1:9470/metrics", "last_error": null,
      "disks": [{"target": "vda", "source": "/var/lib/libvirt/images/web-1.img",
                 "cache": "writethrough", "eligible": true, "reason": null,
@@ -112,6 +115,9 @@ class AgentStatus:
     interval: float | None = None
     budget_bytes: int = 0
     granted_bytes: int = 0
+    demand_bytes: int = 0
+    minimum_bytes: int = 0
+    share_error: str | None = None
     metrics_url: str | None = None
     last_error: str | None = None
     hotset_saved_at: float | None = None  # wall time the agent last saved the domain's hot set

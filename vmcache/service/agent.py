@@ -37,7 +37,8 @@ from ..logfmt import domain_logger, event
 from ..observe.status import AgentStatus, status_path, write_status
 from ..settings.config import HostConfig
 from ..settings.metadata import DomainInfo
-from ..settings.policy import domain_budget
+from ..model.share import Curve
+from ..settings.policy import domain_budget, domain_minimum
 from .budget import Budget
 from .diskset import DiskSet
 from .domainlink import DomainLink
@@ -73,6 +74,7 @@ class Agent:
         self._link = link
         self._disks = disks
         self._budget = budget
+        self._curves: dict[str, Curve] = {}  # each disk's demand curve from its last cycle
         self._telemetry = telemetry
         self._wake = wake
         self._available_memory = available_memory
@@ -146,11 +148,17 @@ class Agent:
         return True
 
     def _cycle(self) -> None:
-        grant = self._budget.grant(self._disks.budgets())
+        grant = self._budget.grant(self._disks.budgets(), self._curves, held=self._disks.pinned_bytes())
         self.status.budget_bytes = grant.want
         self.status.granted_bytes = grant.granted
+        self.status.demand_bytes = grant.demand
+        self.status.minimum_bytes = grant.minimum
+        self.status.share_error = grant.error
         result = self._disks.cycle(grant.disks, title=self.domain)
         self._budget.hold(self._disks.pinned_bytes())
+        # the demand the next cycle publishes: each disk's plan at its full budget, after this cycle's step
+        self._curves = self._disks.demands(grant.share)
+        self._telemetry.set_share(grant.want, grant.granted, grant.demand, grant.minimum, grant.cap)
         self._telemetry.set_host_memory(self._available_memory())
         self.status.state = "backing-off" if grant.backing_off or result.backing_off else "running"
         self.status.last_error = result.error
@@ -182,6 +190,8 @@ class Agent:
             self._log.warning(event("agent.xml_unusable", error=err))
             return
         self._disks.sync(self._info, self._link.monitor, qemu_alive=self._link.alive)
+        if self._info.settings is not None:
+            self._budget.minimum = domain_minimum(self._info.settings, self.config)
 
     # -- libvirtd restarts ---------------------------------------------------------
 

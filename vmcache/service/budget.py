@@ -1,8 +1,11 @@
 """The agent's budget each cycle: its disks' budgets, memory pressure and the host-wide cap.
 
 :class:`Budget` reads the host (PSI, MemTotal for a cap given as a share of
-RAM) and keeps the domain's entry in the shared :class:`~vmcache.host.ledger.Ledger`;
-the arithmetic is :mod:`vmcache.model.budget`.
+RAM) and keeps the domain's entries in the shared :class:`~vmcache.host.ledger.Ledger`:
+each cycle it publishes the domain's demand curve (its disks' plans at the
+full budget, from the previous cycle), takes its grant of the cap divided by
+benefit (vmcache.model.share) and divides that between its disks; the
+arithmetic is :mod:`vmcache.model.budget`.
 """
 
 from __future__ import annotations
@@ -15,20 +18,37 @@ from ..errors import VmcacheError
 from ..host.ledger import Ledger
 from ..host.meminfo import MemInfo, MemoryPressure
 from ..logfmt import event
-from ..model.budget import next_share, prorate
+from ..model.budget import divide_disks, domain_curve, next_share
+from ..model.share import Curve, Demand
 from ..settings.config import PinnedCap
 
 __all__ = ["Budget", "Grant"]
 
 
+#: A grant moves only when the split moves it by more than this share of the cap (hysteresis).
+QUANTUM_SHARE = 1 / 100
+
+
 @dataclass(frozen=True)
 class Grant:
-    """One cycle's allotment: what the domain wanted, what the cap granted, each disk's bytes."""
+    """One cycle's allotment: what the domain wanted, what the cap granted, each disk's bytes.
+
+    ``want``: the budget in force (metadata budget times the PSI share);
+    ``demand``: the bytes its demand curve asks for; ``target``: its grant in
+    the host's split; ``granted``: what it may pin now (``target``, or less
+    while other agents still unpin); ``cap``: the host cap (None: none);
+    ``error``: what the split reported (the minimums exceed the cap).
+    """
 
     want: int
     granted: int
     share: float
     disks: Mapping[str, int]
+    demand: int = 0
+    target: int = 0
+    minimum: int = 0
+    cap: int | None = None
+    error: str | None = None
 
     @property
     def backing_off(self) -> bool:
@@ -50,14 +70,34 @@ class Budget:
         self._meminfo = meminfo
         self._log = logger
         self.share = 1.0  # of the budget, shrunk under memory pressure (PSI)
+        self.minimum = 0  # guaranteed bytes of the cap (metadata min=)
+        self._target: int | None = None
 
-    def grant(self, budgets: Mapping[str, int]) -> Grant:
-        """Reserve this cycle's bytes for disks with these ``budgets``. Raises HostError (ledger, meminfo)."""
-        self._ledger.cap = self._cap.bytes_for(self._meminfo().total_bytes)
+    def grant(self, budgets: Mapping[str, int], curves: Mapping[str, Curve], *, held: int) -> Grant:
+        """Publish the demand, take this cycle's share of the cap, divide it between the disks.
+
+        ``budgets``: each disk's own budget; ``curves``: each disk's demand
+        curve from its last cycle (empty before the first); ``held``: bytes
+        the disks hold pinned now. Raises HostError (ledger, meminfo).
+        """
+        cap = self._cap.bytes_for(self._meminfo().total_bytes)
+        self._ledger.cap = cap
         share = self._update_share()
         want = int(sum(budgets.values()) * share)
-        granted = self._ledger.reserve(self.domain, want)
-        return Grant(want, granted, share, {disk: prorate(b, share, want, granted) for disk, b in budgets.items()})
+        curve = domain_curve(budgets, share, curves)
+        demand = Demand(budget=want, minimum=min(self.minimum, want), curve=curve)
+        host = self._ledger.divide(self.domain, demand, held=held,
+                                   quantum=0 if cap is None else int(cap * QUANTUM_SHARE))
+        target = host.split.grants[self.domain]
+        if target != self._target:
+            self._log.info(event("share.grant", target=target, granted=host.granted, want=want,
+                                 demand=demand.demand_bytes, cap=cap))
+            self._target = target
+        if host.split.error:
+            self._log.warning(event("share.minimums_over_cap", error=host.split.error))
+        return Grant(want, host.granted, share, divide_disks(budgets, share, host.granted, curves),
+                     demand=demand.demand_bytes, target=target, minimum=demand.minimum, cap=cap,
+                     error=host.split.error)
 
     def hold(self, pinned: int) -> None:
         """Record what the domain really holds after its cycle. Raises HostError."""

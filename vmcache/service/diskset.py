@@ -21,6 +21,7 @@ from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
 from ..logfmt import event
 from ..model.params import ModelParams
+from ..model.share import Curve
 from ..observe.heatmap import HeatmapData
 from ..observe.status import DiskStatus
 from ..settings.config import HostConfig
@@ -124,6 +125,11 @@ class DiskSet:
         self._refs.clear()  # once for all disks: each engine read its pages' bits since the last clear
         error = next((w.status.error for w in self._workers.values() if w.status.error), None)
         return SetCycle(backing_off=backing_off, resync=resync, error=error)
+
+    def demands(self, share: float) -> dict[str, Curve]:
+        """Each disk's demand curve after its last cycle, at its budget times ``share``."""
+        with self._lock:
+            return {target: w.demand(share) for target, w in self._workers.items()}
 
     def pinned_bytes(self) -> int:
         """Bytes the disks hold pinned after their last cycle."""

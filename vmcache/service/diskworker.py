@@ -13,6 +13,7 @@ import logging
 import time
 
 from .engine import DiskEngine, WriteSample
+from ..model.share import Curve
 from ..errors import MonitorError, TrackerError, VmcacheError
 from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
@@ -119,6 +120,10 @@ class DiskWorker:
     def pinned_bytes(self) -> int:
         """Bytes pinned after the last cycle (0 before the first)."""
         return self.engine.last.pinned_bytes if self.engine.last else 0
+
+    def demand(self, share: float) -> Curve:
+        """The disk's demand curve at its budget times ``share`` (empty before its first cycle)."""
+        return self.engine.demand(int(self.budget * share))
 
     def rebind(self, monitor: Monitor) -> None:
         """Talk to QEMU through ``monitor`` from now on (libvirtd reconnected)."""

@@ -38,6 +38,7 @@ from ..model.blocks import BlockValues
 from ..model.cycle import Cycle, evidence_per_block
 from ..model.params import ModelParams
 from ..model.region import Region
+from ..model.share import Curve, demand_of
 from ..model.stats import CycleStats
 from ..model.warm import WarmStart, heat_of
 
@@ -136,6 +137,16 @@ class DiskEngine:
     def hot_regions(self) -> list[Region]:
         """The regions held now, priority = their heat summed over their blocks (what a hot set saves)."""
         return heat_of(self._pinner.pinned, self._cycle.model.active, self.params.block_size)
+
+    def demand(self, budget: int) -> Curve:
+        """This disk's demand curve after its last cycle: its plan at ``budget`` (the full one, not the grant).
+
+        Empty before the first cycle. Raises ValueError for a negative budget.
+        """
+        if self.residency is None:
+            return ()
+        return demand_of(self._cycle.model.heat, self._cycle.model.own, self.params,
+                         size_bytes=self.residency.size_bytes, budget=budget, current=self._pinner.pinned)
 
     def pinned_mask(self) -> np.ndarray:
         return self._pinner.pinned_mask(self.params.block_size, self._cycle.nblocks)

@@ -56,6 +56,11 @@ class Telemetry:
         if self._metrics is not None:
             self._metrics.set_host_memory(available_bytes)
 
+    def set_share(self, budget: int, granted: int, demand: int, minimum: int, cap: int | None) -> None:
+        """Record the domain's budget, grant, demand and minimum, and the host cap (nothing before the metrics exist)."""
+        if self._metrics is not None:
+            self._metrics.set_share(budget=budget, granted=granted, demand=demand, minimum=minimum, cap=cap)
+
     def close(self) -> None:
         """Remove the targets file, stop the server."""
         try:
