@@ -239,3 +239,17 @@ def test_without_read_evidence_an_idle_pinned_region_is_held(image: Path) -> Non
         for _ in range(20):
             stats = e.cycle()
         assert stats.pinned_bytes >= 16 * MiB
+
+
+def test_demand_is_the_plan_at_the_full_budget_whatever_the_grant(image: Path) -> None:
+    with engine(image, budget=4 * MiB) as e:  # granted 4 MiB of a disk whose hot set is 16 MiB
+        assert e.demand(64 * MiB) == ()  # nothing known before the first cycle
+        for _ in range(4):
+            guest_read(image, 100 * MiB, 16 * MiB)
+            stats = e.cycle()
+        assert stats.pinned_bytes <= 4 * MiB
+        curve = e.demand(64 * MiB)
+        assert 16 * MiB <= curve[-1][0] <= 64 * MiB  # it asks for the hot set, not for the grant
+        densities = [(v1 - v0) / (b1 - b0) for (b0, v0), (b1, v1) in zip(((0, 0.0),) + curve, curve)]
+        assert densities == sorted(densities, reverse=True) and 0 < densities[0] <= 1.0
+        assert e.demand(8 * MiB)[-1][0] <= 8 * MiB

@@ -12,17 +12,23 @@ from vmcache.model.share import Demand, demand_curve, merge_curves, split, split
 MiB = 1 << 20
 
 
+def sparse(heat):
+    blocks = np.flatnonzero(heat)
+    return blocks, heat[blocks]
+
+
 def flat(nbytes: int, density: float) -> tuple[tuple[int, float], ...]:
     return ((nbytes, nbytes * density),)
 
 
 def test_curve_is_densest_first_and_per_byte_whatever_the_block_size():
     heat_1m = np.array([0.5, 0.5, 1.0, 0.0])
-    curve = demand_curve([Region(0, 2 * MiB, 99.0), Region(2 * MiB, MiB, 1.0)], heat_1m, ModelParams(block_size=MiB))
+    curve = demand_curve([Region(0, 2 * MiB, 99.0), Region(2 * MiB, MiB, 1.0)], *sparse(heat_1m),
+                         ModelParams(block_size=MiB))
     assert curve == ((MiB, 1.0 * MiB), (3 * MiB, 2.0 * MiB))
     # the same heat on 64 KiB blocks: the same curve
     heat_64k = np.repeat(heat_1m, 16)
-    again = demand_curve([Region(0, 2 * MiB), Region(2 * MiB, MiB)], heat_64k,
+    again = demand_curve([Region(0, 2 * MiB), Region(2 * MiB, MiB)], *sparse(heat_64k),
                          ModelParams(block_size=64 << 10))
     assert again == curve
 
@@ -30,7 +36,7 @@ def test_curve_is_densest_first_and_per_byte_whatever_the_block_size():
 def test_curve_divides_by_the_read_amplitude_and_is_bounded():
     heat = np.full(100, 2.0)
     regions = [Region(i * MiB, MiB) for i in range(100)]
-    curve = demand_curve(regions, heat, ModelParams(block_size=MiB, read_amplitude=2.0), points=8)
+    curve = demand_curve(regions, *sparse(heat), ModelParams(block_size=MiB, read_amplitude=2.0), points=8)
     assert len(curve) <= 8
     assert curve[-1] == (100 * MiB, pytest.approx(100 * MiB * 1.0))
 

@@ -40,6 +40,8 @@ from .region import Region
 if TYPE_CHECKING:  # numpy loads in demand_curve only: the ledger and `vmcache status` split without it
     from numpy.typing import ArrayLike
 
+    from .heat import ActiveHeat
+
 __all__ = ["Curve", "Demand", "Split", "MAX_POINTS", "demand_curve", "demand_of", "merge_curves", "split",
            "split_budget"]
 
@@ -83,9 +85,12 @@ class Split:
     densities: dict[str, float] = field(default_factory=dict)  # benefit per byte at each grant's margin
 
 
-def demand_curve(regions: Iterable[Region], heat: ArrayLike, params: ModelParams, *,
+def demand_curve(regions: Iterable[Region], blocks: ArrayLike, heat: ArrayLike, params: ModelParams, *,
                  points: int = MAX_POINTS) -> Curve:
-    """The curve of ``regions`` (a plan at the full budget) under ``heat`` (``HeatModel.heat``).
+    """The curve of ``regions`` (a plan at the full budget) under the heat of sorted ``blocks``.
+
+    ``blocks``/``heat``: the blocks that have heat and theirs
+    (``HeatModel.active``); other blocks have none.
 
     Each region's benefit is its bytes times its mean raw heat over the
     read amplitude (see the module docstring); regions are taken densest
@@ -97,36 +102,36 @@ def demand_curve(regions: Iterable[Region], heat: ArrayLike, params: ModelParams
 
     if points < 1:
         raise ValueError(f"points must be at least 1, got {points}")
-    values = np.asarray(heat, dtype=np.float64)
-    sums = np.zeros(values.size + 1)
-    np.cumsum(values, out=sums[1:])
+    where = np.asarray(blocks, dtype=np.int64)
+    sums = np.zeros(where.size + 1)
+    np.cumsum(np.asarray(heat, dtype=np.float64), out=sums[1:])
     bs = params.block_size
     unit = params.read_amplitude or params.write_amplitude
     segments: list[tuple[float, int]] = []
     for r in regions:
         if r.length <= 0:
             continue
-        first = min(r.start // bs, values.size)
-        last = min(-(-r.end // bs), values.size)
-        mean = (sums[last] - sums[first]) / (last - first) if last > first else 0.0
+        first, last = r.start // bs, -(-r.end // bs)
+        lo, hi = np.searchsorted(where, (first, last))
+        mean = (sums[hi] - sums[lo]) / (last - first)
         if mean > 0:
             segments.append((mean / unit, r.length))
     segments.sort(key=lambda s: -s[0])
     return _cut(segments, points)
 
 
-def demand_of(heat: ArrayLike, own: ArrayLike | None, params: ModelParams, *, size_bytes: int, budget: int,
+def demand_of(active: ActiveHeat, params: ModelParams, *, size_bytes: int, budget: int,
               current: Iterable[Region] = ()) -> Curve:
     """One disk's demand curve: its plan at the full ``budget`` (the metadata's, not the grant), as a curve.
 
-    ``heat``/``own``: the model's arrays after this cycle's step;
-    ``current``: the regions pinned now (the planner's hysteresis). Raises
-    ValueError as :func:`~vmcache.model.planner.plan` does.
+    ``active``: ``HeatModel.active`` after this cycle's step; ``current``:
+    the regions pinned now (the planner's hysteresis). Raises ValueError as
+    :func:`~vmcache.model.planner.plan_active` does.
     """
-    from .planner import plan
+    from .planner import plan_active
 
-    regions = plan(heat, params=params, size_bytes=size_bytes, budget=budget, current=current, own=own)
-    return demand_curve(regions, heat, params)
+    regions = plan_active(active, params=params, size_bytes=size_bytes, budget=budget, current=current)
+    return demand_curve(regions, active.blocks, active.heat, params)
 
 
 def _cut(segments: list[tuple[float, int]], points: int) -> Curve:

@@ -243,8 +243,8 @@ def _benefit_grants(states: list[_Vm], params: ModelParams | None, cap: int) -> 
     """The benefit split of the VMs' demand curves (None ``params``: no curves yet, the start)."""
     demands = {}
     for s in states:
-        curve = () if params is None else demand_of(s.cycle.model.heat, s.cycle.model.own, params,
-                                                    size_bytes=s.size, budget=s.vm.budget, current=s.current)
+        curve = () if params is None else demand_of(s.cycle.model.active, params, size_bytes=s.size,
+                                                    budget=s.vm.budget, current=s.current)
         demands[s.vm.name] = Demand(budget=s.vm.budget, minimum=s.vm.minimum, curve=curve, granted=s.granted)
     return split(demands, cap).grants
 
