@@ -188,11 +188,27 @@ def test_seed_holds_a_waiting_region_and_releases_it_once_restored():
     assert model.heat[:8].max() < 0.01 and model.heat[20:48].max() < 0.01
     assert warm.update(np.arange(10, 14)) == 4 * MiB and not warm.done
     assert warm.restored_bytes == 4 * MiB and warm.pending_bytes == 2 * MiB
-    for k in range(20, 80):  # restored: left to the model, it decays like any other region
+    for k in range(20, 90):  # restored: left to the model, it decays like any other region
         model.step(cold, cold, nothing, 10.0 * (k + 1))
         warm.seed(model, 10.0 * (k + 1))
     assert model.heat[10:14].max() < P.threshold
-    assert warm.done and warm.given_up_bytes == 2 * MiB  # 0.5 held at 0.98 fell under the threshold
+    # 0.5 held at 0.98 a step fell under threshold / keep_factor (0.1) after 80 steps: given up
+    assert warm.done and warm.given_up_bytes == 2 * MiB
+
+
+def test_a_saved_region_counts_as_held_so_its_hysteresis_applies():
+    from vmcache.model.planner import plan
+
+    model = HeatModel(P, 100)
+    # held by hysteresis when saved: under the threshold (0.2), over threshold / keep_factor (0.1)
+    warm = WarmStart([(Region(10 * MiB, 4 * MiB, 0.0), 0.15)], P)
+    cold = np.zeros(100, dtype=np.float32)
+    model.step(cold, cold, np.zeros(100, dtype=bool), 10.0)
+    warm.seed(model, 10.0)
+    assert plan(model.heat, params=P, size_bytes=100 * MiB, budget=64 * MiB, own=model.own) == []
+    (region,) = plan(model.heat, params=P, size_bytes=100 * MiB, budget=64 * MiB, current=warm.held(),
+                     own=model.own)
+    assert region.span == (10 * MiB, 4 * MiB)
 
 
 def test_heat_of_sums_the_heat_of_each_region():

@@ -87,7 +87,7 @@ def image(tmp_path):
 
 def _keeper(dom: FakeDomain, clock: list[float] | None = None) -> HotSetKeeper:
     now = clock or [0.0]
-    return HotSetKeeper(dom, every=300.0, logger=logging.getLogger("test.hotsets"), clock=lambda: now[0],
+    return HotSetKeeper(lambda: dom, every=300.0, logger=logging.getLogger("test.hotsets"), clock=lambda: now[0],
                         wall=lambda: 1795430400.0)
 
 
@@ -184,7 +184,7 @@ def test_saves_are_due_every_interval():
     assert not keeper.due()
     now[0] = 400.0
     assert keeper.due()
-    never = HotSetKeeper(FakeDomain(), every=0.0, logger=logging.getLogger("t"))
+    never = HotSetKeeper(FakeDomain, every=0.0, logger=logging.getLogger("t"))
     assert not never.due()
 
 

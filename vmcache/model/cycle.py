@@ -154,8 +154,9 @@ class Cycle:
         self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
         if self.warm is not None:
             self.warm.seed(self.model, now)
+        held = pinned if self.warm is None else [*pinned, *self.warm.held()]  # saved regions count as held
         regions = plan_active(self.model.active, params=self.params, size_bytes=size_bytes, budget=budget,
-                              current=pinned)
+                              current=held)
         regions, waiting = self._limit_prefetch(regions, res, pinned, budget, now)
         return CycleResult(regions, read_miss, waiting)
 

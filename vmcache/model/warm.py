@@ -10,11 +10,15 @@ The seed is held while a region waits for its turn: until a region has
 been pinned once, its heat is kept at least at its saved heat decayed at
 ``pinned_decay`` since the start (the rate a pinned region with no
 evidence fades at), so that a large set restored at a low prefetch rate is
-not forgotten before it is read in. Once pinned, a region is "restored"
-and left to the model: if the guest does not read it again, its heat
-decays and it is released normally. A region whose held seed falls under
-the threshold is given up (the guest has had the time to show it is not
-hot any more). Time is a parameter, as everywhere in the model.
+not forgotten before it is read in. A saved region was *held*, so the
+planner treats it as held (:meth:`WarmStart.held`, given to ``plan`` with
+the pinned regions): its hysteresis applies, and a region kept at a heat
+between ``threshold / keep_factor`` and ``threshold`` is restored too.
+Once pinned, a region is "restored" and left to the model: if the guest
+does not read it again, its heat decays and it is released normally. A
+region whose held seed falls under ``threshold / keep_factor`` is given up
+(the guest has had the time to show it is not hot any more). Time is a
+parameter, as everywhere in the model.
 """
 
 from __future__ import annotations
@@ -48,10 +52,10 @@ class WarmStart:
                 raise ValueError(f"saved heat must not be negative, got {heat!r}")
             if region.length > 0:
                 first, end = region.start // bs, -(-region.end // bs)
-                pending.append((first, end, float(heat), region.length, heat * (end - first)))
+                pending.append((first, end, float(heat), region, heat * (end - first)))
         pending.sort(key=lambda p: (-p[4], p[0]))
-        self._pending = [(first, end, heat, length) for first, end, heat, length, _ in pending]
-        self.total_bytes = sum(p[3] for p in self._pending)
+        self._pending = [(first, end, heat, region) for first, end, heat, region, _ in pending]
+        self.total_bytes = sum(p[3].length for p in self._pending)
         self.restored_bytes = 0
         self.given_up_bytes = 0
         self._started: float | None = None
@@ -65,6 +69,10 @@ class WarmStart:
     def pending_bytes(self) -> int:
         return self.total_bytes - self.restored_bytes - self.given_up_bytes
 
+    def held(self) -> list[Region]:
+        """The regions not restored yet: the planner counts them as held (its ``current``)."""
+        return [p[3] for p in self._pending]
+
     def seed(self, model: HeatModel, now: float) -> None:
         """Hold the heat of the regions not restored yet (call after each ``model.step``)."""
         if self._started is None:
@@ -72,25 +80,25 @@ class WarmStart:
         p = self._params
         factor = p.pinned_decay ** (max(0.0, now - self._started) / p.interval)
         kept = []
-        for first, end, heat, length in self._pending:
+        for first, end, heat, region in self._pending:
             held = heat * factor
-            if held <= p.threshold:
-                self.given_up_bytes += length
+            if held * p.keep_factor <= p.threshold:
+                self.given_up_bytes += region.length
                 continue
             model.seed(first, end, held)
-            kept.append((first, end, heat, length))
+            kept.append((first, end, heat, region))
         self._pending = kept
 
     def update(self, pinned: NDArray[np.int64]) -> int:
         """Mark the regions the ``pinned`` blocks (sorted) cover as restored; bytes restored now."""
         kept = []
         restored = 0
-        for first, end, heat, length in self._pending:
+        for first, end, heat, region in self._pending:
             covered = int(np.searchsorted(pinned, end) - np.searchsorted(pinned, first))
             if covered == end - first:
-                restored += length
+                restored += region.length
             else:
-                kept.append((first, end, heat, length))
+                kept.append((first, end, heat, region))
         self._pending = kept
         self.restored_bytes += restored
         return restored

@@ -13,10 +13,14 @@ Once per interval the loop
    (memory-pressure back-off, the host-wide cap);
 3. runs every disk once (:class:`~vmcache.service.diskset.DiskSet`) and
    records what the disks really hold;
-4. writes its status file for ``vmcache status``.
+4. writes its status file for ``vmcache status``;
+5. every ``hotset_interval`` saves the regions its disks hold into the
+   domain's XML (:class:`~vmcache.service.hotsets.HotSetKeeper`), which the
+   next agent warms from (after a restart, restore, migration).
 
-On SIGTERM / domain stop it removes its bitmaps and exports (while QEMU is
-there), unpins, releases its ledger share, removes its files.
+On SIGTERM / domain stop it saves the hot set once more, removes its
+bitmaps and exports (while QEMU is there), unpins, releases its ledger
+share, removes its files.
 
 Exit codes: 0 for a clean stop (domain gone, disabled, SIGTERM), 1 for a
 failure the service manager may restart it for.
@@ -42,6 +46,7 @@ from ..settings.policy import domain_budget, domain_minimum
 from .budget import Budget
 from .diskset import DiskSet
 from .domainlink import DomainLink
+from .hotsets import HotSetKeeper
 from .launcher import remove_own_pidfile
 from .telemetry import Telemetry
 
@@ -66,8 +71,9 @@ class Agent:
 
     def __init__(self, domain: str, config: HostConfig, *, link: DomainLink, disks: DiskSet, budget: Budget,
                  telemetry: Telemetry, wake: threading.Event, available_memory: Callable[[], int],
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """``wake`` is set by the link's events and by :meth:`request_stop` to end the wait between cycles."""
+                 clock: Callable[[], float] = time.monotonic, hotsets: HotSetKeeper | None = None) -> None:
+        """``wake`` is set by the link's events and by :meth:`request_stop` to end the wait between cycles;
+        ``hotsets``: loads and saves the domain's hot set (None: the agent neither warms nor saves)."""
         self.domain = domain
         self.config = config
         self.nbd_dir = nbd_dir(config.runtime_dir, domain)
@@ -79,6 +85,7 @@ class Agent:
         self._wake = wake
         self._available_memory = available_memory
         self._clock = clock
+        self._hotsets = hotsets
         self._log = domain_logger("vmcache.service.agent", domain)
         self._stop = threading.Event()
         self._info: DomainInfo | None = None
@@ -105,7 +112,11 @@ class Agent:
                 self.status.state = "disabled"
                 return EXIT_OK
             self._start_telemetry()
+            if self._hotsets is not None:
+                self._hotsets.load()
             self._sync_disks()
+            if self._hotsets is not None:
+                self._hotsets.warm_all(self._disks.workers())
             self._loop()
         except VmcacheError as err:
             self._log.error(event("agent.failed", error=err))
@@ -128,6 +139,8 @@ class Agent:
             if not self._follow_events() or self._stop.is_set():
                 return
             self._cycle()
+            if self._hotsets is not None and self._hotsets.due():
+                self._save_hotset(live=True)
             self._wake.clear()
             self._wake.wait(max(0.0, self.config.interval - (self._clock() - started)))
 
@@ -240,10 +253,17 @@ class Agent:
         except VmcacheError as err:
             self._log.warning(event("status.write_failed", error=err))
 
+    def _save_hotset(self, *, live: bool) -> None:
+        assert self._hotsets is not None
+        self._hotsets.save(self._disks.workers(), live=live)
+        self.status.hotset_saved_at = self._hotsets.saved_at
+
     def _shutdown(self) -> None:
         """Leave nothing behind: bitmaps, exports, pins, ledger share, files, server."""
         self.status.state = "stopping"
         alive = self._link.alive()
+        if self._hotsets is not None and self._hotsets.every and self._disks.workers():
+            self._save_hotset(live=alive)  # before the pins go: what the next start warms from
         self._disks.drop_all(qemu_alive=alive)
         for cleanup in (self._budget.release, self._telemetry.close, self._link.close):
             try:

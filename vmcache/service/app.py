@@ -28,6 +28,7 @@ from .budget import Budget
 from .diskset import DiskSet, WorkerFactory
 from .diskworker import DiskWorker
 from .domainlink import DomainLink
+from .hotsets import HotSetKeeper
 from .telemetry import Telemetry
 
 __all__ = ["build_agent"]
@@ -51,8 +52,9 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI,
     budget = Budget(domain, Ledger(config.ledger_path, None), cap=config.pinned_cap,
                     psi_threshold=config.psi_threshold, pressure=pressure or read_pressure,
                     meminfo=read_meminfo, logger=logger)
+    hotsets = HotSetKeeper(link.virt, every=config.hotset_interval, logger=logger)
     return Agent(domain, config, link=link, disks=disks, budget=budget, telemetry=telemetry, wake=wake,
-                 available_memory=lambda: read_meminfo().available_bytes)
+                 available_memory=lambda: read_meminfo().available_bytes, hotsets=hotsets)
 
 
 def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid: Callable[[], str],

@@ -106,6 +106,10 @@ class DiskSet:
             self._log.info(event("disk.managed", disk=target, image=choice.disk.source, budget=choice.budget,
                                  node=node.storage_node if node else None))
 
+    def workers(self) -> list[DiskWorker]:
+        """The workers of the managed disks (the saved hot set reads their engines)."""
+        return list(self._workers.values())
+
     def budgets(self) -> dict[str, int]:
         """Each managed disk's own budget, by target."""
         return {target: w.budget for target, w in self._workers.items()}

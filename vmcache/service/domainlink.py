@@ -15,6 +15,7 @@ import libvirt
 
 from ..errors import DomainError
 from ..host.qmp import LibvirtMonitor
+from ..host.virtdomain import VirtDomain
 from ..host.virtevents import DomainEvents, EventLoop, Pending
 from ..settings.metadata import DomainInfo, parse_domain
 
@@ -77,6 +78,10 @@ class DomainLink:
         except Exception:  # noqa: BLE001 - any failure here means the connection is gone
             return False
         return True
+
+    def virt(self) -> VirtDomain:
+        """The domain's metadata facade (the saved hot set), on the current connection."""
+        return VirtDomain.of(self._dom)
 
     def monitor(self) -> LibvirtMonitor:
         """The domain's QMP monitor, through libvirt."""

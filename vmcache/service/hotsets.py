@@ -64,8 +64,9 @@ def _image_size(path: str) -> int:
 class HotSetKeeper:
     """One agent's saved hot set: :meth:`load` once, :meth:`warm` each new disk, :meth:`save`."""
 
-    def __init__(self, domain: HotSetDomain, *, every: float, logger: logging.Logger,
+    def __init__(self, domain: Callable[[], HotSetDomain], *, every: float, logger: logging.Logger,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        """``domain``: the domain as libvirt has it now (a new object after a reconnect)."""
         self._dom = domain
         self.every = every
         self._log = logger
@@ -80,7 +81,7 @@ class HotSetKeeper:
     def load(self) -> None:
         """Read the saved set of the live definition; one warning line and a cold start if it is unusable."""
         try:
-            hotset = self._dom.hotset(Affect.LIVE)
+            hotset = self._dom().hotset(Affect.LIVE)
         except VmcacheError as err:  # ConfigError among them: hostile or broken element
             self._log.warning(event("hotset.unusable", error=err, action="cold start"))
             return
@@ -141,22 +142,23 @@ class HotSetKeeper:
         Errors are logged, never raised; True when the set was written.
         """
         self._last_save = self._clock()
+        dom = self._dom()
         try:
-            settings = self._dom.settings(Affect.LIVE if live else Affect.CONFIG)
-            if settings is None or not settings.enabled:
-                self._log.info(event("hotset.not_saved", reason="vmcache is disabled for the domain"))
-                return False
-            persistent = self._dom.is_persistent()
+            persistent = dom.is_persistent()
+            if not live and not persistent:
+                return False  # a transient domain that stopped is gone, and its XML with it
+            settings = dom.settings(Affect.LIVE if live else Affect.CONFIG)
         except VmcacheError as err:
-            self._log.warning(event("hotset.save_failed", error=err))
+            self._log.log(logging.WARNING if live else logging.INFO, event("hotset.save_failed", error=err))
+            return False
+        if settings is None or not settings.enabled:
+            self._log.info(event("hotset.not_saved", reason="vmcache is disabled for the domain"))
             return False
         flags = (Affect.LIVE if live else Affect(0)) | (Affect.CONFIG if persistent else Affect(0))
-        if not flags:
-            return False
         started = time.process_time()
         try:
             hotset = HotSet(saved=int(self._wall()), disks=tuple(self._records(disks)))
-            self._dom.set_hotset(hotset, flags)
+            dom.set_hotset(hotset, flags)
         except VmcacheError as err:
             self._log.warning(event("hotset.save_failed", error=err))
             return False

@@ -1,0 +1,240 @@
+"""Warm start on real libvirt domains: the hot set saved in the domain XML survives stop/start,
+save/restore, managedsave and a dumpxml -> define copy, and the next agent pins it again before the
+guest has read it; a changed image or a hostile saved set means a cold start, never a failed one.
+
+Domains are persistent (stop/start and managedsave need a definition), TCG, started paused: the
+guest never reads, so whatever the new agent pins comes from the saved set. "Guest" writes are HMP
+``qemu-io`` through the virtio device. Everything is removed at the end, even on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+libvirt = pytest.importorskip("libvirt")
+
+from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
+from vmcache.settings.hotset import HOTSET_NAMESPACE, MAX_TEXT, DiskHotSet  # noqa: E402
+
+from tests.live.livelib import (  # noqa: E402
+    MiB,
+    LiveEnv,
+    cache_metadata,
+    connect,
+    domain_xml,
+    guest_write,
+    wait_for,
+)
+from tests.pagecache_util import drop, vmlck  # noqa: E402
+
+pytestmark = pytest.mark.live
+
+PREFIX = f"vmcache-test-warm-{os.getpid()}-"
+BUDGET = 16 * MiB
+
+
+@pytest.fixture(scope="module")
+def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:  # type: ignore[no-untyped-def]
+    config = live_tmp / "vmcache.yaml"
+    config.write_text(
+        f"runtime_dir: {live_tmp}/run\nlog_dir: {live_tmp}/log\ninterval: 1s\nmin_free: 256M\n"
+        "hotset_interval: 2s\n"
+        f"agent_command: [{sys.executable}, -m, vmcache, agent]\n"
+        "model:\n  block_size: 1M\n"
+    )
+    e = LiveEnv(connect(), live_tmp, config)
+    hooked(config, PREFIX, e.agents)
+    try:
+        yield e
+    finally:
+        e.conn.close()
+
+
+def define_and_start(env: LiveEnv, name: str, image: Path, *, metadata: str | None = None) -> Any:
+    dom = env.conn.defineXML(domain_xml(name, image, metadata=metadata or cache_metadata("16M")))
+    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    return dom
+
+
+def mapped(pid: int, image: Path) -> list[tuple[int, int]]:
+    """(file offset, length) of every mapping of ``image`` in process ``pid``: the agent's pinned regions."""
+    ranges = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(image):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((int(fields[2], 16), end - start))
+    return sorted(ranges)
+
+
+def covered(ranges: list[tuple[int, int]], start: int, length: int) -> bool:
+    return all(any(o <= page < o + n for o, n in ranges) for page in range(start, start + length, 4096))
+
+
+def agent_gone(env: LiveEnv, name: str) -> None:
+    wait_for(lambda: env.agent_pid(name) is None, f"{name}'s agent to exit")
+
+
+def first_run(env: LiveEnv, name: str) -> tuple[Any, Path, DiskHotSet]:
+    """An opted-in domain whose guest wrote two regions, pinned and saved in its XML; (dom, image, record)."""
+    image = env.disk(name, 64 * MiB)
+    dom = define_and_start(env, name, image)
+    wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
+    guest_write(dom, 8 * MiB, 4 * MiB)
+    guest_write(dom, 40 * MiB, 2 * MiB)
+    wait_for(lambda: env.pinned(name) >= 6 * MiB, "the written regions to be pinned")
+
+    def saved() -> DiskHotSet | None:
+        hotset = VirtDomain(env.conn, name).hotset(Affect.LIVE)
+        record = hotset.disk("vda") if hotset else None
+        return record if record is not None and record.bytes >= 6 * MiB else None
+
+    record = wait_for(saved, "the agent to save the hot set in the live XML")
+    assert record.image == str(image) and record.size == 64 * MiB and record.image_id
+    assert record.bytes <= BUDGET
+    return dom, image, record
+
+
+def stop_start(env: LiveEnv, name: str, dom: Any, image: Path) -> Any:
+    dom.destroy()
+    agent_gone(env, name)
+    drop(image)
+    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    return dom
+
+
+def save_restore(env: LiveEnv, name: str, dom: Any, image: Path) -> Any:
+    state = env.tmp / f"{name}.save"
+    dom.save(str(state))
+    agent_gone(env, name)
+    drop(image)
+    env.conn.restore(str(state))
+    state.unlink()
+    return env.conn.lookupByName(name)
+
+
+def managed_save(env: LiveEnv, name: str, dom: Any, image: Path) -> Any:
+    dom.managedSave()
+    agent_gone(env, name)
+    drop(image)
+    assert dom.hasManagedSaveImage()
+    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    return dom
+
+
+def define_copy(env: LiveEnv, name: str, dom: Any, image: Path) -> Any:
+    """``virsh dumpxml`` -> ``virsh define`` under a fresh name (what reaches a migration's destination)."""
+    dom.destroy()
+    agent_gone(env, name)
+    xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    dom.undefine()
+    drop(image)
+    xml = re.sub(r"<uuid>[^<]*</uuid>", "", xml).replace(f"<name>{name}</name>", f"<name>{name}-copy</name>")
+    copy = env.conn.defineXML(xml)
+    copy.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    return copy
+
+
+@pytest.mark.parametrize("restart", [stop_start, save_restore, managed_save, define_copy],
+                         ids=["stop-start", "save-restore", "managedsave", "dumpxml-define"])
+def test_the_next_agent_pins_the_saved_regions_before_the_guest_reads_them(
+        env: LiveEnv, restart: Callable[[LiveEnv, str, Any, Path], Any]) -> None:
+    name = PREFIX + restart.__name__.replace("_", "-")
+    dom, image, record = first_run(env, name)
+    dom = restart(env, name, dom, image)
+    name = dom.name()
+    pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
+    status = wait_for(lambda: (s := env.status(name)) and s["disks"] and s["disks"][0]["warm_total_bytes"] and s,
+                      "the new agent to warm from the saved set")
+    assert status["disks"][0]["warm_total_bytes"] == record.bytes
+    assert "hotset.warming disk=vda" in env.agent_log(name)
+    # The guest is paused: it reads nothing. What is locked now came from the saved set.
+    wait_for(lambda: vmlck(pid) >= record.bytes, "the saved regions to be locked again")
+    ranges = mapped(pid, image)
+    for region in record.regions:
+        assert covered(ranges, region.start, region.length), (region, ranges)
+    assert vmlck(pid) <= BUDGET
+    status = wait_for(lambda: (s := env.status(name)) and s["disks"][0]["warm_restored_bytes"] == record.bytes and s,
+                      "the status to show the set restored")
+    assert status["disks"][0]["pinned_bytes"] <= BUDGET
+    dom.destroy()
+    agent_gone(env, name)
+    dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
+
+
+@pytest.mark.parametrize("change", ["resize", "replace"])
+def test_a_changed_image_ignores_the_saved_set(env: LiveEnv, change: str) -> None:
+    name = PREFIX + "changed-" + change
+    dom, image, _record = first_run(env, name)
+    dom.destroy()
+    agent_gone(env, name)
+    if change == "resize":
+        os.truncate(image, 80 * MiB)  # qemu-img resize / virsh blockresize on a stopped domain
+    else:
+        fresh = image.with_suffix(".new")
+        shutil.copyfile(image, fresh)  # another image (a reinstall, a restored backup) put in its place
+        os.replace(fresh, image)
+    drop(image)
+    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the new agent's first cycle")
+    log = wait_for(lambda: "hotset.ignored disk=vda" in (text := env.agent_log(name)) and text,
+                   "the agent to say why it ignores the saved set")
+    reason = "bytes" if change == "resize" else "replaced"
+    assert reason in log.split("hotset.ignored disk=vda", 1)[1].splitlines()[0]
+    status = env.status(name)
+    assert status["disks"][0]["warm_total_bytes"] == 0 and status["disks"][0]["pinned_bytes"] == 0
+    dom.destroy()
+    agent_gone(env, name)
+    dom.undefine()
+
+
+def _hostile(kind: str) -> str:
+    ns = f"xmlns:h='{HOTSET_NAMESPACE}'"
+    if kind == "version":
+        return f"<h:hotset {ns} version='9' saved='1'/>"
+    if kind == "regions":
+        return (f"<h:hotset {ns} version='1' saved='1'><h:disk dev='vda' image='/x' size='1' block='4096'>"
+                "!!!</h:disk></h:hotset>")
+    return (f"<h:hotset {ns} version='1' saved='1'><h:disk dev='vda' image='/x' size='1' block='4096'>"
+            + "A" * (MAX_TEXT + 16) + "</h:disk></h:hotset>")
+
+
+@pytest.mark.parametrize("kind", ["version", "regions", "oversized"])
+def test_hostile_saved_set_is_one_line_and_a_cold_start(env: LiveEnv, kind: str) -> None:
+    name = PREFIX + "hostile-" + kind
+    image = env.disk(name, 64 * MiB)
+    metadata = cache_metadata("16M").replace("</metadata>", _hostile(kind) + "</metadata>")
+    dom = define_and_start(env, name, image, metadata=metadata)
+    assert dom.isActive()  # the hook never reads the hot set: the start cannot fail on it
+    wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent to run (cold)")
+    lines = [line for line in env.agent_log(name).splitlines() if "hotset.unusable" in line]
+    assert len(lines) == 1 and "cold start" in lines[0] and len(lines[0]) < 400, lines
+    guest_write(dom, 0, 2 * MiB)  # and it works as usual
+    wait_for(lambda: env.pinned(name) >= 2 * MiB, "a pin after the cold start")
+    dom.destroy()
+    agent_gone(env, name)
+    dom.undefine()
+
+
+def test_disable_remove_and_undefine_leave_no_saved_set(env: LiveEnv) -> None:
+    from vmcache.cli import main
+
+    name = PREFIX + "remove"
+    dom, _image, _record = first_run(env, name)
+    assert main(["disable", name, "--remove", "--live", "--config", "--host-config", str(env.config)]) == 0
+    agent_gone(env, name)  # it saved nothing on its way out: the element it would save for is gone
+    virt = VirtDomain(env.conn, name)
+    assert virt.hotset(Affect.LIVE) is None and virt.hotset(Affect.CONFIG) is None
+    assert HOTSET_NAMESPACE not in dom.XMLDesc(0)
+    dom.destroy()
+    dom.undefine()
+    assert name not in [d.name() for d in env.conn.listAllDomains()]
