@@ -44,10 +44,11 @@ class Touched:
         self.rng = rng
         starts = (np.arange(8) * (n // 8) + rng.integers(0, max(1, n // 8 - 48), 8)).astype(np.int64)
         self.hot = (starts[:, None] + np.arange(48)).ravel()
-        self.scattered = np.sort(rng.choice(n, 64, replace=False)).astype(np.int64)
-        self.wscattered = np.sort(rng.choice(n, 32, replace=False)).astype(np.int64)
         w0 = int(rng.integers(0, n - 32))
         self.wrange = np.arange(w0, w0 + 32, dtype=np.int64)
+        # scattered blocks apart from the ranges (each block listed once)
+        self.scattered = np.setdiff1d(rng.choice(n, 256, replace=False), self.hot)[:64].astype(np.int64)
+        self.wscattered = np.setdiff1d(rng.choice(n, 256, replace=False), self.wrange)[:32].astype(np.int64)
 
     def residency(self) -> BlockValues:
         """Blocks with resident pages and their fractions (this cycle)."""
