@@ -246,3 +246,45 @@ def test_cli_scan_human_and_errors(image: Path, tmp_path: Path, capsys: pytest.C
     assert len(err) == 1 and "missing.img" in err[0] and "No such file" in err[0]
     assert main(["scan", str(image), "--block-size", "6000"]) == 2
     assert "--block-size" in capsys.readouterr().err
+
+
+def test_a_scan_started_from_the_previous_one_finds_the_same_and_what_moved(tmp_path: Path) -> None:
+    """The hint only changes where the cachestat pass starts: pages gone, grown or new are all found."""
+    path = tmp_path / "moving.img"
+    size = 64 * MiB + 7 * PAGE_SIZE
+    before = [(3 * MiB, 5 * MiB), (20 * MiB + 4 * PAGE_SIZE, 40 * PAGE_SIZE), (50 * MiB, 2 * MiB)]
+    _make_image(path, size, before, [])
+    first = scan_residency(path, BLOCK, chunk=MiB)
+    assert first.populated and all(0 <= a < b <= size for a, b in first.populated)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 50 * MiB, 2 * MiB, os.POSIX_FADV_DONTNEED)  # gone
+        now = [(3 * MiB, 6 * MiB), (20 * MiB + 4 * PAGE_SIZE, 40 * PAGE_SIZE), (40 * MiB, 3 * PAGE_SIZE),
+               (64 * MiB, 7 * PAGE_SIZE)]  # grown, kept, new in a gap, new in the partial tail
+        for off, length in now:
+            os.pwrite(fd, b"\x77" * length, off)
+    finally:
+        os.close(fd)
+    hinted = scan_residency(path, BLOCK, chunk=MiB, hint=first)
+    plain = scan_residency(path, BLOCK, chunk=MiB)
+    np.testing.assert_array_equal(hinted.fraction, _expected(size, BLOCK, now))
+    np.testing.assert_array_equal(hinted.fraction, plain.fraction)
+    assert hinted.resident_pages == plain.resident_pages
+
+
+def test_a_scan_started_from_the_previous_one_asks_the_kernel_far_less(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "big.img"
+    size = 1 << 40
+    _make_image(path, size, [(5 << 30, 8 * MiB + 3 * PAGE_SIZE), (700 << 30, 4 * MiB)], [])
+    calls = []
+    raw = pagecache._raw_cachestat
+    monkeypatch.setattr(pagecache, "_raw_cachestat", lambda *a: calls.append(a) or raw(*a))
+    first = scan_residency(path, MiB)
+    cold = len(calls)
+    calls.clear()
+    again = scan_residency(path, MiB, hint=first)
+    np.testing.assert_array_equal(again.blocks.index, first.blocks.index)
+    np.testing.assert_array_equal(again.blocks.value, first.blocks.value)
+    assert len(calls) * 4 < cold, (len(calls), cold)  # one call per range and gap, not a descent per level

@@ -94,6 +94,8 @@ class Residency:
     nr_writeback: int | None = None
     nr_evicted: int | None = None
     nr_recently_evicted: int | None = None
+    populated: tuple[tuple[int, int], ...] = ()
+    """Byte ranges where the cachestat pass found pages (the next scan's hint)."""
 
     @property
     def nblocks(self) -> int:
@@ -208,7 +210,7 @@ class _Scan:
         return BlockValues(index[order], values[order])
 
 
-def _scan_cachestat(scan: _Scan, chunk: int) -> None:
+def _scan_cachestat(scan: _Scan, chunk: int, hint: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     """Split the file into ranges by cachestat; skip empty ones, fill full ones, mincore the rest.
 
     A range is split into ``_FANOUT`` parts until the parts are single
@@ -216,6 +218,13 @@ def _scan_cachestat(scan: _Scan, chunk: int) -> None:
     most one mincore window or well populated (residency scattered at this
     scale: splitting further would only add calls). The partly cached
     ranges are then read with mincore, adjacent ones merged into windows.
+
+    ``hint``: where the previous scan found pages (byte ranges). The scan
+    starts from those ranges and the gaps between them instead of the whole
+    file, so a residency that did not move costs a call per range (not a
+    descent from the whole file through every level of the split); what
+    moved is found by splitting as usual. Returns where pages were found,
+    for the next scan's hint.
     """
     size = scan.size
 
@@ -229,7 +238,8 @@ def _scan_cachestat(scan: _Scan, chunk: int) -> None:
     nchunks = -(-size // chunk)
     window = max(1, _WINDOW // chunk)  # in chunks
     partial: list[tuple[int, int]] = []
-    stack = [(0, nchunks, cached(0, nchunks))]
+    full: list[tuple[int, int]] = []
+    stack = [(c0, c1, cached(c0, c1)) for c0, c1 in _start_ranges(hint, chunk, nchunks)]
     while stack:
         c0, c1, nr = stack.pop()
         total = pages(c0, c1)
@@ -237,6 +247,7 @@ def _scan_cachestat(scan: _Scan, chunk: int) -> None:
             continue
         if nr >= total:
             scan.fill(c0 * chunk, min(c1 * chunk, size))
+            full.append((c0, c1))
             continue
         if c1 - c0 == 1:
             partial.append((c0, c1))
@@ -259,6 +270,29 @@ def _scan_cachestat(scan: _Scan, chunk: int) -> None:
     for c0, c1 in merged:
         for w0 in range(c0, c1, window):
             scan.probe(w0 * chunk, min(min(w0 + window, c1) * chunk, size))
+    found = sorted(_joined(sorted(full)) + [(c0, c1) for c0, c1 in merged])
+    return tuple((c0 * chunk, min(c1 * chunk, size)) for c0, c1 in found)
+
+
+def _joined(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted ranges with the adjacent ones joined."""
+    out: list[tuple[int, int]] = []
+    for c0, c1 in ranges:
+        if out and out[-1][1] == c0:
+            out[-1] = (out[-1][0], c1)
+        else:
+            out.append((c0, c1))
+    return out
+
+
+def _start_ranges(hint: tuple[tuple[int, int], ...], chunk: int, nchunks: int) -> list[tuple[int, int]]:
+    """The whole file in chunks, cut at the hint's ranges: each hinted range and each gap between them."""
+    cuts = {0, nchunks}
+    for offset, end in hint:
+        cuts.add(min(max(offset // chunk, 0), nchunks))
+        cuts.add(min(-(-end // chunk), nchunks))
+    bounds = sorted(cuts)
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if a < b]
 
 
 def _scan_mincore(scan: _Scan) -> None:
@@ -274,6 +308,7 @@ def scan_residency(
     fd: int | None = None,
     chunk: int = DEFAULT_CHUNK,
     use_cachestat: bool | None = None,
+    hint: Residency | None = None,
 ) -> Residency:
     """Page-cache residency of ``path``, one fraction per ``block_size`` bytes.
 
@@ -281,7 +316,9 @@ def scan_residency(
     opening ``path`` (which then only names it in errors). ``chunk``: the
     granularity of the cachestat pass (rounded up to whole blocks).
     ``use_cachestat``: None = when the kernel has it, False = mincore only,
-    True = cachestat required.
+    True = cachestat required. ``hint``: the previous scan of the same
+    file, to start from where it found pages (the result is the same, only
+    cheaper when residency did not move much).
 
     Raises ConfigError for a block size that is not a positive multiple of
     the page size, PageCacheError when the file cannot be opened, mapped or
@@ -301,13 +338,14 @@ def scan_residency(
         raise _error("cannot open", name, err) from err
     assert fd is not None
     try:
-        return _scan(name, fd, block_size, chunk, use_cachestat)
+        return _scan(name, fd, block_size, chunk, use_cachestat, hint.populated if hint else ())
     finally:
         if own:
             os.close(fd)
 
 
-def _scan(name: str, fd: int, block_size: int, chunk: int, use_cachestat: bool | None) -> Residency:
+def _scan(name: str, fd: int, block_size: int, chunk: int, use_cachestat: bool | None,
+          hint: tuple[tuple[int, int], ...]) -> Residency:
     try:
         size = os.fstat(fd).st_size
     except OSError as err:
@@ -322,10 +360,11 @@ def _scan(name: str, fd: int, block_size: int, chunk: int, use_cachestat: bool |
                 raise _error("cachestat", name, err) from err
     elif use_cachestat:
         raise PageCacheError("cachestat: not supported by this kernel", path=name, errno=_errno.ENOSYS)
+    populated: tuple[tuple[int, int], ...] = ()
     try:
         if whole is not None:
             if whole.nr_cache:
-                _scan_cachestat(scan, chunk)
+                populated = _scan_cachestat(scan, chunk, hint)
         else:
             _scan_mincore(scan)
     except OSError as err:
@@ -337,6 +376,7 @@ def _scan(name: str, fd: int, block_size: int, chunk: int, use_cachestat: bool |
         block_size=block_size,
         blocks=scan.result(),
         resident_pages=scan.resident_pages,
+        populated=populated,
     )
     if whole is None:
         return Residency(method="mincore", **common)  # type: ignore[arg-type]

@@ -31,6 +31,22 @@ _PRESENT = 1 << 63
 _KPF_REFERENCED = 1 << 2
 
 
+def _read_flags(kflags: int, pfns: np.ndarray) -> np.ndarray | None:
+    """The kpageflags word of each PFN (one 8-byte pread each); None when the file cannot be read.
+
+    The kernel answers ~0.6 us per entry read, so reading the span between
+    two sampled PFNs would cost more than a call per PFN; the loop is kept
+    to the call itself.
+    """
+    try:
+        words = b"".join([os.pread(kflags, 8, offset) for offset in (pfns * 8).tolist()])
+    except OSError:
+        return None
+    if len(words) != 8 * pfns.size:
+        return None
+    return np.frombuffer(words, dtype=np.uint64)
+
+
 class PageRefs:
     """Referenced bits of this process's mapped pages; paths are arguments for tests."""
 
@@ -79,12 +95,11 @@ class PageRefs:
             self.available = False  # PFNs hidden: not root
             return None
         out = np.zeros(len(pages), dtype=bool)
-        for i in np.flatnonzero(present):
-            try:
-                word = os.pread(kflags, 8, int(pfns[i]) * 8)
-            except OSError:
-                return None
-            out[i] = bool(int.from_bytes(word, "little") & _KPF_REFERENCED)
+        where = np.flatnonzero(present)
+        flags = _read_flags(kflags, pfns[where].astype(np.int64))
+        if flags is None:
+            return None
+        out[where] = (flags & np.uint64(_KPF_REFERENCED)) != 0
         return out
 
     def clear(self) -> None:

@@ -170,7 +170,7 @@ class DiskEngine:
         """
         started = self._clock()
         bs = self.params.block_size
-        res = scan_residency(self.image, bs, fd=self._fd)
+        res = scan_residency(self.image, bs, fd=self._fd, hint=self.residency)
         self.residency = res
         n = res.nblocks
         if self._cycle.resize(n) and self._cycles:
