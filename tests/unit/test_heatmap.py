@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 import json
-import threading
+import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vmcache.errors import HostError
 from vmcache.observe.heatmap import (
     HeatmapData,
     HeatmapWriter,
@@ -257,3 +257,13 @@ def test_heatmap_page_serves_png_and_json_of_known_disks_only() -> None:
     assert kind == "application/json" and json.loads(body)["disk"] == "vda"
     for path in ("/heatmap/vdb.png", "/heatmap/vda.gif", "/heatmap/vda", "/other/vda.png", "/heatmap/"):
         assert heatmap_page(path, lookup) is None, path
+
+
+def test_the_engine_and_the_data_type_do_not_load_pillow() -> None:
+    """HeatmapData is a data type: the engine builds it every cycle, only the renderer needs Pillow."""
+    code = ("import sys, vmcache.service.engine, vmcache.service.diskworker, vmcache.service.app; "
+            "from vmcache.observe.heatmap import HeatmapData; "
+            "sys.exit(1 if [m for m in sys.modules if m.split('.')[0] == 'PIL'] else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    code = "import sys; from vmcache.observe.heatmap import render_png; sys.exit(0 if 'PIL' in sys.modules else 1)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0  # the check above can fail

@@ -77,7 +77,7 @@ def _line(cycle: int, stats: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..service.engine import DiskEngine  # numpy/scipy only once the arguments are good
+    from ..service.engine import DiskEngine  # numpy only once the arguments are good
 
     params = _params(args)
     if args.png_every < 1:

@@ -1,4 +1,4 @@
-"""Heat model and region planning: numpy/scipy only, no I/O, no clock.
+"""Heat model and region planning: numpy only, no I/O, no clock.
 
 ``ModelParams`` and ``Region`` are plain Python; ``HeatModel`` and ``plan``
 load numpy on first use, so that commands and the libvirt hook which only

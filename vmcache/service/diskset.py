@@ -22,7 +22,7 @@ from ..host.qmp import Monitor
 from ..logfmt import event
 from ..model.params import ModelParams
 from ..model.share import Curve
-from ..observe.heatmap import HeatmapData
+from ..observe.heatmap.data import HeatmapData
 from ..observe.status import DiskStatus
 from ..settings.config import HostConfig
 from ..settings.metadata import DomainInfo

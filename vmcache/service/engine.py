@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import PageCacheError
-from ..observe.heatmap import HeatmapData
+from ..observe.heatmap.data import HeatmapData
 from ..host.meminfo import MemInfo, read_meminfo
 from ..host.pagecache import Residency, scan_residency
 from ..host.pagerefs import PageRefs

@@ -12,7 +12,7 @@ domain XML on stdin (hooks/qemu runs ``python -m vmcache.service.hook``):
 The hook never calls libvirt (libvirtd waits for it: deadlock), returns
 at once, and exits 0 whatever happens - vmcache must never make a domain
 fail to start - logging why it did nothing to syslog (``/dev/log``) or
-``<log_dir>/hook.log``. It imports no numpy, scipy, libvirt or
+``<log_dir>/hook.log``. It imports no numpy, libvirt or
 prometheus_client: tests/unit/test_hook.py checks that.
 
 libvirtd waits for every call, so the hook does the cheapest checks first
