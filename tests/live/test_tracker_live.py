@@ -35,7 +35,8 @@ from tests.qemu_helpers import (
 from vmcache.errors import CommandNotAllowedError, DiskNotFoundError, QMPCommandError
 from vmcache.host.blockdev import discover_disks, find_disk
 from vmcache.host.qmp import LibvirtMonitor, SocketMonitor, hmp
-from vmcache.host.tracker import DirtyTracker, ReadStatus
+from vmcache.host.tracker import DirtyTracker
+from vmcache.model.extents import BitmapRead
 
 pytestmark = [
     pytest.mark.live,
@@ -114,7 +115,7 @@ def test_raw_reports_exactly_the_blocks_written_over_rotations(vm_factory, runti
                 for offset, length in ranges:
                     vm.hmp_write(offset, length)
                 result = tracker.read()
-                assert result.status is ReadStatus.OK
+                assert result.status is BitmapRead.OK
                 assert result.extents.dtype == np.int64
                 assert result.extents.tolist() == blocks(ranges, granularity)
                 assert tracker.pending == ()
@@ -209,7 +210,7 @@ def test_foreign_nbd_server_defers_and_loses_nothing(vm_factory, runtime_dir, tm
         vm.driver("block-export-add", type="nbd", id="backup-vda", name="vda", **{"node-name": FORMAT_NODE})
         vm.hmp_write(1 * MiB, 4 * KiB)
         first = t.read()
-        assert first.status is ReadStatus.DEFERRED and "already running" in first.reason
+        assert first.status is BitmapRead.DEFERRED and "already running" in first.reason
         assert first.extents.shape == (0, 2)
         vm.hmp_write(2 * MiB, 4 * KiB)
         second = t.read()
@@ -222,7 +223,7 @@ def test_foreign_nbd_server_defers_and_loses_nothing(vm_factory, runtime_dir, tm
         vm.driver("nbd-server-stop")
         vm.hmp_write(3 * MiB, 4 * KiB)
         third = t.read()
-        assert third.status is ReadStatus.OK
+        assert third.status is BitmapRead.OK
         assert third.extents.tolist() == blocks([(0, 1), (1 * MiB, 1), (2 * MiB, 1), (3 * MiB, 1)], 65536)
         assert t.read().extents.tolist() == []
     assert_nothing_left(vm.driver)
@@ -298,7 +299,7 @@ def test_storage_daemon_over_socket(tmp_path, runtime_dir) -> None:
             qsd.nbd_write([(50 * MiB, 1)])
             qsd.stop_writer()
             got = t.read()
-            assert got.status is ReadStatus.OK
+            assert got.status is BitmapRead.OK
             assert got.extents.tolist() == blocks([(0, 4 * KiB), (3 * MiB, 200 * KiB), (50 * MiB, 1)], 65536)
             for _ in range(2):
                 qsd.start_writer()
@@ -373,7 +374,7 @@ def test_libvirt_transport(libvirt_domain, runtime_dir) -> None:
             for offset, length in ranges:
                 _virsh_hmp(name, f'qemu-io -d {disk.qdev} "write -P 0x5a {offset} {length}"')
             got = t.read()
-            assert got.status is ReadStatus.OK
+            assert got.status is BitmapRead.OK
             assert got.extents.tolist() == blocks(ranges, 65536)
     nodes = monitor.execute("query-named-block-nodes", {"flat": True})
     assert not any(b["name"].startswith(PREFIX) for n in nodes for b in n.get("dirty-bitmaps", []))

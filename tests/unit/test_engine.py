@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmcache.service.engine import DiskEngine, WriteSample
+from vmcache.model.extents import DirtyRead
+from vmcache.service.engine import DiskEngine
 from vmcache.host.pagecache import scan_residency
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
@@ -118,9 +119,9 @@ def test_an_idle_pinned_region_is_released(image: Path) -> None:
 def test_written_region_outranks_read_only_region(image: Path) -> None:
     writes = iter([])
 
-    def source() -> WriteSample:
+    def source() -> DirtyRead:
         rows = next(writes, [])
-        return WriteSample(extents=np.array(rows, dtype=np.int64).reshape(-1, 2))
+        return DirtyRead(extents=np.array(rows, dtype=np.int64).reshape(-1, 2))
 
     writes = iter([[(200 * MiB, 8 * MiB)]] * 10)
     with engine(image, budget=12 * MiB, writes=source) as e:
@@ -170,7 +171,7 @@ def test_image_growing_and_shrinking_between_cycles(image: Path) -> None:
 
 
 def _written(rows: list[tuple[int, int]]):  # type: ignore[no-untyped-def]
-    return lambda: WriteSample(extents=np.array(rows, dtype=np.int64).reshape(-1, 2))
+    return lambda: DirtyRead(extents=np.array(rows, dtype=np.int64).reshape(-1, 2))
 
 
 def test_prefetch_rate_limits_device_reads_for_new_cold_regions(image: Path) -> None:

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from tests.fakeqmp import FakeQMP, Normaliser
 from vmcache.errors import BitmapReadError, TrackerError
-from vmcache.host.nbdreader import merge_extents
 from vmcache.host.qmp import SocketMonitor
-from vmcache.host.tracker import DirtyTracker, ReadStatus, extents_to_blocks
+from vmcache.host.tracker import DirtyTracker
+from vmcache.model.extents import BitmapRead, extents_to_blocks, merge_extents
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -50,7 +50,7 @@ def test_cycles_raw(replay, tmp_path: Path) -> None:
     t.start()
     assert os.stat(tmp_path / "run").st_mode & 0o777 == 0o700
     first = t.read()
-    assert first.status is ReadStatus.OK
+    assert first.status is BitmapRead.OK
     assert first.extents.tolist() == [[0, G], [1 * MiB, 4 * G]]
     assert first.bytes == 5 * G
     assert t.read().extents.tolist() == []
@@ -75,14 +75,14 @@ def test_foreign_nbd_server_defers_merges_and_loses_nothing(replay) -> None:
     t = replay("tracker-deferred")
     t.start()
     one = t.read()
-    assert one.status is ReadStatus.DEFERRED and one.deferred
+    assert one.status is BitmapRead.DEFERRED and one.deferred
     assert "NBD server already running" in one.reason and one.extents.shape == (0, 2)
     assert len(t.pending) == 1
     two = t.read()
     assert two.deferred
     assert len(t.pending) == 1  # the second period merged into the first
     three = t.read()
-    assert three.status is ReadStatus.OK
+    assert three.status is BitmapRead.OK
     assert three.extents.tolist() == [[0, G], [2 * MiB, G], [3 * MiB, G]]
     assert t.pending == ()
     t.stop()

@@ -18,7 +18,8 @@ import time
 from ..errors import ConfigError
 from ..host.blockdev import discover_disks, find_disk
 from ..host.qmp import SocketMonitor
-from ..host.tracker import DEFAULT_GRANULARITY, DirtyRead, DirtyTracker
+from ..host.tracker import DEFAULT_GRANULARITY, DirtyTracker
+from ..model.extents import DirtyRead
 from ..logfmt import event
 from ..units import format_size
 from ._args import duration_arg, size_arg

@@ -8,7 +8,7 @@ request. Requests are pipelined (``WINDOW`` in flight). Every wait is bounded: l
 a timeout.
 
 Extents are numpy ``int64`` arrays of shape ``(n, 2)``: ``(offset, length)``
-rows, sorted, merged (no two rows touch or overlap).
+rows, sorted, merged (no two rows touch or overlap; vmcache.model.extents).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import BitmapReadError
+from ..model.extents import empty_extents, merge_extents
 
-__all__ = ["DIRTY_CONTEXT_PREFIX", "MAX_REQUEST", "merge_extents", "empty_extents", "read_dirty_extents"]
+__all__ = ["DIRTY_CONTEXT_PREFIX", "MAX_REQUEST", "read_dirty_extents"]
 
 DIRTY_CONTEXT_PREFIX: Final = "qemu:dirty-bitmap:"
 #: Largest block_status request (NBD counts are 32-bit).
@@ -30,31 +31,6 @@ MAX_REQUEST: Final = (1 << 32) - (1 << 20)
 #: block_status requests in flight at once (QEMU's server handles 16 per client).
 WINDOW: Final = 16
 _STATE_DIRTY: Final = 1
-
-
-def empty_extents() -> np.ndarray:
-    """An extents array with no rows."""
-    return np.zeros((0, 2), dtype=np.int64)
-
-
-def merge_extents(extents: np.ndarray) -> np.ndarray:
-    """Sort ``(offset, length)`` rows and merge those that touch or overlap; drop empty rows."""
-    ext = np.asarray(extents, dtype=np.int64).reshape(-1, 2)
-    ext = ext[ext[:, 1] > 0]
-    if len(ext) < 2:
-        return ext.copy()
-    ext = ext[np.argsort(ext[:, 0], kind="stable")]
-    starts = ext[:, 0]
-    ends = starts + ext[:, 1]
-    reach = np.maximum.accumulate(ends)
-    new = np.empty(len(ext), dtype=bool)
-    new[0] = True
-    new[1:] = starts[1:] > reach[:-1]
-    group = np.cumsum(new) - 1
-    out_starts = starts[new]
-    out_ends = np.zeros(len(out_starts), dtype=np.int64)
-    np.maximum.at(out_ends, group, ends)
-    return np.column_stack((out_starts, out_ends - out_starts))
 
 
 class _Collector:

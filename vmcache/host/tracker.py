@@ -34,29 +34,23 @@ import shutil
 import socket
 import stat
 import tempfile
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Final, Protocol
 
 import numpy as np
 
 from ..errors import BitmapReadError, QMPCommandError, TrackerError
 from ..logfmt import event
-from ..model.blocks import BlockValues
+from ..model.extents import BitmapRead, DirtyRead, empty_extents
 from .blockdev import node_size
-from .nbdreader import empty_extents, merge_extents, read_dirty_extents
+from .nbdreader import read_dirty_extents
 from .qmp import Monitor
 
 __all__ = [
     "DEFAULT_GRANULARITY",
     "DEFAULT_PREFIX",
     "VIEW_SIZE",
-    "ReadStatus",
-    "DirtyRead",
     "DirtyTracker",
     "ExtentReader",
-    "extents_to_blocks",
-    "extents_to_block_values",
 ]
 
 DEFAULT_GRANULARITY: Final = 64 * 1024
@@ -69,34 +63,6 @@ NBD_NOT_RUNNING: Final = "NBD server not running"
 _MAX_NODE_NAME: Final = 31
 
 _log = logging.getLogger(__name__)
-
-
-class ReadStatus(str, Enum):
-    """How a read went (the ``result`` label of the bitmap-read metric)."""
-
-    OK = "ok"
-    DEFERRED = "deferred"
-
-
-@dataclass(frozen=True)
-class DirtyRead:
-    """One cycle's writes: ``extents`` ``(offset, length)`` rows in image-file bytes.
-
-    ``DEFERRED``: nothing could be read this cycle (``reason`` says why),
-    ``extents`` is empty, the writes are kept and come with a later read.
-    """
-
-    status: ReadStatus
-    extents: np.ndarray = field(default_factory=empty_extents)
-    reason: str = ""
-
-    @property
-    def deferred(self) -> bool:
-        return self.status is ReadStatus.DEFERRED
-
-    @property
-    def bytes(self) -> int:
-        return int(self.extents[:, 1].sum()) if len(self.extents) else 0
 
 
 class ExtentReader(Protocol):
@@ -222,11 +188,11 @@ class DirtyTracker:
             extents = self._read_pending()
         except _Deferred as why:
             self._log.info(event("tracker.deferred", node=self.node_name, pending=len(self._pending), reason=why))
-            return DirtyRead(ReadStatus.DEFERRED, empty_extents(), str(why))
+            return DirtyRead(BitmapRead.DEFERRED, empty_extents(), str(why))
         read, self._pending = self._pending, []
         self._read_done.extend(read)
         self._retry_removals()
-        result = DirtyRead(ReadStatus.OK, extents)
+        result = DirtyRead(BitmapRead.OK, extents)
         self._log.debug(
             event("tracker.read", node=self.node_name, bitmaps=",".join(read), extents=len(extents), bytes=result.bytes)
         )
@@ -485,40 +451,3 @@ class DirtyTracker:
             shutil.rmtree(self._runtime_dir, ignore_errors=True)
         self._runtime_dir = None
         self._made_runtime_dir = False
-
-
-def extents_to_blocks(extents: np.ndarray, block_size: int, nblocks: int) -> np.ndarray:
-    """Fraction of each block written: float32 array of ``nblocks`` entries in [0, 1].
-
-    The dense form of :func:`extents_to_block_values` (same rules). Raises
-    ValueError for a block size under 1 or a negative ``nblocks``.
-    """
-    return extents_to_block_values(extents, block_size, nblocks).to_dense(nblocks)
-
-
-def extents_to_block_values(extents: np.ndarray, block_size: int, nblocks: int) -> BlockValues:
-    """The blocks written and the fraction of each written, in [0, 1] (sorted; cost follows the extents).
-
-    ``extents`` are ``(offset, length)`` rows in bytes (any order, may
-    overlap); bytes past ``nblocks * block_size`` are ignored. A partial
-    last block counts against a full ``block_size``. Raises ValueError for
-    a block size under 1 or a negative ``nblocks``.
-    """
-    if block_size <= 0 or nblocks < 0:
-        raise ValueError("block_size must be > 0 and nblocks >= 0")
-    ext = merge_extents(extents)
-    if nblocks == 0 or len(ext) == 0:
-        return BlockValues.empty()
-    starts = ext[:, 0]
-    ends = np.minimum(starts + ext[:, 1], nblocks * block_size)
-    keep = starts < ends
-    starts, ends = starts[keep], ends[keep]
-    first = starts // block_size
-    counts = (ends - 1) // block_size - first + 1
-    total = int(counts.sum())
-    blocks = np.repeat(first, counts) + (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts))
-    low = np.maximum(blocks * block_size, np.repeat(starts, counts))
-    high = np.minimum((blocks + 1) * block_size, np.repeat(ends, counts))
-    index, inverse = np.unique(blocks, return_inverse=True)
-    written = np.bincount(inverse, weights=(high - low).astype(np.float64), minlength=index.size)
-    return BlockValues(index.astype(np.int64), np.minimum(written / block_size, 1.0).astype(np.float32))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .extents import BitmapRead
+
 __all__ = ["CycleStats"]
 
 
@@ -25,7 +27,7 @@ class CycleStats:
     guest_written_bytes: int        # dirty-bitmap bytes written this cycle (granularity-rounded)
     guest_read_miss_bytes: int      # bytes that appeared in the cache not by vmcache's hand
     recently_evicted_pages: int | None  # cachestat nr_recently_evicted (None without cachestat)
-    bitmap_read: str                # "ok", "deferred", "failed" or "none" (no tracker)
+    bitmap_read: BitmapRead         # how the dirty-bitmap read went (NONE: no tracker)
     mem_available_bytes: int
     backing_off: bool               # floor/pressure kept vmcache from pinning what it planned
     skipped_for_floor_bytes: int = 0

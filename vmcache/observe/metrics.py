@@ -32,6 +32,7 @@ from prometheus_client import (
 )
 
 from .. import __version__, errors
+from ..model.extents import BitmapRead
 from ..model.stats import CycleStats
 
 __all__ = [
@@ -48,9 +49,8 @@ AGENT_LABELS = ("domain", "uuid")
 DISK_LABELS = ("domain", "uuid", "target_device", "source_file")
 
 #: Values of CycleStats.bitmap_read counted by vmcache_bitmap_reads_total
-#: ("none", a disk without a tracker, is not a read and is not counted).
-BITMAP_RESULTS = ("ok", "deferred", "failed")
-_BITMAP_NONE = "none"
+#: (NONE, a disk without a tracker, is not a read and is not counted).
+BITMAP_RESULTS = tuple(r.value for r in BitmapRead if r is not BitmapRead.NONE)
 
 #: Cycle durations run from milliseconds (cachestat, small bitmaps) to
 #: seconds (mincore over a large populated range, NBD round trips).
@@ -258,8 +258,7 @@ class DiskMetrics:
             raise ValueError(f"negative guest figure in {stats!r}")
         if stats.duration_seconds < 0:
             raise ValueError(f"negative cycle duration in {stats!r}")
-        if stats.bitmap_read not in BITMAP_RESULTS and stats.bitmap_read != _BITMAP_NONE:
-            raise ValueError(f"unknown bitmap_read {stats.bitmap_read!r}")
+        bitmap_read = BitmapRead(stats.bitmap_read)  # ValueError when unknown
         a, labels = self.agent, self._labels
         a.image_size.labels(*labels).set(stats.size_bytes)
         a.budget.labels(*labels).set(stats.budget_bytes)
@@ -277,8 +276,8 @@ class DiskMetrics:
             a.recently_evicted.labels(*labels).set(stats.recently_evicted_pages)
         a.guest_written.labels(*labels).inc(stats.guest_written_bytes)
         a.guest_read_miss.labels(*labels).inc(stats.guest_read_miss_bytes)
-        if stats.bitmap_read != _BITMAP_NONE:
-            a.bitmap_reads.labels(*labels, stats.bitmap_read).inc()
+        if bitmap_read is not BitmapRead.NONE:
+            a.bitmap_reads.labels(*labels, bitmap_read.value).inc()
         a.cycle_duration.labels(*labels).observe(stats.duration_seconds)
         a.set_host_memory(stats.mem_available_bytes)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .engine import DiskEngine, WriteSample
+from .engine import DiskEngine
 from ..model.share import Curve
 from ..errors import MonitorError, TrackerError, VmcacheError
 from ..host.pagerefs import PageRefs
@@ -21,6 +21,7 @@ from ..host.tracker import DirtyTracker
 from ..logfmt import event
 from ..observe.heatmap import HeatmapData, HeatmapWriter
 from ..observe.metrics import AgentMetrics, DiskMetrics
+from ..model.extents import BitmapRead, DirtyRead
 from ..model.params import ModelParams
 from ..settings.policy import DiskChoice
 from ..model.stats import CycleStats
@@ -83,16 +84,14 @@ class DiskWorker:
         self._last_cycle: float | None = None
         self.failing = False  # the last cycle failed or could not read the writes
 
-    def _writes(self) -> WriteSample:
+    def _writes(self) -> DirtyRead:
         assert self.tracker is not None
         try:
             read = self.tracker.read()
         except (TrackerError, MonitorError) as err:  # BitmapReadError among them: bitmaps kept for later
             self._record_error(err, "tracker.read_failed")
-            return WriteSample(result="failed", error=str(err))
-        if read.deferred:
-            return WriteSample(result="deferred", error=None)
-        return WriteSample(extents=read.extents, result="ok")
+            return DirtyRead(BitmapRead.FAILED, reason=str(err))
+        return read
 
     def _record_error(self, err: BaseException, name: str) -> None:
         self._log.warning(event(name, disk=self.target, error=err))

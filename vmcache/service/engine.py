@@ -21,8 +21,6 @@ import os
 import time
 from datetime import datetime
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
@@ -32,40 +30,19 @@ from ..host.meminfo import MemInfo, read_meminfo
 from ..host.pagecache import Residency, scan_residency
 from ..host.pagerefs import PageRefs
 from ..host.pinner import Pinner
-from ..host.tracker import extents_to_block_values
 from ..logfmt import event
 from ..model.blocks import BlockValues
 from ..model.cycle import Cycle, evidence_per_block
+from ..model.extents import BitmapRead, DirtyRead, extents_to_block_values
 from ..model.params import ModelParams
 from ..model.region import Region
 from ..model.share import Curve, demand_of
 from ..model.stats import CycleStats
 from ..model.warm import WarmStart, heat_of
 
-__all__ = ["DiskEngine", "WriteSample", "BitmapResult"]
+__all__ = ["DiskEngine", "WriteSource"]
 
-BitmapResult = Literal["ok", "deferred", "failed", "none"]
-
-
-@dataclass(frozen=True)
-class WriteSample:
-    """The guest's writes since the previous sample, in image-file offsets.
-
-    ``extents`` is an ``(n, 2)`` int64 array of ``[offset, length]`` rows;
-    ``result`` says whether the bitmap was read (``deferred``/``failed``
-    samples carry no extents: the writes are kept for a later cycle).
-    """
-
-    extents: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
-    result: BitmapResult = "ok"
-    error: str | None = None
-
-    @property
-    def written_bytes(self) -> int:
-        return int(self.extents[:, 1].sum()) if len(self.extents) else 0
-
-
-WriteSource = Callable[[], WriteSample]
+WriteSource = Callable[[], DirtyRead]
 
 
 class DiskEngine:
@@ -176,7 +153,7 @@ class DiskEngine:
         if self._cycle.resize(n) and self._cycles:
             self._log.info(event("disk.resize", image=self.image, blocks=n))
 
-        sample = self._writes() if self._writes else WriteSample(result="none")
+        sample = self._writes() if self._writes else DirtyRead(BitmapRead.NONE)
         self._written = written = extents_to_block_values(sample.extents, bs, n)
         current = self._pinner.pinned
         per_block = evidence_per_block(self._pinner.pinned_blocks(bs, n).size)
@@ -202,10 +179,10 @@ class DiskEngine:
             pinned_bytes=report.pinned_bytes,
             pinned_regions=len(report.regions),
             resident_bytes=res.resident_bytes,
-            guest_written_bytes=sample.written_bytes,
+            guest_written_bytes=sample.bytes,
             guest_read_miss_bytes=decided.read_miss_bytes,
             recently_evicted_pages=res.nr_recently_evicted,
-            bitmap_read=sample.result,
+            bitmap_read=sample.status,
             mem_available_bytes=mem.available_bytes,
             backing_off=bool(report.skipped_for_floor or report.released_for_pressure),
             skipped_for_floor_bytes=report.skipped_for_floor,
