@@ -157,6 +157,14 @@ def test_nothing_saved_when_disabled_or_removed_or_transient_and_stopped(image):
     assert _keeper(transient).save(disks, live=True) and set(transient.saved) == {int(Affect.LIVE)}
 
 
+def test_nothing_held_removes_the_saved_set(image):
+    dom = FakeDomain()
+    _keeper(dom).save([Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))], live=True)
+    assert dom.saved
+    _keeper(dom).save([Disk("vda", image, FakeEngine([], 64 * MiB))], live=True)
+    assert not dom.saved
+
+
 def test_libvirt_failure_is_logged_not_raised(image, caplog):
     dom = FakeDomain(fail=DomainError("web-1: cannot set the hot set: domain is not running"))
     assert not _keeper(dom).save([Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))], live=True)

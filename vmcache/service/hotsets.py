@@ -138,6 +138,7 @@ class HotSetKeeper:
     def save(self, disks: Iterable[ManagedDisk], *, live: bool) -> bool:
         """Write the regions every disk holds: live definition if ``live``, persistent if the domain is.
 
+        With nothing held the element is removed.
         Skipped (False) when vmcache was disabled or its element removed.
         Errors are logged, never raised; True when the set was written.
         """
@@ -158,7 +159,8 @@ class HotSetKeeper:
         started = time.process_time()
         try:
             hotset = HotSet(saved=int(self._wall()), disks=tuple(self._records(disks)))
-            dom.set_hotset(hotset, flags)
+            # nothing held (the guest left every region): no element, the next start is a cold one
+            dom.set_hotset(hotset if hotset.disks else None, flags)
         except VmcacheError as err:
             self._log.warning(event("hotset.save_failed", error=err))
             return False
