@@ -154,6 +154,27 @@ def test_filters_echo_the_xml_unchanged(op, tmp_path):
         assert launcher.calls == []
 
 
+@pytest.mark.parametrize("op", ["migrate", "restore"])
+def test_filters_carry_the_saved_hot_set_to_the_destination(op):
+    """libvirt runs ``migrate begin`` on the destination with the incoming XML: what the hook writes back
+    is what the domain gets there, so the saved hot set must come through byte for byte (also a hostile one:
+    the hook does not read it)."""
+    from vmcache.model.region import Region
+    from vmcache.settings.hotset import DiskHotSet, HotSet, build_hotset, hotset_of
+
+    record = DiskHotSet("vda", "/img/a.raw", 1 << 30, "0123456789abcdef", 1 << 20, (Region(0, 4 << 20, 8.0),))
+    element = build_hotset(HotSet(saved=7, disks=(record,))).replace(
+        "<hotset ", "<h:hotset xmlns:h='urn:x-vmcache:hotset:1' ", 1).replace("</hotset>", "</h:hotset>")
+    element = element.replace("<disk ", "<h:disk ").replace("</disk>", "</h:disk>")
+    outputs = []
+    for extra in (element, "<h:hotset xmlns:h='urn:x-vmcache:hotset:1' version='9'>" + "A" * 70000 + "</h:hotset>"):
+        xml = domain_xml(metadata=f"<vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='1G'/>" + extra)
+        _, out, launcher = run_hook(["web-1", op, "begin", "-"], xml)
+        assert out == xml and launcher.calls == []
+        outputs.append(out)
+    assert hotset_of(outputs[0]).disk("vda") == record  # what the destination's agent will warm from
+
+
 def test_other_ops_write_nothing():
     for op in ("started", "stopped", "prepare"):
         _, out, _ = run_hook(["web-1", op, "begin", "-"], domain_xml())
