@@ -15,7 +15,7 @@ import pytest
 import vmcache.service.hook as hook_module
 from vmcache.host.configfile import cache_path
 from vmcache.errors import HostError
-from vmcache.service.hook import Action, decide, run
+from vmcache.service.hook import Action, run
 from vmcache.service.launcher import LaunchResult
 from vmcache.settings.metadata import NAMESPACE
 
@@ -76,17 +76,20 @@ BOMB = (b'<?xml version="1.0"?><!DOCTYPE domain [<!ENTITY a "aaaaaaaaaa"><!ENTIT
         (["web-1", "started", "begin", "-"],
          domain_xml(metadata=f"<vmcache:cache xmlns:vmcache='{NAMESPACE}' budget='lots'/>"),
          Action.IGNORE, "unusable XML or metadata: metadata budget: 'lots': not a size"),
-        (["web-1", "started", "begin", "-"], b"<domain", Action.IGNORE, "unusable XML or metadata: domain XML"),
+        (["web-1", "started", "begin", "-"], b"<domain", Action.IGNORE, "no vmcache metadata"),  # not parsed
+        (["web-1", "started", "begin", "-"], b"<domain xmlns:v='" + NAMESPACE.encode() + b"'", Action.IGNORE,
+         "unusable XML or metadata: domain XML"),
         (["web-1", "started", "begin", "-"], BOMB, Action.IGNORE, "unusable XML or metadata: domain XML"),
         (["web-1", "started", "begin", "-"], domain_xml(name="other"), Action.IGNORE, "XML is for domain 'other'"),
         (["web-1"], b"", Action.IGNORE, "usage: DOMAIN OP SUBOP EXTRA"),
         ([], b"", Action.IGNORE, "usage: DOMAIN OP SUBOP EXTRA"),
     ],
 )
-def test_decide(argv, xml, action, reason):
-    decision = decide(argv, xml)
+def test_decisions(argv, xml, action, reason):
+    decision, _, launcher = run_hook(argv, xml)
     assert decision.action is action
     assert decision.reason.startswith(reason), decision.reason
+    assert [a for a, _ in launcher.calls] == ([action.value] if action in (Action.START, Action.STOP) else [])
 
 
 def run_hook(args, data, *, config_path="/nonexistent.yaml", launcher=None):

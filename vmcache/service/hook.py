@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from .launcher import Launcher
 
-__all__ = ["Action", "Decision", "decide", "main", "START_OPS", "STOP_OPS", "FILTER_OPS"]
+__all__ = ["Action", "Decision", "run", "main", "START_OPS", "STOP_OPS", "FILTER_OPS"]
 
 START_OPS = frozenset({"started", "reconnect", "attach"})
 STOP_OPS = frozenset({"stopped", "release"})
@@ -73,11 +73,6 @@ class Decision:
     domain: str
     op: str
     reason: str
-
-
-def decide(argv: Sequence[str], xml: bytes | str) -> Decision:
-    """Decide from the hook's arguments (DOMAIN OP SUBOP EXTRA) and the domain XML (pure)."""
-    return _decide_by_op(argv) or _decide_by_xml(argv[0], argv[1], xml)
 
 
 def _decide_by_op(argv: Sequence[str]) -> Decision | None:
