@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -135,6 +136,18 @@ def test_status_human_and_dead_agents(host, capsys, tmp_path):
     assert "vdb    cache=none         skipped: cache=none bypasses the page cache" in out
     assert main(["status", "other", "--host-config", opts[1]]) == 1
     assert "no vmcache agent for domain 'other'" in capsys.readouterr().err
+
+
+def test_status_shows_warm_start_progress_and_the_last_save(host, capsys, tmp_path):
+    opts, _, _ = host
+    write_status(status_path(f"{tmp_path}/run/agents", "web"), AgentStatus(
+        domain="web", pid=os.getpid(), state="running", hotset_saved_at=time.time() - 30,
+        disks=[DiskStatus("vda", "/img/a", "writethrough", True, budget_bytes=GiB, pinned_bytes=96 << 20,
+                          warm_restored_bytes=96 << 20, warm_total_bytes=256 << 20)]))
+    assert main(["status", "web", "--host-config", opts[1]]) == 0
+    out = capsys.readouterr().out
+    assert ", hot set saved 30s ago" in out.splitlines()[0] or ", hot set saved 31s ago" in out.splitlines()[0]
+    assert " warm 96MiB/256MiB" in out
 
 
 def test_status_host_line_says_how_the_cap_is_divided(tmp_path):

@@ -97,7 +97,8 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
                 + (f", min {_size(row['minimum_bytes'])}" if row.get("minimum_bytes") else "")
                 + f", demand {_size(row.get('demand_bytes'))}, granted {_size(row.get('granted_bytes'))}"
                 + f", pinned {_size(row.get('pinned_bytes'))}, resident {_size(row.get('resident_bytes'))}"
-                + f", updated {_ago(row.get('updated_at'), now)}")
+                + f", updated {_ago(row.get('updated_at'), now)}"
+                + (f", hot set saved {_ago(row['hotset_saved_at'], now)}" if row.get("hotset_saved_at") else ""))
         lines.append(head)
         if row.get("last_error"):
             lines.append(f"  last error: {row['last_error']}")
