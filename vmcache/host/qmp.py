@@ -18,14 +18,16 @@ it is refused unless the monitor was built with ``TEST_COMMANDS``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from ..errors import CommandNotAllowedError, MonitorConnectionError, MonitorError, QMPCommandError
 from ..logfmt import event
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "ALLOWED_COMMANDS",
@@ -132,13 +134,15 @@ class SocketMonitor:
         """Connect and negotiate; raises MonitorConnectionError."""
         if self._client is not None:
             return
+        import asyncio  # only plain QEMU sockets need it: an agent talking through libvirt never loads it
+
         from qemu.qmp import QMPClient, QMPError
 
         self._loop = asyncio.new_event_loop()
         client = QMPClient("vmcache")
         try:
             self._run(client.connect(self.path))
-        except (QMPError, OSError, asyncio.TimeoutError) as err:
+        except (QMPError, OSError, TimeoutError) as err:
             self._shutdown_loop(client)
             raise MonitorConnectionError(f"cannot connect to QMP socket {self.path}: {err}") from err
         self._client = client
@@ -156,7 +160,7 @@ class SocketMonitor:
             return self._run(self._client.execute(command, args))
         except ExecuteError as err:
             raise QMPCommandError(command, err.error_class, str(err)) from err
-        except asyncio.TimeoutError as err:
+        except TimeoutError as err:
             # The reply may still come and would be taken for the next one's.
             self.close()
             raise MonitorConnectionError(f"{command}: no reply from {self.path} in {self.timeout:g}s") from err
@@ -179,6 +183,8 @@ class SocketMonitor:
 
     def _run(self, coro: Any) -> Any:
         assert self._loop is not None
+        import asyncio
+
         return self._loop.run_until_complete(asyncio.wait_for(coro, self.timeout))
 
     def _shutdown_loop(self, client: Any) -> None:
@@ -187,11 +193,13 @@ class SocketMonitor:
             return
         try:
             if client is not None:
+                import asyncio
+
                 from qemu.qmp import QMPError
 
                 try:
                     loop.run_until_complete(asyncio.wait_for(client.disconnect(), self.timeout))
-                except (QMPError, OSError, EOFError, asyncio.TimeoutError) as err:
+                except (QMPError, OSError, EOFError, TimeoutError) as err:
                     self._log.debug(event("qmp.disconnect_error", path=self.path, error=err))
         finally:
             loop.close()
