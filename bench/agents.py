@@ -1,0 +1,195 @@
+"""Memory and CPU of N agents on one host, idle and busy (paused domains, the real agent).
+
+    .venv/bin/python bench/agents.py [--n 10,30] [--modes idle,busy] [--window 60] [--interval 10s]
+
+For each N and mode: starts N transient paused TCG domains named
+``vmcache-scale-agents-PID-K`` (32 MiB, one 1 GiB sparse writethrough raw
+disk, budget 64M), starts their agents the way the launcher does (``python -m
+vmcache agent --domain NAME``, own session, no hook: the installed hook is
+host-wide and belongs to the live tests), waits until every agent reports
+``running`` and two more intervals, then measures for ``--window`` seconds.
+``busy``: every second, each domain gets a 1 MiB guest write (HMP qemu-io
+through libvirt) at a random offset of a 128 MiB hot area, and 4 MiB of that
+area are read from the image by the host (page-cache residency the agent
+takes for guest reads); ``idle``: nothing happens. Per agent: CPU % over the
+window (utime + stime from /proc/PID/stat), and at the end Rss, Pss,
+Pss_Anon (smaps_rollup), RssAnon and Threads (status). Prints one table row
+per (N, mode): medians over the agents and the maximum. Removes every
+domain, agent, disk and directory it made, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.live.livelib import (  # noqa: E402
+    MiB,
+    cache_metadata,
+    connect,
+    create_disk,
+    destroy_domains,
+    domain_xml,
+    guest_write,
+    read_status,
+    start_paused,
+    wait_for,
+)
+from vmcache.units import parse_duration  # noqa: E402
+
+import libvirt  # noqa: E402
+
+libvirt.registerErrorHandler(lambda *_: None, None)  # undefine of a transient domain: expected, not news
+
+PREFIX = f"vmcache-scale-agents-{os.getpid()}-"
+DISK = 1 << 30
+HOT = 128 * MiB
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def memory(pid: int) -> dict[str, float]:
+    """Rss, Pss, Pss_Anon (smaps_rollup), RssAnon, Threads (status) of ``pid``; sizes in MiB."""
+    out: dict[str, float] = {}
+    for path, keys in ((f"/proc/{pid}/smaps_rollup", ("Rss", "Pss", "Pss_Anon")),
+                       (f"/proc/{pid}/status", ("RssAnon", "Threads"))):
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in keys:
+                    number = int(value.split()[0])
+                    out[key] = number if key == "Threads" else number / 1024
+    return out
+
+
+def write_config(tmp: Path, interval: str) -> Path:
+    config = tmp / "vmcache.yaml"
+    config.write_text(
+        f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\ninterval: {interval}\nmin_free: 256M\n"
+        "pinned_cap: 4G\nmetrics:\n  ports: 19850-19999\n"
+    )
+    return config
+
+
+def start_agents(names: list[str], config: Path, logs: Path) -> list[subprocess.Popen[bytes]]:
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for name in names:
+        with open(logs / f"{name}.out", "wb") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "vmcache", "agent", "--domain", name, "--host-config", str(config)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def busy_second(doms: list, disks: list[Path], rng: random.Random) -> None:
+    """One second of guest activity on every domain: a 1 MiB write and 4 MiB of reads in the hot area."""
+    for dom, disk in zip(doms, disks):
+        guest_write(dom, rng.randrange(0, HOT, MiB), MiB)
+        with open(disk, "rb", buffering=0) as f:
+            f.seek(rng.randrange(0, HOT - 4 * MiB, MiB))
+            f.read(4 * MiB)
+
+
+def run(n: int, mode: str, window: float, interval: str, tmp: Path) -> dict[str, float]:
+    """One (N, mode) measurement; medians and maxima over the agents."""
+    tmp.mkdir()
+    config = write_config(tmp, interval)
+    names = [f"{PREFIX}{n}-{mode}-{k}" for k in range(n)]
+    conn = connect()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        disks = [create_disk(tmp / f"{name}.raw", DISK) for name in names]
+        doms = [start_paused(conn, domain_xml(name, disk, metadata=cache_metadata("64M")))
+                for name, disk in zip(names, disks)]
+        procs = start_agents(names, config, tmp / "out")
+        for name in names:
+            wait_for(lambda: (s := read_status(tmp / "run" / "agents", name)) and s.get("state") == "running",
+                     f"{name}'s agent to run", timeout=120)
+        time.sleep(2 * parse_duration(interval, key="--interval"))
+        rng = random.Random(n)
+        before = [cpu_seconds(p.pid) for p in procs]
+        started = time.monotonic()
+        while (left := window - (time.monotonic() - started)) > 0:
+            tick = time.monotonic()
+            if mode == "busy":
+                busy_second(doms, disks, rng)
+            time.sleep(max(0.0, min(left, 1.0 - (time.monotonic() - tick))))
+        elapsed = time.monotonic() - started
+        cpu = [100 * (cpu_seconds(p.pid) - b) / elapsed for p, b in zip(procs, before)]
+        mem = [memory(p.pid) for p in procs]
+        dead = [p.pid for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"agents exited during the run: {dead}")
+    finally:
+        stop(procs)
+        destroy_domains(PREFIX)
+        conn.close()
+    row = {"cpu_pct": statistics.median(cpu), "cpu_pct_max": max(cpu), "cpu_pct_sum": sum(cpu)}
+    for key in ("Rss", "Pss", "Pss_Anon", "RssAnon", "Threads"):
+        values = [m[key] for m in mem]
+        row[key] = statistics.median(values)
+        row[key + "_max"] = max(values)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", default="10,30")
+    ap.add_argument("--modes", default="idle,busy")
+    ap.add_argument("--window", type=float, default=60.0)
+    ap.add_argument("--interval", default="10s")
+    ap.add_argument("--dir", default="/var/tmp")
+    args = ap.parse_args()
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "
+          f"interval {args.interval}, window {args.window:g} s")
+    print("| N | mode | CPU % per agent, median (max) | CPU % all agents | RssAnon MiB | Rss MiB | Pss MiB | "
+          "Pss_Anon MiB | threads |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    with ExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="vmcache-scale-agents-", dir=args.dir))
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        stack.callback(destroy_domains, PREFIX)
+        for n in (int(x) for x in args.n.split(",")):
+            for mode in args.modes.split(","):
+                r = run(n, mode, args.window, args.interval, tmp / f"{n}-{mode}")
+                print(f"| {n} | {mode} | {r['cpu_pct']:.2f} ({r['cpu_pct_max']:.2f}) | {r['cpu_pct_sum']:.1f} | "
+                      f"{r['RssAnon']:.1f} ({r['RssAnon_max']:.1f}) | {r['Rss']:.1f} | {r['Pss']:.1f} | "
+                      f"{r['Pss_Anon']:.1f} | {r['Threads']:.0f} ({r['Threads_max']:.0f}) |", flush=True)
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
