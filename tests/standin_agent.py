@@ -16,7 +16,7 @@ import sys
 import time
 
 from vmcache.host.configfile import load_host_config
-from vmcache.service.launcher import remove_own_pidfile
+from vmcache.service.launcher import remove_own_pidfile, wait_for_pidfile
 from vmcache.host.files import file_stem
 from vmcache.observe.status import AgentStatus, status_path, write_status
 
@@ -57,6 +57,8 @@ def main() -> int:
     config_path = sys.argv[sys.argv.index("--host-config") + 1]
     domain = sys.argv[sys.argv.index("--domain") + 1]
     config = load_host_config(config_path, check_model=False)
+    run = int(sys.argv[sys.argv.index("--domain-id") + 1]) if "--domain-id" in sys.argv else None
+    wait_for_pidfile(domain, run)  # as the real agent: a successor takes the lock once the previous agent left
     stem = file_stem(domain)
     record = {"pid": os.getpid(), "argv": sys.argv, "ppid": os.getppid(), "sid": os.getsid(0)}
     with open(os.path.join(marker_dir, stem + ".started"), "a", encoding="utf-8") as f:

@@ -144,3 +144,7 @@ class BitmapReadError(TrackerError):
 
 class DomainError(VmcacheError):
     """A libvirt domain could not be looked up or its XML is unusable."""
+
+
+class RunEndedError(DomainError):
+    """The domain run an agent was started for is over (the domain stopped, or runs again as a new run)."""

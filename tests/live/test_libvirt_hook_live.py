@@ -92,7 +92,7 @@ def test_opted_in_domain_gets_an_agent_that_stops_with_it(env: Env):
     dom = start(env, name, opted_in=True)
     pid = agent_pid(env, name)
     record = json.loads(env.started(name).read_text())
-    assert record["argv"][-4:] == ["--host-config", str(env.config), "--domain", name]
+    assert record["argv"][-6:] == ["--host-config", str(env.config), "--domain-id", str(dom.ID()), "--domain", name]
     assert pidfile_holder(str(env.agents / (file_stem(name) + ".pid"))) == pid
     assert f"hook.start domain={name} op=started" in env.hook_log()
     # the agent is detached from libvirtd: not its child, stdin is /dev/null

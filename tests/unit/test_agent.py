@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmcache.errors import DomainError
+from vmcache.errors import DomainError, RunEndedError
 from vmcache.host.ledger import Ledger
 from vmcache.host.meminfo import MemInfo, MemoryPressure, PressureLine
 from vmcache.host.virtevents import Pending
@@ -49,6 +49,7 @@ class FakeLink:
         self.attaches = 0
         self.monitors = 0
         self.up = True
+        self.domain_id = 5
 
     def attach(self) -> DomainInfo:
         self.attaches += 1
@@ -152,9 +153,22 @@ class Harness:
         return json.loads(Path(status_path(self.config.agents_dir, "d")).read_text())
 
 
+class RecordingWake(threading.Event):
+    """The loop's wake-up event; ``wait`` returns at once, recording whether it would have (set) or slept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[bool] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(self.is_set())
+        return self.is_set()
+
+
 def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: list[float] | None = None,
-            failing: set[str] = frozenset(), cap: int | None = None) -> Harness:  # type: ignore[assignment]
-    config = HostConfig(interval=0.001, runtime_dir=str(tmp_path / "run"),
+            failing: set[str] = frozenset(), cap: int | None = None,  # type: ignore[assignment]
+            interval: float = 0.001, wake: threading.Event | None = None) -> Harness:
+    config = HostConfig(interval=interval, runtime_dir=str(tmp_path / "run"),
                         **({"pinned_cap": PinnedCap(size=cap, fraction=None)} if cap is not None else {}))
     holder: list[Agent] = []
     link = FakeLink(info, events, holder)
@@ -176,7 +190,7 @@ def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: lis
                     pressure=pressure, meminfo=lambda: MemInfo(total, total, total, 0, 0, 0, 0), logger=LOG)
     disks = DiskSet(config, make, refs=FakeRefs(), logger=LOG, discover=lambda _m: [])  # type: ignore[arg-type]
     agent = Agent("d", config, link=link, disks=disks, budget=budget,  # type: ignore[arg-type]
-                  telemetry=FakeTelemetry(), wake=threading.Event(), available_memory=lambda: total)  # type: ignore[arg-type]
+                  telemetry=FakeTelemetry(), wake=wake or threading.Event(), available_memory=lambda: total)  # type: ignore[arg-type]
     holder.append(agent)
     return Harness(agent, link, workers, config)
 
@@ -308,3 +322,32 @@ def test_a_failed_attach_exits_with_failure_and_leaves_nothing(tmp_path: Path) -
 def test_not_enabled_at_start_exits_without_managing_anything(tmp_path: Path) -> None:
     h = harness(tmp_path, _info("vda", enabled=False), [Pending()])
     assert h.agent.run() == EXIT_OK and h.workers == {}
+
+
+def test_a_stop_requested_during_a_cycle_ends_the_wait_at_once(tmp_path: Path) -> None:
+    wake = RecordingWake()
+    h = harness(tmp_path, _info("vda"), [Pending()] * 5, interval=3600.0, wake=wake)
+    first_cycle = FakeWorker.cycle
+
+    def cycle_then_stop(worker: FakeWorker, budget: int) -> CycleStats | None:
+        h.agent.request_stop()  # SIGTERM arrives while the disks cycle
+        return first_cycle(worker, budget)
+
+    FakeWorker.cycle = cycle_then_stop  # type: ignore[method-assign]
+    try:
+        assert h.agent.run() == EXIT_OK
+    finally:
+        FakeWorker.cycle = first_cycle  # type: ignore[method-assign]
+    assert len(h.workers["vda"].budgets) == 1
+    assert wake.waits == [True]  # the wait after the cycle did not sleep the hour
+
+
+def test_an_agent_whose_run_is_over_exits_cleanly_without_managing_anything(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda"), [Pending()])
+
+    def over() -> DomainInfo:
+        raise RunEndedError("domain 'd': run 5 is over (it runs as 6 now)")
+
+    h.link.attach = over  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    assert h.workers == {} and not Path(status_path(h.config.agents_dir, "d")).exists()

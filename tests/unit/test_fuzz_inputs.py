@@ -56,7 +56,7 @@ class RecordingLauncher:
     def __call__(self, config: HostConfig, *, config_path: str) -> RecordingLauncher:
         return self
 
-    def start(self, domain: str) -> LaunchResult:
+    def start(self, domain: str, domain_id: int | None = None) -> LaunchResult:
         self.calls.append(("start", domain))
         return LaunchResult("started", domain, pid=1)
 

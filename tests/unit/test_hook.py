@@ -35,6 +35,7 @@ def domain_xml(name="web-1", metadata=f"<vmcache:cache xmlns:vmcache='{NAMESPACE
 class FakeLauncher:
     def __init__(self, fail: bool = False):
         self.calls: list[tuple[str, str]] = []
+        self.domain_ids: list[int | None] = []
         self.fail = fail
         self.config_path = None
 
@@ -42,8 +43,9 @@ class FakeLauncher:
         self.config_path = config_path
         return self
 
-    def start(self, domain):
+    def start(self, domain, domain_id=None):
         self.calls.append(("start", domain))
+        self.domain_ids.append(domain_id)
         if self.fail:
             raise HostError("cannot run agent /x: No such file or directory")
         return LaunchResult("started", domain, pid=42)
@@ -329,3 +331,9 @@ def test_settled_config_is_read_from_the_cache_without_yaml(host, tmp_path):
     assert "vmcache.settings.config" in modules
     assert [m for m in modules if m.split(".")[0] in ("yaml", "defusedxml", "xml")] == []
     assert "vmcache.service.launcher" not in modules and "logging.handlers" not in modules
+
+
+def test_start_passes_the_run_id_of_the_xml_to_the_launcher():
+    xml = domain_xml().replace(b"<domain type='qemu'>", b"<domain type='qemu' id='42'>")
+    _decision, _out, launcher = run_hook(["web-1", "started", "begin", "-"], xml)
+    assert launcher.calls == [("start", "web-1")] and launcher.domain_ids == [42]

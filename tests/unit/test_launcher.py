@@ -287,3 +287,26 @@ def test_unwritable_agents_dir_is_a_host_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(HostError, match="cannot open pidfile"):
         DetachedLauncher(["/bin/true"], str(blocker / "agents")).start("x")
+
+
+def test_start_for_a_new_run_stops_the_previous_runs_agent_and_its_successor_takes_over(host):
+    """virsh destroy; virsh start in a row: the old run's agent still holds the lock when the new run starts."""
+    config, config_path, markers = host
+    launcher = make_launcher(config, config_path=config_path, systemd_dir="/nonexistent")
+    first = launcher.start("web", 7)
+    assert first.action == "started"
+    started = markers / "web.started"
+    wait_for(lambda: started.exists(), what="stand-in start")
+    assert launcher.start("web", 7).action == "already-running"  # the same run: nothing to do
+    second = launcher.start("web", 8)
+    assert second.action == "started-after" and second.pid != first.pid
+    wait_for(lambda: pid_gone(first.pid), what="the previous run's agent to exit")
+    assert json.loads((markers / "web.stopped").read_text())["signal"] == "TERM"
+    wait_for(lambda: launcher.running("web") == second.pid, what="the successor to take the lock")
+    records = [json.loads(line) for line in started.read_text().splitlines()]
+    assert [r["argv"][-4:] for r in records] == [["--domain-id", "7", "--domain", "web"],
+                                                 ["--domain-id", "8", "--domain", "web"]]
+    assert launcher.start("web", 8).action == "already-running"
+    launcher.stop("web")
+    wait_for(lambda: pid_gone(second.pid), what="agent exit")
+    assert not (Path(config.agents_dir) / "web.pid").exists()

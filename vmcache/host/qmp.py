@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from ..errors import CommandNotAllowedError, MonitorConnectionError, MonitorError, QMPCommandError
@@ -218,10 +218,14 @@ class LibvirtMonitor:
         *,
         allowed: frozenset[str] = ALLOWED_COMMANDS,
         logger: logging.Logger | None = None,
+        guard: Callable[[], None] | None = None,
     ) -> None:
+        """``guard`` runs before every command and raises MonitorError to hold it back
+        (the agent's: the domain runs as another QEMU process than the one it was started for)."""
         self.domain = domain
         self.allowed = allowed
         self._log = logger or _log
+        self._guard = guard
 
     @classmethod
     def open(
@@ -240,6 +244,8 @@ class LibvirtMonitor:
     def execute(self, command: str, arguments: Mapping[str, Any] | None = None) -> Any:
         """Run one command; see ``Monitor.execute``."""
         check_command(command, arguments, self.allowed)
+        if self._guard is not None:
+            self._guard()
         import libvirt
         import libvirt_qemu
 

@@ -108,6 +108,7 @@ class AgentStatus:
     domain: str
     pid: int
     uuid: str = ""
+    domain_id: int | None = None  # the domain run (libvirt id) the agent is bound to
     state: str = "starting"
     pid_start_time: int | None = None
     started_at: float = 0.0

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 
 from .. import __version__
-from ..errors import ConfigError, DomainError, VmcacheError
+from ..errors import ConfigError, DomainError, RunEndedError, VmcacheError
 from ..logfmt import domain_logger, event
 from ..observe.status import AgentStatus, status_path, write_status
 from ..settings.config import HostConfig
@@ -118,6 +118,8 @@ class Agent:
             if self._hotsets is not None:
                 self._hotsets.warm_all(self._disks.workers())
             self._loop()
+        except RunEndedError as err:
+            self._log.info(event("agent.run_ended", error=err))
         except VmcacheError as err:
             self._log.error(event("agent.failed", error=err))
             self.status.last_error = str(err)
@@ -129,6 +131,7 @@ class Agent:
     def _attach(self) -> None:
         self._info = self._link.attach()
         self.status.uuid = self._info.uuid
+        self.status.domain_id = self._link.domain_id
 
     def _enabled(self) -> bool:
         return self._info is not None and self._info.settings is not None and self._info.settings.enabled
@@ -136,12 +139,14 @@ class Agent:
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = self._clock()
+            # Cleared before the events are read, so that a stop or an event arriving during the
+            # cycle ends the wait below at once instead of being cleared with it.
+            self._wake.clear()
             if not self._follow_events() or self._stop.is_set():
                 return
             self._cycle()
             if self._hotsets is not None and self._hotsets.due():
                 self._save_hotset(live=True)
-            self._wake.clear()
             self._wake.wait(max(0.0, self.config.interval - (self._clock() - started)))
 
     def _follow_events(self) -> bool:
@@ -223,6 +228,9 @@ class Agent:
         while not self._stop.is_set():
             try:
                 self._attach()
+            except RunEndedError as err:
+                self._log.info(event("agent.run_ended", error=err))
+                return False
             except VmcacheError as err:
                 self._log.info(event("agent.reconnect_failed", error=err))
                 self._stop.wait(RECONNECT_SECONDS)

@@ -34,17 +34,19 @@ from .telemetry import Telemetry
 __all__ = ["build_agent"]
 
 
-def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI,
+def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, domain_id: int | None = None,
                 connect_: Callable[[str], Any] = connect, granularity: int = 64 * 1024,
                 pressure: Callable[[], MemoryPressure | None] | None = None) -> Agent:
     """The agent of ``domain`` on libvirt at ``uri``, wired to this host.
 
-    ``pressure`` reads memory PSI (default: /proc/pressure/memory).
+    ``domain_id``: the run (libvirt domain id) to follow, None for the one
+    running when the agent attaches; ``pressure`` reads memory PSI (default:
+    /proc/pressure/memory).
     """
     logger = domain_logger("vmcache.service.agent", domain)
     wake = threading.Event()
     telemetry = Telemetry(domain, config)
-    link = DomainLink(domain, uri, connect=connect_, wake=wake)
+    link = DomainLink(domain, uri, connect=connect_, wake=wake, domain_id=domain_id)
     refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
     uuid = lambda: link.uuid  # noqa: E731 - known once the link attached, before the first worker
     disks = DiskSet(config, _worker_factory(domain, config, telemetry, uuid, refs, granularity, logger),

@@ -3,6 +3,13 @@
 libvirt's errors are translated here into DomainError. libvirtd may go away
 (restart, upgrade) while the domain keeps running: :meth:`DomainLink.attach`
 is called again to reconnect, and the workers get the new :meth:`monitor`.
+
+An agent belongs to one *run* of its domain (one QEMU process), named by
+libvirt's domain id, which changes at every start: the hook passes the id
+of the run it starts the agent for. libvirt finds a domain by name or uuid
+whatever its run, so the link checks the run before every QMP command
+(:meth:`check_run`): after a fast ``destroy``/``start`` the old run's agent
+must not clean up, or do anything else, in the new QEMU.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from typing import Any
 
 import libvirt
 
-from ..errors import DomainError
+from ..errors import DomainError, MonitorConnectionError, RunEndedError
 from ..host.qmp import LibvirtMonitor
 from ..host.virtdomain import VirtDomain
 from ..host.virtevents import DomainEvents, EventLoop, Pending
@@ -23,10 +30,16 @@ __all__ = ["DomainLink"]
 
 
 class DomainLink:
-    """One domain, by name, on a libvirt connection opened with ``connect(uri)``."""
+    """One run of a domain on a libvirt connection opened with ``connect(uri)``.
 
-    def __init__(self, domain: str, uri: str, *, connect: Callable[[str], Any], wake: threading.Event) -> None:
+    ``domain_id`` is the run's libvirt id; None binds the link to the run
+    found at the first :meth:`attach` (an agent started by hand or by systemd).
+    """
+
+    def __init__(self, domain: str, uri: str, *, connect: Callable[[str], Any], wake: threading.Event,
+                 domain_id: int | None = None) -> None:
         self.domain = domain
+        self.domain_id = domain_id
         self.uri = uri
         self._connect = connect
         self._wake = wake
@@ -38,7 +51,9 @@ class DomainLink:
     def attach(self) -> DomainInfo:
         """Connect, look the domain up, subscribe to its events; its XML.
 
-        Raises DomainError (libvirt) or ConfigError (its metadata is not acceptable).
+        Raises RunEndedError when the domain no longer runs as the run the
+        link is bound to, DomainError (libvirt) or ConfigError (its metadata
+        is not acceptable).
         """
         self.close()
         EventLoop.ensure()  # libvirt delivers events only if its loop runs before the connection opens
@@ -47,6 +62,12 @@ class DomainLink:
             self._dom = self._conn.lookupByName(self.domain)
         except libvirt.libvirtError as err:
             raise DomainError(f"domain {self.domain!r}: {err.get_error_message()}") from err
+        run = self._current_run()
+        if self.domain_id is None and run is not None:
+            self.domain_id = run
+        if run is None or run != self.domain_id:
+            raise RunEndedError(f"domain {self.domain!r}: run {self.domain_id} is over"
+                                + (f" (it runs as {run} now)" if run is not None else ""))
         self._events = DomainEvents(self._conn, self._dom, self._wake)
         info = self.read_xml()
         self.uuid = info.uuid
@@ -64,12 +85,25 @@ class DomainLink:
         """The events since the previous poll (none while not subscribed)."""
         return self._events.poll() if self._events else Pending()
 
-    def alive(self) -> bool:
-        """True while the domain runs (False when it stopped or libvirtd cannot tell)."""
+    def _current_run(self) -> int | None:
+        """The id of the domain's current run, asked anew (a virDomain keeps the id it was looked up with)."""
+        if self._conn is None:
+            return None
         try:
-            return bool(self._dom is not None and self._dom.isActive())
-        except libvirt.libvirtError:
-            return False
+            run = self._conn.lookupByName(self.domain).ID()
+        except libvirt.libvirtError:  # undefined (a transient domain that stopped), or libvirtd gone
+            return None
+        return int(run) if run is not None and run >= 0 else None
+
+    def alive(self) -> bool:
+        """True while the domain runs as the link's run (False when it stopped, restarted, or libvirtd cannot tell)."""
+        return self.domain_id is not None and self._current_run() == self.domain_id
+
+    def check_run(self) -> None:
+        """Raise MonitorConnectionError unless the domain still runs as the link's run (before each QMP command)."""
+        if not self.alive():
+            raise MonitorConnectionError(f"domain {self.domain!r}: run {self.domain_id} is not running;"
+                                         " command not sent")
 
     def connected(self) -> bool:
         """True when libvirtd still answers on this connection."""
@@ -85,7 +119,7 @@ class DomainLink:
 
     def monitor(self) -> LibvirtMonitor:
         """The domain's QMP monitor, through libvirt."""
-        return LibvirtMonitor(self._dom)
+        return LibvirtMonitor(self._dom, guard=self.check_run)
 
     def close(self) -> None:
         """Unsubscribe from the domain's events (the connection is dropped with it)."""

@@ -73,6 +73,7 @@ class Decision:
     domain: str
     op: str
     reason: str
+    domain_id: int | None = None  # the run to start the agent for (the XML's <domain id=...>)
 
 
 def _decide_by_op(argv: Sequence[str]) -> Decision | None:
@@ -102,7 +103,7 @@ def _decide_by_xml(domain: str, op: str, xml: bytes | str) -> Decision:
         return Decision(Action.IGNORE, domain, op, "no vmcache metadata")
     if not info.settings.enabled:
         return Decision(Action.IGNORE, domain, op, "vmcache metadata says enabled=no")
-    return Decision(Action.START, domain, op, "opted in")
+    return Decision(Action.START, domain, op, "opted in", domain_id=info.id)
 
 
 def _mentions_namespace(xml: bytes | str) -> bool:
@@ -223,9 +224,11 @@ def run(
 
             launcher_for = make_launcher
         launcher = launcher_for(config, config_path=config_path)
-        act = launcher.start if decision.action is Action.START else launcher.stop
         try:
-            result = act(decision.domain)
+            if decision.action is Action.START:
+                result = launcher.start(decision.domain, decision.domain_id)
+            else:
+                result = launcher.stop(decision.domain)
         except VmcacheError as err:
             log.error(event("hook.failed", **fields, action=decision.action.value, error=str(err)))
         else:

@@ -19,6 +19,14 @@ Two ways, chosen by :func:`make_launcher`:
   Stop sends SIGTERM to that pid if the lock is held and /proc/PID/cmdline
   ends with ``--domain NAME``, and does not wait.
 
+  Each agent follows one *run* of its domain (``--domain-id N``, libvirt's
+  id of the run the hook saw start). A start for a new run that finds the
+  previous run's agent still holding the lock (``virsh destroy; virsh
+  start`` in a row: it is still cleaning up) sends that agent SIGTERM and
+  starts the new one as a *successor*: it waits for the lock itself
+  (:func:`wait_for_pidfile`), so the hook still returns at once and the new
+  run still gets exactly one agent.
+
 Used by the libvirt hook: imports nothing heavy, never calls libvirt.
 """
 
@@ -51,6 +59,7 @@ __all__ = [
     "systemd_escape",
     "pidfile_holder",
     "remove_own_pidfile",
+    "wait_for_pidfile",
     "default_agent_command",
     "UNIT_TEMPLATE",
     "SYSTEMD_RUN_DIR",
@@ -63,6 +72,10 @@ _LOCK_ATTEMPTS = 5
 _LOCK_RETRY_SECONDS = 0.01
 PIDFILE_ENV = "VMCACHE_PIDFILE"
 PIDFILE_FD_ENV = "VMCACHE_PIDFILE_FD"
+PIDFILE_WAIT_ENV = "VMCACHE_PIDFILE_WAIT"
+#: How long a successor waits for the previous agent before SIGKILLing it, and before giving up.
+SUCCESSOR_GRACE_SECONDS = 30.0
+SUCCESSOR_GIVE_UP_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ class LaunchResult:
 
 
 class Launcher(Protocol):
-    def start(self, domain: str) -> LaunchResult: ...
+    def start(self, domain: str, domain_id: int | None = None) -> LaunchResult: ...
     def stop(self, domain: str) -> LaunchResult: ...
 
 
@@ -133,8 +146,13 @@ class SystemdLauncher:
             raise HostError(f"systemctl {verb} {self.unit(domain)} failed ({done.returncode}): "
                             + (message[-1] if message else "no message"))
 
-    def start(self, domain: str) -> LaunchResult:
-        """Ask systemd to start the unit (no-op if active). Raises HostError."""
+    def start(self, domain: str, domain_id: int | None = None) -> LaunchResult:
+        """Ask systemd to start the unit (no-op if active). Raises HostError.
+
+        The unit's agent binds to the run it finds (an instance name cannot
+        carry ``domain_id``); systemd starts it only after a stopping
+        instance has exited.
+        """
         self._systemctl("start", domain)
         return LaunchResult("start-requested", domain, detail=self.unit(domain))
 
@@ -159,8 +177,9 @@ class DetachedLauncher:
     def pidfile(self, domain: str) -> str:
         return os.path.join(self.agents_dir, file_stem(domain) + ".pid")
 
-    def argv(self, domain: str) -> list[str]:
-        return [*self.command, "--domain", domain]
+    def argv(self, domain: str, domain_id: int | None = None) -> list[str]:
+        run = ["--domain-id", str(domain_id)] if domain_id is not None else []
+        return [*self.command, *run, "--domain", domain]
 
     def running(self, domain: str) -> int | None:
         """The pid of the domain's agent if one runs (holds the pidfile lock), else None.
@@ -169,8 +188,12 @@ class DetachedLauncher:
         """
         return pidfile_holder(self.pidfile(domain))
 
-    def start(self, domain: str) -> LaunchResult:
-        """Start the agent unless one runs; returns once it is exec'd. Raises HostError."""
+    def start(self, domain: str, domain_id: int | None = None) -> LaunchResult:
+        """Start the agent of run ``domain_id`` unless one runs; returns once it is exec'd. Raises HostError.
+
+        An agent of another run holding the lock is asked to stop, and the
+        new one started as its successor (``started-after``).
+        """
         path = self.pidfile(domain)
         try:
             os.makedirs(self.agents_dir, mode=0o755, exist_ok=True)
@@ -187,17 +210,32 @@ class DetachedLauncher:
                 except BlockingIOError:
                     pid = _read_pid(fd)
                     # An agent holds it - or a reader (running()) for a moment: look again.
-                    if (pid and self._is_agent(pid, domain)) or attempt == _LOCK_ATTEMPTS - 1:
+                    if pid and self._is_agent(pid, domain):
+                        if domain_id is None or _run_of(cmdline(pid, proc=self._proc)) == domain_id:
+                            return LaunchResult("already-running", domain, pid=pid)
+                        return self._succeed(pid, domain, domain_id, path)
+                    if attempt == _LOCK_ATTEMPTS - 1:
                         return LaunchResult("already-running", domain, pid=pid)
                     time.sleep(_LOCK_RETRY_SECONDS)
                     continue
                 if not _is_at(fd, path):
                     continue  # an exiting agent removed it after we opened it: open the new one
-                pid = self._spawn(self.argv(domain), fd, path, self._log_path(domain))
+                pid = self._spawn(self.argv(domain, domain_id), fd, path, self._log_path(domain))
                 return LaunchResult("started", domain, pid=pid)
             finally:
                 os.close(fd)  # the agent keeps its own copy of the locked description
         raise HostError("pidfile kept being replaced while starting the agent", path=path)
+
+    def _succeed(self, old: int, domain: str, domain_id: int, path: str) -> LaunchResult:
+        """Stop ``old`` (another run's agent) and start the new run's agent, which waits for the lock."""
+        try:
+            os.kill(old, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        except OSError as err:
+            raise HostError(f"cannot signal agent {old}: {err.strerror}", errno=err.errno) from err
+        pid = self._spawn(self.argv(domain, domain_id), -1, path, self._log_path(domain))
+        return LaunchResult("started-after", domain, pid=pid, detail=f"previous run's agent {old} stopping")
 
     def _is_agent(self, pid: int, domain: str) -> bool:
         argv = cmdline(pid, proc=self._proc)
@@ -229,7 +267,10 @@ class DetachedLauncher:
         return os.path.join(self.log_dir, f"agent-{file_stem(domain)}.log")
 
     def _spawn(self, argv: list[str], lock_fd: int, pidfile: str, log_path: str | None) -> int:
-        """Double fork + setsid + exec ``argv``; the grandchild inherits ``lock_fd`` and writes its pid there."""
+        """Double fork + setsid + exec ``argv``; the grandchild inherits ``lock_fd`` and writes its pid there.
+
+        ``lock_fd`` -1: a successor, which takes the lock on ``pidfile`` itself (:func:`wait_for_pidfile`).
+        """
         log_fd = -1
         if log_path is not None:
             try:
@@ -273,24 +314,31 @@ def _detached_child(argv: list[str], lock_fd: int, pidfile: str, null_fd: int, o
         os.dup2(null_fd, 0)
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
-        os.set_inheritable(lock_fd, True)
+        keep = [report_w]
+        if lock_fd >= 0:
+            os.set_inheritable(lock_fd, True)
+            keep.append(lock_fd)
         low = 3
-        for keep in sorted((lock_fd, report_w)):
-            os.closerange(low, keep)
-            low = keep + 1
+        for fd in sorted(keep):
+            os.closerange(low, fd)
+            low = fd + 1
         os.closerange(low, os.sysconf("SC_OPEN_MAX"))
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
         pid = os.getpid()
-        os.ftruncate(lock_fd, 0)
-        os.pwrite(lock_fd, f"{pid}\n".encode(), 0)
-        os.write(report_w, f"pid {pid}".encode())
         os.environ[PIDFILE_ENV] = pidfile
-        os.environ[PIDFILE_FD_ENV] = str(lock_fd)
+        if lock_fd >= 0:
+            os.ftruncate(lock_fd, 0)
+            os.pwrite(lock_fd, f"{pid}\n".encode(), 0)
+            os.environ[PIDFILE_FD_ENV] = str(lock_fd)
+        else:
+            os.environ[PIDFILE_WAIT_ENV] = "1"
+        os.write(report_w, f"pid {pid}".encode())
         try:
             os.execvp(argv[0], argv)
         except OSError as err:
-            os.ftruncate(lock_fd, 0)
+            if lock_fd >= 0:
+                os.ftruncate(lock_fd, 0)
             os.write(report_w, f"\nexec-error {err.errno}".encode())
             code = 127
     except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
@@ -325,6 +373,70 @@ def _is_at(fd: int, path: str) -> bool:
     except OSError:
         return False
     return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def _run_of(argv: list[str] | None) -> int | None:
+    """The ``--domain-id`` an agent's command line names (None: none, or not a number)."""
+    if not argv or "--domain-id" not in argv[:-1]:
+        return None
+    value = argv[argv.index("--domain-id") + 1]
+    return int(value) if value.isdigit() else None
+
+
+def wait_for_pidfile(domain: str, domain_id: int | None, environ: dict[str, str] | None = None, *, proc: str = "/proc",
+                     grace: float = SUCCESSOR_GRACE_SECONDS, give_up: float = SUCCESSOR_GIVE_UP_SECONDS,
+                     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """In a successor agent (:meth:`DetachedLauncher.start`): take the pidfile lock once the previous agent left it.
+
+    The previous agent was sent SIGTERM; still there after ``grace`` s (and
+    still an agent of another run of ``domain``), it gets SIGKILL. Records
+    this process's pid, and the descriptor for :func:`remove_own_pidfile`.
+    False (a no-op) outside a successor. Raises HostError when the pidfile
+    cannot be opened, an agent of run ``domain_id`` holds it already, or
+    the lock was not free within ``give_up`` s.
+    """
+    env = os.environ if environ is None else environ
+    path = env.get(PIDFILE_ENV)
+    if not path or env.get(PIDFILE_WAIT_ENV) != "1":
+        return False
+    started, killed = clock(), False
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise HostError(f"cannot open pidfile: {err.strerror}", path=path, errno=err.errno) from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            argv = cmdline(holder, proc=proc) if holder else None
+            ours = argv is not None and argv[-2:] == ["--domain", domain]
+            if ours and domain_id is not None and _run_of(argv) == domain_id:
+                raise HostError(f"agent {holder} already follows run {domain_id}", path=path)
+            waited = clock() - started
+            if waited > give_up:
+                raise HostError(f"the previous agent ({holder}) kept the pidfile lock for {give_up:g} s", path=path)
+            if waited > grace and ours and not killed:
+                _kill(holder)
+                killed = True
+            sleep(0.05)
+            continue
+        if not _is_at(fd, path):
+            os.close(fd)  # the previous agent removed it as it exited: take the new one
+            continue
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        env[PIDFILE_FD_ENV] = str(fd)
+        env.pop(PIDFILE_WAIT_ENV, None)
+        return True
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def remove_own_pidfile(environ: dict[str, str] | None = None) -> bool:

@@ -122,12 +122,17 @@ class DiskInfo:
 
 @dataclass(frozen=True)
 class DomainInfo:
-    """Name, uuid, disks and vmcache settings (None: no metadata) of a domain."""
+    """Name, uuid, disks and vmcache settings (None: no metadata) of a domain.
+
+    ``id`` is the run's domain id (``<domain id='N'>``, a new one at every
+    start), None in the XML of a domain that is not running.
+    """
 
     name: str
     uuid: str
     disks: tuple[DiskInfo, ...]
     settings: DomainSettings | None
+    id: int | None = None
 
 
 def parse_xml(text: str | bytes, what: str) -> Element:
@@ -168,7 +173,9 @@ def parse_domain(xml: str | bytes) -> DomainInfo:
         element = metadata.find(_NS + ELEMENT)
         if element is not None:
             settings = _settings(element, _NS)
-    return DomainInfo(name=name, uuid=uuid, disks=disks, settings=settings)
+    run_id = root.get("id", "")
+    return DomainInfo(name=name, uuid=uuid, disks=disks, settings=settings,
+                      id=int(run_id) if run_id.isdigit() else None)
 
 
 def parse_element(xml: str | bytes, namespace: str, name: str, what: str) -> tuple[Element, str]:
