@@ -14,8 +14,9 @@ else
     printf '# vmcache-sandbox: test environment settings\nuser = "root"\ngroup = "root"\nsecurity_driver = "none"\n' >> "$conf"
   fi
   mkdir -p /var/run/libvirt /var/log/libvirt /var/lib/libvirt/images
-  pgrep -x virtlogd >/dev/null || virtlogd -d
-  pgrep -x libvirtd >/dev/null || libvirtd -d
+  # --ns: a libvirtd in a container (systemd-nspawn) is not this host's
+  pgrep --ns $$ -x virtlogd >/dev/null || virtlogd -d
+  pgrep --ns $$ -x libvirtd >/dev/null || libvirtd -d
 fi
 for _ in $(seq 1 100); do
   virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
