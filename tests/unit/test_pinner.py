@@ -76,6 +76,23 @@ def test_pinned_ranges_are_resident_locked_and_survive_dontneed(image: Path) -> 
     assert vmlck() == base
 
 
+def test_a_new_region_is_loaded_with_large_reads(image: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not one 4 KiB device read per page (mlock's faults): a busy device pays per operation."""
+    reads: list[tuple[int, int]] = []
+    real = os.preadv
+
+    def counting(fd: int, buffers: list, offset: int) -> int:
+        reads.append((offset, sum(len(b) for b in buffers)))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(pinner_mod.os, "preadv", counting)
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        pinner.apply([Region(4 * MiB, 3 * MiB + 8192, 1.0)], budget=SIZE)
+        assert reads == [(4 * MiB, MiB), (5 * MiB, MiB), (6 * MiB, MiB), (7 * MiB, 8192)]
+        frac = blocks(image)
+        assert frac[4:7].tolist() == [1.0, 1.0, 1.0] and frac[8] == 0.0
+
+
 def test_apply_changes_only_the_difference(image: Path, caplog: pytest.LogCaptureFixture) -> None:
     a, b, c = Region(0, 2 * MiB, 3.0), Region(8 * MiB, 2 * MiB, 2.0), Region(16 * MiB, 2 * MiB, 1.0)
     with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:

@@ -42,6 +42,7 @@ _libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.restype = ctypes.c_int
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_RANDOM = 1
+_LOAD_CHUNK = 1 << 20
 
 
 
@@ -74,6 +75,27 @@ class PinReport:
 class _Pin:
     region: Region
     addr: int
+
+
+def _load(fd: int, start: int, length: int) -> None:
+    """Read ``[start, start + length)`` of ``fd`` into the page cache, 1 MiB per read.
+
+    mlock of a ``MADV_RANDOM`` mapping faults each missing page in with a
+    4 KiB device read of its own: on a device limited in operations per
+    second (a busy SSD, network or HDD-class storage) loading a 256 MiB
+    region costs 65,536 reads taken from the guest's share, where 1 MiB
+    reads cost ~500. ``fd`` is ``POSIX_FADV_RANDOM``, so each read loads
+    exactly its range and nothing beside it. Best effort: mlock faults in
+    whatever this did not load, so errors are ignored here.
+    """
+    buf = memoryview(bytearray(min(_LOAD_CHUNK, length)))
+    end = start + length
+    try:
+        for offset in range(start, end, _LOAD_CHUNK):
+            if os.preadv(fd, [buf[:min(_LOAD_CHUNK, end - offset)]], offset) <= 0:
+                return  # end of file
+    except OSError:
+        return
 
 
 class _Run:
@@ -132,6 +154,10 @@ class Pinner:
             self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as err:
             raise PinError(f"cannot open image: {os.strerror(err.errno or 0)}", path=self.path, errno=err.errno) from err
+        try:  # this open file only: reads load what they ask for, no readahead (see _load)
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        except OSError:
+            pass
 
     # -- state -----------------------------------------------------------
 
@@ -205,6 +231,7 @@ class Pinner:
                 # would load pages beside the region, which the next scan
                 # would take for guest reads (pinning feeding itself).
                 _libc.madvise(ctypes.c_void_p(addr), region.length, _MADV_RANDOM)
+                _load(self._fd, region.start, region.length)
                 _mlock(addr, region.length)
             except OSError:
                 unmap(addr, region.length)
