@@ -31,8 +31,10 @@ class GuestSpec:
     name: str
     disk: str                       # image path (raw)
     console_log: str                # serial console output file
-    workload: str = "demo"          # demo, zoned, zipf, moving, idle
+    workload: str = "demo"          # demo, zoned, zipf, moving, periodic, idle
     runtime: int = 60               # seconds per fio run
+    warmup: int | None = None       # seconds of the first fio run (default: runtime)
+    gap: int | None = None          # periodic: seconds of each phase off the hot range
     loops: int = 0                  # 0: forever
     qd: int = 1                     # 1: psync + sync=1, else libaio iodepth
     size: int | None = None         # bytes of the disk fio uses (default all)
@@ -54,6 +56,10 @@ def domain_xml(spec: GuestSpec) -> str:
     ]
     if spec.size:
         args.append(f"vmcache_size={spec.size}")
+    if spec.warmup is not None:
+        args.append(f"vmcache_warmup={spec.warmup}")
+    if spec.gap is not None:
+        args.append(f"vmcache_gap={spec.gap}")
     metadata = ""
     if spec.settings is not None:
         element = _namespaced(build_settings(spec.settings))

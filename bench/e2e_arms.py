@@ -1,0 +1,124 @@
+"""Arms of the end-to-end bench: scenario x device x mode, the sets `make bench` runs, and the goals.
+
+A *scenario* is what the guest does and what happens around it (a
+neighbour, proactive reclaim); a *device* is how much a cache miss costs
+(bench/e2e_host.py DEVICES); a *mode* is who manages the cache:
+
+  evicted  image dropped from the cache, measured from boot, no warm-up
+  kernel   no agent: the kernel's LRU alone
+  vmcache  opted in through the domain's metadata (the installed hook starts the agent)
+  oracle   the true hot range (first 10% of the image) locked with vmtouch before boot
+
+Arm names read ``scenario-device-mode``, e.g. ``reuse-ssd-vmcache``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workload: str            # guest workload (guest/init): zoned, zipf, periodic
+    qd: int = 1
+    neighbour: str = ""      # "", "stream" (one pass, no reuse), "reuse" (random reads, working set > cache)
+    reclaim: bool = False    # memory.force_empty of the cgroup every --reclaim-period s
+    help: str = ""
+
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("zoned", "zoned", help="zoned:90/10:10/90 QD1 sync, alone"),
+    Scenario("reuse", "zoned", neighbour="reuse",
+             help="zoned QD1 while a host process does 4 KiB random reads over a file 4x the cache, "
+                  "faster than the guest, in the same cgroup"),
+    Scenario("reclaim", "zoned", reclaim=True,
+             help="zoned QD1 while the cgroup's page cache is reclaimed (memory.force_empty) periodically"),
+    Scenario("periodic", "periodic", neighbour="reuse",
+             help="the hot 10% used in 30 s phases, between them the rest of the disk and the reuse "
+                  "neighbour; measured: the hot phases after the first"),
+    Scenario("stream", "zoned", neighbour="stream",
+             help="zoned QD1 while a host process streams a large file once through the cgroup (no harm)"),
+    Scenario("qd32", "zoned", qd=32, help="zoned with libaio iodepth 32, alone (no harm)"),
+)}
+
+
+@dataclass(frozen=True)
+class Arm:
+    scenario: Scenario
+    device: str
+    mode: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.scenario.name}-{self.device}-{self.mode}"
+
+    @property
+    def group(self) -> str:
+        """Arms of one group are compared with each other (same scenario and device)."""
+        return f"{self.scenario.name}-{self.device}"
+
+
+def group(scenario: str, device: str, modes: tuple[str, ...]) -> list[Arm]:
+    return [Arm(SCENARIOS[scenario], device, mode) for mode in modes]
+
+
+KOV = ("kernel", "vmcache", "oracle")
+
+# `make bench`: the goals of issue 11, 3 interleaved rounds in under 45 minutes at the default runtimes.
+DEFAULT = [
+    *group("reuse", "ssd", KOV),
+    *group("reclaim", "ssd", ("kernel", "vmcache")),
+    *group("zoned", "hdd", ("evicted", "vmcache")),
+    *group("stream", "ssd", ("kernel", "vmcache")),
+    *group("qd32", "ssd", ("kernel", "vmcache")),
+]
+
+# --set long: the same plus the oracles left out above, the unthrottled column, HDD-class
+# neighbours and the periodic hot set.
+LONG = [
+    *DEFAULT,
+    Arm(SCENARIOS["reclaim"], "ssd", "oracle"),
+    Arm(SCENARIOS["zoned"], "hdd", "oracle"),
+    *group("reuse", "none", KOV),
+    *group("reuse", "hdd", KOV),
+    *group("reclaim", "hdd", KOV),
+    *group("periodic", "ssd", KOV),
+    *group("zoned", "ssd", ("evicted", "kernel", "vmcache", "oracle")),
+    *group("zoned", "hdd", ("kernel",)),
+    *group("zoned", "none", ("evicted", "kernel", "vmcache", "oracle")),
+]
+
+SETS = {"default": DEFAULT, "long": LONG}
+
+
+def every_arm() -> dict[str, Arm]:
+    """Every arm --arms accepts, by name."""
+    arms = {}
+    for scenario in SCENARIOS.values():
+        for device in ("none", "ssd", "hdd"):
+            for mode in ("evicted", *KOV):
+                arm = Arm(scenario, device, mode)
+                arms[arm.name] = arm
+    return arms
+
+
+@dataclass(frozen=True)
+class Goal:
+    label: str
+    arm: str
+    reference: str
+    target: float
+
+
+# Goals of issue 11: medians of per-round ratios of total IOPS.
+GOALS = [
+    Goal("neighbour with reuse, busy SSD: vmcache vs kernel", "reuse-ssd-vmcache", "reuse-ssd-kernel", 1.5),
+    Goal("proactive reclaim, busy SSD: vmcache vs kernel", "reclaim-ssd-vmcache", "reclaim-ssd-kernel", 1.3),
+    Goal("periodic hot set, busy SSD: vmcache vs kernel", "periodic-ssd-vmcache", "periodic-ssd-kernel", 1.3),
+    Goal("HDD class, zoned QD1: vmcache vs cold (paper: 2.73x preloaded)",
+         "zoned-hdd-vmcache", "zoned-hdd-evicted", 2.36),
+    Goal("streaming neighbour, busy SSD: vmcache vs kernel (no harm)", "stream-ssd-vmcache", "stream-ssd-kernel",
+         0.97),
+    Goal("QD32 zoned, busy SSD: vmcache vs kernel (no harm)", "qd32-ssd-vmcache", "qd32-ssd-kernel", 0.97),
+]

@@ -1,0 +1,113 @@
+"""Figures and tables of the end-to-end bench: medians over rounds, per-round ratios, goals.
+
+Pure functions over plain data (fio's JSON jobs, per-run dicts): unit
+tested in tests/unit/test_bench_report.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+def figures(jobs: list[dict]) -> dict:
+    """IOPS and latencies over one arm's measured fio runs (several for the periodic scenario).
+
+    IOPS are total I/Os over total runtime; latencies are I/O-weighted means
+    of fio's means and the worst p99.
+    """
+    if not jobs:
+        return {}
+    out: dict = {}
+    seconds = sum(j["read"]["runtime"] for j in jobs) / 1000 or 1.0
+    for d in ("read", "write"):
+        ios = sum(j[d]["total_ios"] for j in jobs)
+        out[f"{d}_iops"] = ios / seconds
+        out[f"{d}_lat_mean_us"] = (sum(j[d]["lat_ns"]["mean"] * j[d]["total_ios"] for j in jobs) / ios / 1000
+                                   if ios else 0.0)
+        out[f"{d}_lat_p99_us"] = max(j[d].get("clat_ns", {}).get("percentile", {}).get("99.000000", 0)
+                                     for j in jobs) / 1000
+    out["iops"] = out["read_iops"] + out["write_iops"]
+    return out
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Spread | None":
+        if not values:
+            return None
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def fmt(self, digits: int = 0) -> str:
+        return f"{self.median:.{digits}f} ({self.low:.{digits}f}-{self.high:.{digits}f})"
+
+
+def paired_ratios(runs: list[dict], arm: str, reference: str) -> list[float]:
+    """Ratio of total IOPS of ``arm`` to ``reference`` within each round where both ran."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        if r["ok"]:
+            by_round.setdefault(r["round"], {})[r["arm"]] = r["figures"]["iops"]
+    return [v[arm] / v[reference] for v in by_round.values() if arm in v and reference in v and v[reference]]
+
+
+def verdict(ratios: Spread | None, target: float | None = None) -> str:
+    """"no difference" when the rounds' ratios straddle 1; with a target, whether the median reaches it."""
+    if ratios is None:
+        return "not run"
+    same = ratios.low <= 1.0 <= ratios.high
+    if target is None:
+        return "no difference" if same else ("better" if ratios.median > 1 else "worse")
+    if target > 1.0 and same:
+        return "missed (no difference)"
+    met = "met" if ratios.median >= target else "missed"
+    return f"{met} (no difference)" if same else met
+
+
+def arm_table(arm_names: list[str], runs: list[dict], reference: dict[str, str]) -> str:
+    """One line per arm: IOPS, read latency, ratio to its group's reference, agent, load; medians (min-max)."""
+    lines = ["| arm | runs | IOPS (r+w) | read mean us | device reads / guest read | x ref (per round) | ref "
+             "| agent CPU % | pinned MiB | load 1-min | host CPU busy % |",
+             "|" + "---|" * 11]
+    for name in arm_names:
+        mine = [r for r in runs if r["arm"] == name]
+        ok = [r for r in mine if r["ok"]]
+        if not ok:
+            errs = "; ".join(sorted({r["error"] or "?" for r in mine}))
+            lines.append(f"| {name} | 0/{len(mine)} | failed: {errs} |" + " |" * 8)
+            continue
+        col = lambda key: Spread.of([r["figures"][key] for r in ok if key in r["figures"]])  # noqa: E731
+        misses = col("device_reads_per_guest_read")
+        ref = reference.get(name, "")
+        ratio = Spread.of(paired_ratios(runs, name, ref)) if ref and ref != name else None
+        cpu = Spread.of([r["agent"]["cpu_percent"] for r in ok if r.get("agent") and
+                         r["agent"].get("cpu_percent") is not None])
+        pinned = Spread.of([r["pinned_end"] / MIB for r in ok if r.get("pinned_end") is not None])
+        load = Spread.of([r["load"]["end"] for r in ok if "end" in r.get("load", {})])
+        busy = Spread.of([r["load"]["host_busy_percent"] for r in ok if "host_busy_percent" in r.get("load", {})])
+        lines.append(
+            f"| {name} | {len(ok)}/{len(mine)} | {col('iops').fmt()} | {col('read_lat_mean_us').fmt()} "
+            f"| {misses.fmt(2) if misses else ''} | {ratio.fmt(2) if ratio else ''} | {ref if ratio else ''} "
+            f"| {cpu.fmt(1) if cpu else ''} | {pinned.fmt() if pinned else ''} "
+            f"| {load.fmt(1) if load else ''} | {busy.fmt() if busy else ''} |")
+    return "\n".join(lines)
+
+
+def goal_table(goals: list, runs: list[dict]) -> str:
+    """The goals: median of per-round ratios with min-max, the target and the verdict."""
+    lines = ["| goal | arms | ratio, median (min-max) | rounds | target | verdict |", "|---|---|---|---|---|---|"]
+    for g in goals:
+        ratios = Spread.of(paired_ratios(runs, g.arm, g.reference))
+        if ratios is None:
+            continue
+        lines.append(f"| {g.label} | {g.arm} / {g.reference} | {ratios.fmt(2)} | {ratios.n} "
+                     f"| >= {g.target} | {verdict(ratios, g.target)} |")
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""The end-to-end bench's arithmetic: figures over measured runs, per-round ratios, verdicts."""
+
+from bench.e2e_arms import GOALS, every_arm
+from bench.e2e_report import Spread, figures, goal_table, paired_ratios, verdict
+
+
+def job(read_ios: int, write_ios: int, runtime_ms: int = 10_000, lat_us: float = 100.0) -> dict:
+    side = lambda ios: {"total_ios": ios, "runtime": runtime_ms, "iops": ios * 1000 / runtime_ms,  # noqa: E731
+                        "lat_ns": {"mean": lat_us * 1000}, "clat_ns": {"percentile": {"99.000000": 2 * lat_us * 1000}}}
+    return {"read": side(read_ios), "write": side(write_ios)}
+
+
+def row(arm: str, round_: int, iops: float, ok: bool = True) -> dict:
+    return {"arm": arm, "round": round_, "ok": ok, "figures": {"iops": iops}}
+
+
+def test_figures_pool_several_measured_runs_by_ios_and_time():
+    f = figures([job(8000, 2000), job(4000, 1000)])   # two 10 s phases
+    assert f["read_iops"] == 600 and f["write_iops"] == 150 and f["iops"] == 750
+    assert f["read_lat_mean_us"] == 100 and f["read_lat_p99_us"] == 200
+
+
+def test_ratios_are_taken_within_each_round_and_skip_failed_runs():
+    runs = [row("a-vmcache", 1, 300), row("a-kernel", 1, 200), row("a-vmcache", 2, 330), row("a-kernel", 2, 300),
+            row("a-vmcache", 3, 999), row("a-kernel", 3, 100, ok=False)]
+    assert paired_ratios(runs, "a-vmcache", "a-kernel") == [1.5, 1.1]
+
+
+def test_a_spread_across_one_is_no_difference():
+    assert verdict(Spread.of([0.9, 1.2, 1.6]), 1.3) == "missed (no difference)"
+    assert verdict(Spread.of([1.4, 1.6, 1.7]), 1.5) == "met"
+    assert verdict(Spread.of([1.2, 1.3, 1.35]), 1.5) == "missed"
+    assert verdict(Spread.of([0.95, 0.99, 1.02]), 0.97) == "met (no difference)"
+    assert verdict(Spread.of([0.95, 1.01]), None) == "no difference"
+    assert verdict(None, 1.3) == "not run"
+
+
+def test_every_goal_names_arms_the_bench_can_run():
+    arms = every_arm()
+    for goal in GOALS:
+        assert goal.arm in arms and goal.reference in arms
+    table = goal_table(GOALS, [row("reuse-ssd-vmcache", 1, 3), row("reuse-ssd-kernel", 1, 2)])
+    assert "| 1.50 (1.50-1.50) | 1 | >= 1.5 | met |" in table
