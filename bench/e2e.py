@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import libvirt  # noqa: E402
 
 from bench.e2e_arms import GOALS, SCENARIOS, SETS, Arm, every_arm  # noqa: E402
-from bench.e2e_host import DEVICES, MIB, Cgroup, log, run, throttle, whole_disk  # noqa: E402
+from bench.e2e_host import DEVICES, MIB, Cgroup, log, run, start_filler, stop, throttle, whole_disk  # noqa: E402
 from bench.e2e_report import arm_table, figures, goal_table  # noqa: E402
 from bench.e2e_run import Settings, destroy_ours, hook_lock, run_arm, warmup  # noqa: E402
 
@@ -108,8 +108,11 @@ def check_device(name: str, s: Settings) -> dict:
     cg = Cgroup("blkio", "vmcache-bench-e2e-check")
     cg.create()
     out = {}
+    filler = None
     try:
         throttle(cg, s.disk_dev, DEVICES[name])
+        if DEVICES[name].read_iops:
+            filler = start_filler(cg, s.disk)
         hot = 64 * MIB
         for case, rw, extra in (("miss", "randread", []), ("hit", "randread", [f"--size={hot}"]),
                                 ("sync_write", "randwrite", [f"--size={hot}", "--sync=1"])):
@@ -122,6 +125,7 @@ def check_device(name: str, s: Settings) -> dict:
             job = json.loads(done.stdout[done.stdout.find("{"):])["jobs"][0]["write" if rw == "randwrite" else "read"]
             out[case] = {"iops": round(job["iops"]), "lat_mean_us": round(job["lat_ns"]["mean"] / 1000, 1)}
     finally:
+        stop(filler)
         run(["vmtouch", "-q", "-e", str(s.disk)], check=False)
         cg.remove()
     log(f"device {DEVICES[name].describe()}: miss {out['miss']['lat_mean_us']} us, hit {out['hit']['lat_mean_us']} us, "
@@ -162,8 +166,8 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
                 res = run_arm(arm, s, round_)
             row = {**asdict(res), "figures": figures(res.fio), "pinned_end": None}
             guest_reads = sum(j["read"]["total_ios"] for j in res.fio)
-            if res.device_reads is not None and guest_reads:
-                row["figures"]["device_reads_per_guest_read"] = res.device_reads / guest_reads
+            if res.device_read_bytes is not None and guest_reads:
+                row["figures"]["device_reads_per_guest_read"] = res.device_read_bytes / 4096 / guest_reads
             if res.agent and res.agent.get("status"):
                 row["pinned_end"] = sum(d.get("pinned_bytes", 0) for d in res.agent["status"].get("disks", []))
             runs.append(row)

@@ -105,11 +105,12 @@ class Device:
     """A device class the bench imitates with blkio throttling (0: no limit).
 
     cgroup v1 throttling counts only bios sent to the device: page-cache
-    hits cost nothing, misses wait for the cgroup's share of a device of
-    ``read_iops`` 4 KiB reads per second (at QD1 a miss takes
-    ``1 / read_iops`` s once the limit is reached). It is a rate limit, not
-    a delay: a burst shorter than the throttle slice (20 ms) passes at the
-    real disk's speed.
+    hits cost nothing. It is a rate limit, not a delay: below
+    ``read_iops`` a miss goes at the real disk's speed. So a *busy* device
+    is imitated: a filler (:func:`start_filler`) in the same blkio cgroup
+    keeps the limit reached with O_DIRECT reads, and every miss of the
+    guest or the agent queues behind it, ~1-2 / ``read_iops`` s, as on a
+    device another tenant keeps busy.
     """
 
     name: str
@@ -157,15 +158,6 @@ def throttle(cg: Cgroup, disk: str, device: Device) -> None:
             cg.write(f"blkio.throttle.{key}_device", f"{disk} {value}")
 
 
-def device_reads(cg: Cgroup, disk: str) -> int:
-    """Read bios the blkio cgroup ``cg`` sent to ``disk`` so far (the page-cache misses of its tasks)."""
-    for line in cg.read("blkio.throttle.io_serviced").splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == disk and parts[1] == "Read":
-            return int(parts[2])
-    return 0
-
-
 # ---------------------------------------------------------------- /proc
 
 def proc_status(pid: int) -> dict[str, str]:
@@ -187,6 +179,17 @@ def cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields_[11]) + int(fields_[12])) / CLK_TCK  # utime, stime
+
+
+def read_bytes(pid: int | None) -> int:
+    """Bytes process ``pid`` had fetched from storage (``/proc/PID/io`` read_bytes): its page-cache misses."""
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def alive(pid: int | None) -> bool:
@@ -250,6 +253,14 @@ def start_reuse(cg: Cgroup, path: Path, rate_iops: int) -> subprocess.Popen:
     return start_in(cg, ["fio", "--name=reuse", f"--filename={path}", "--rw=randread", "--bs=4k",
                          "--ioengine=psync", "--invalidate=0", "--time_based", "--runtime=3600",
                          f"--rate_iops={rate_iops}", "--norandommap", "--output-format=terse"])
+
+
+def start_filler(cg: Cgroup, path: Path) -> subprocess.Popen:
+    """The other tenant of a busy device: O_DIRECT 4 KiB random reads of ``path`` at QD1, as fast as ``cg``'s
+    throttle lets them through (no page cache involved)."""
+    return start_in(cg, ["fio", "--name=busy", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=1",
+                         "--ioengine=psync", "--time_based", "--runtime=3600", "--norandommap",
+                         "--output-format=terse"])
 
 
 def stop(proc: subprocess.Popen | None) -> None:

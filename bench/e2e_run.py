@@ -27,8 +27,8 @@ import libvirt
 
 from bench.e2e_arms import Arm
 from bench.e2e_host import (DEVICES, MIB, Cgroup, Reclaimer, alive, busy_percent, cpu_seconds, cpu_times,
-                            device_reads, kib, loadavg, log, memory_stat, proc_status, run, start_locker,
-                            start_reuse, start_stream, stop, throttle)
+                            kib, loadavg, log, memory_stat, proc_status, read_bytes, run, start_filler,
+                            start_locker, start_reuse, start_stream, stop, throttle)
 from tests.lab import GuestSpec, domain_xml, fio_results
 from tests.live.livelib import HOOK_LOCK, REPO, destroy_domains, open_conn, qemu_pid, read_status, wait_for
 from vmcache.observe.status import file_stem
@@ -81,7 +81,7 @@ class ArmResult:
     oracle_locked_bytes: int = 0
     load: dict = field(default_factory=dict)  # loadavg at start / end of the measured run, host CPU busy %
     reclaims: int = 0
-    device_reads: int | None = None    # read bios of QEMU and the agent during the measured run
+    device_read_bytes: int | None = None   # fetched from storage by QEMU and the agent in the measured run
     wall_seconds: float = 0.0
 
 
@@ -173,17 +173,18 @@ def cmdline(pid: int) -> str:
 
 # ---------------------------------------------------------------- steps of an arm
 
-def prepare(arm: Arm, s: Settings, res: ArmResult) -> subprocess.Popen | None:
-    """Cold image, fresh cgroups, the device throttle; the oracle's locker (or None)."""
+def prepare(arm: Arm, s: Settings, res: ArmResult, procs: list) -> None:
+    """Cold image, fresh cgroups, the busy device; the oracle's locker. Started processes go to ``procs``."""
     run(["vmtouch", "-q", "-e", str(s.disk)])
     CGROUP.create()
     DEVICE_CGROUP.create()
-    throttle(DEVICE_CGROUP, s.disk_dev, DEVICES[arm.device])
-    if arm.mode != "oracle":
-        return None
-    locker = start_locker(CGROUP, s.disk, hot_range(s))
-    res.oracle_locked_bytes = kib(proc_status(locker.pid), "VmLck") * 1024
-    return locker
+    device = DEVICES[arm.device]
+    throttle(DEVICE_CGROUP, s.disk_dev, device)
+    if device.read_iops:
+        procs.append(start_filler(DEVICE_CGROUP, s.disk))
+    if arm.mode == "oracle":
+        procs.append(locker := start_locker(CGROUP, s.disk, hot_range(s)))
+        res.oracle_locked_bytes = kib(proc_status(locker.pid), "VmLck") * 1024
 
 
 def boot(arm: Arm, s: Settings, res: ArmResult, console: Path) -> int:
@@ -267,11 +268,11 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path) -> N
         measuring = f"VMCACHE-FIO-BEGIN {first}" in text and f"VMCACHE-FIO-END {last}" not in text
         if measuring and host0 is None:
             host0, res.load["start"] = cpu_times(), loadavg()
-            reads0 = device_reads(DEVICE_CGROUP, s.disk_dev)
+            reads0 = read_bytes(qpid) + read_bytes(apid)
         if not measuring and host0 is not None and "end" not in res.load:
             res.load["end"] = loadavg()
             res.load["host_busy_percent"] = round(busy_percent(host0, cpu_times()), 1)
-            res.device_reads = device_reads(DEVICE_CGROUP, s.disk_dev) - reads0
+            res.device_read_bytes = read_bytes(qpid) + read_bytes(apid) - reads0
         if apid is not None and alive(apid):
             sample_agent(apid, agent, measuring)
         stat = memory_stat(CGROUP)
@@ -342,7 +343,7 @@ def run_arm(arm: Arm, s: Settings, round_: int) -> ArmResult:
     reclaimer = None
     t0 = time.monotonic()
     try:
-        procs.append(prepare(arm, s, res))
+        prepare(arm, s, res, procs)
         qpid = boot(arm, s, res, console)
         set_limit(s, res, qpid, console)
         procs.append(start_neighbour(arm, s))
