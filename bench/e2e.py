@@ -166,8 +166,10 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
                 res = run_arm(arm, s, round_)
             row = {**asdict(res), "figures": figures(res.fio), "pinned_end": None}
             guest_reads = sum(j["read"]["total_ios"] for j in res.fio)
-            if res.device_read_bytes is not None and guest_reads:
-                row["figures"]["device_reads_per_guest_read"] = res.device_read_bytes / 4096 / guest_reads
+            if res.device_read_bytes and guest_reads:
+                for who, value in res.device_read_bytes.items():
+                    row["figures"][f"{who}_device_reads_per_guest_read"] = value / 4096 / guest_reads
+                row["figures"]["device_reads_per_guest_read"] = sum(res.device_read_bytes.values()) / 4096 / guest_reads
             if res.agent and res.agent.get("status"):
                 row["pinned_end"] = sum(d.get("pinned_bytes", 0) for d in res.agent["status"].get("disks", []))
             runs.append(row)

@@ -75,17 +75,18 @@ def verdict(ratios: Spread | None, target: float | None = None) -> str:
 def arm_table(arm_names: list[str], runs: list[dict], reference: dict[str, str]) -> str:
     """One line per arm: IOPS, read latency, ratio to its group's reference, agent, load; medians (min-max)."""
     lines = ["| arm | runs | IOPS (r+w) | read mean us | device reads / guest read | x ref (per round) | ref "
-             "| agent CPU % | pinned MiB | load 1-min | host CPU busy % |",
-             "|" + "---|" * 11]
+             "| agent CPU % | of the reads, agent's | pinned MiB | load 1-min | host CPU busy % |",
+             "|" + "---|" * 12]
     for name in arm_names:
         mine = [r for r in runs if r["arm"] == name]
         ok = [r for r in mine if r["ok"]]
         if not ok:
             errs = "; ".join(sorted({r["error"] or "?" for r in mine}))
-            lines.append(f"| {name} | 0/{len(mine)} | failed: {errs} |" + " |" * 8)
+            lines.append(f"| {name} | 0/{len(mine)} | failed: {errs} |" + " |" * 9)
             continue
         col = lambda key: Spread.of([r["figures"][key] for r in ok if key in r["figures"]])  # noqa: E731
         misses = col("device_reads_per_guest_read")
+        agent_reads = col("agent_device_reads_per_guest_read")
         ref = reference.get(name, "")
         ratio = Spread.of(paired_ratios(runs, name, ref)) if ref and ref != name else None
         cpu = Spread.of([r["agent"]["cpu_percent"] for r in ok if r.get("agent") and
@@ -96,7 +97,8 @@ def arm_table(arm_names: list[str], runs: list[dict], reference: dict[str, str])
         lines.append(
             f"| {name} | {len(ok)}/{len(mine)} | {col('iops').fmt()} | {col('read_lat_mean_us').fmt()} "
             f"| {misses.fmt(2) if misses else ''} | {ratio.fmt(2) if ratio else ''} | {ref if ratio else ''} "
-            f"| {cpu.fmt(1) if cpu else ''} | {pinned.fmt() if pinned else ''} "
+            f"| {cpu.fmt(1) if cpu else ''} | {agent_reads.fmt(2) if agent_reads and name.endswith('-vmcache') else ''} "
+            f"| {pinned.fmt() if pinned else ''} "
             f"| {load.fmt(1) if load else ''} | {busy.fmt() if busy else ''} |")
     return "\n".join(lines)
 

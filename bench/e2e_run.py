@@ -81,7 +81,7 @@ class ArmResult:
     oracle_locked_bytes: int = 0
     load: dict = field(default_factory=dict)  # loadavg at start / end of the measured run, host CPU busy %
     reclaims: int = 0
-    device_read_bytes: int | None = None   # fetched from storage by QEMU and the agent in the measured run
+    device_read_bytes: dict = field(default_factory=dict)  # bytes fetched from storage in the measured run: qemu, agent
     wall_seconds: float = 0.0
 
 
@@ -260,7 +260,7 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path) -> N
     runs = warmup(arm, s) + s.runtime * len(p.measured) + s.gap * (p.loops // 2)
     deadline = t_start + 60 + runs * 1.5 + 120
     host0 = None
-    reads0 = 0
+    reads0 = {"qemu": 0, "agent": 0}
     while alive(qpid):
         if time.monotonic() > deadline:
             raise RuntimeError("the guest did not finish in time")
@@ -268,11 +268,12 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path) -> N
         measuring = f"VMCACHE-FIO-BEGIN {first}" in text and f"VMCACHE-FIO-END {last}" not in text
         if measuring and host0 is None:
             host0, res.load["start"] = cpu_times(), loadavg()
-            reads0 = read_bytes(qpid) + read_bytes(apid)
+            reads0 = {"qemu": read_bytes(qpid), "agent": read_bytes(apid)}
         if not measuring and host0 is not None and "end" not in res.load:
             res.load["end"] = loadavg()
             res.load["host_busy_percent"] = round(busy_percent(host0, cpu_times()), 1)
-            res.device_read_bytes = read_bytes(qpid) + read_bytes(apid) - reads0
+            res.device_read_bytes = {"qemu": read_bytes(qpid) - reads0["qemu"],
+                                     "agent": read_bytes(apid) - reads0["agent"] if apid else 0}
         if apid is not None and alive(apid):
             sample_agent(apid, agent, measuring)
         stat = memory_stat(CGROUP)
