@@ -319,6 +319,27 @@ class LiveEnv:
         return create_disk(self.tmp / f"{file_stem(name)}.raw", size)
 
 
+def agents_env(tmp: Path, hooked: Any, prefix: str, *, cap: int) -> Iterator[LiveEnv]:
+    """A host config for fast real agents (1 s cycles, 1 MiB blocks, decay 0.5, ``cap`` pinned at most)
+    under ``tmp``, the test hook installed for it (domains ``prefix...`` cleaned up); the LiveEnv.
+
+    For a module-scoped ``env`` fixture: ``yield from agents_env(live_tmp, hooked, PREFIX, cap=CAP)``.
+    """
+    config = tmp / "vmcache.yaml"
+    config.write_text(
+        f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\ninterval: 1s\nmin_free: 256M\n"
+        f"pinned_cap: {cap}\n"
+        f"agent_command: [{sys.executable}, -m, vmcache, agent]\n"
+        "model:\n  decay: 0.5\n  block_size: 1M\n"
+    )
+    env = LiveEnv(connect(), tmp, config)
+    hooked(config, prefix, env.agents)
+    try:
+        yield env
+    finally:
+        env.conn.close()
+
+
 # -- the hook ---------------------------------------------------------------------------------
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +26,8 @@ from vmcache.host.files import file_stem  # noqa: E402
 from tests.live.livelib import (  # noqa: E402
     MiB,
     LiveEnv,
+    agents_env,
     cache_metadata,
-    connect,
     domain_xml,
     guest_write,
     leftovers,
@@ -46,19 +45,7 @@ CAP = 24 * MiB
 
 @pytest.fixture(scope="module")
 def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:  # type: ignore[no-untyped-def]
-    config = live_tmp / "vmcache.yaml"
-    config.write_text(
-        f"runtime_dir: {live_tmp}/run\nlog_dir: {live_tmp}/log\ninterval: 1s\nmin_free: 256M\n"
-        f"pinned_cap: {CAP}\n"
-        f"agent_command: [{sys.executable}, -m, vmcache, agent]\n"
-        "model:\n  decay: 0.5\n  block_size: 1M\n"
-    )
-    e = LiveEnv(connect(), live_tmp, config)
-    hooked(config, PREFIX, e.agents)
-    try:
-        yield e
-    finally:
-        e.conn.close()
+    yield from agents_env(live_tmp, hooked, PREFIX, cap=CAP)
 
 
 def start(env: LiveEnv, name: str, *, budget: str | None, size: int = 64 * MiB):  # type: ignore[no-untyped-def]

@@ -142,7 +142,7 @@ def test_divide_splits_by_benefit_and_records_both_files(tmp_path):
     assert a.divide("b", Demand(budget=60 * MiB, curve=flat(60 * MiB, 0.9))).granted == 60 * MiB
     share = json.loads((tmp_path / "share.json").read_text())
     assert share["version"] == 1 and share["cap"] == 100 * MiB
-    assert share["domains"]["b"]["granted"] == 60 * MiB and share["domains"]["b"]["demand"] == [[60 * MiB, 0.9 * 60 * MiB]]
+    assert share["domains"]["b"]["granted"] == 60 * MiB and share["domains"]["b"]["demand"] == [[60 * MiB, round(0.9 * 60 * MiB)]]
     ledger = json.loads((tmp_path / "ledger.json").read_text())["domains"]
     assert {d: e["bytes"] for d, e in ledger.items()} == {"a": 40 * MiB, "b": 60 * MiB}
     a.release("b")

@@ -127,3 +127,12 @@ def test_refuses_nonsense():
         split({}, -1)
     with pytest.raises(ValueError):
         split({}, 1, keep=0.5)
+
+
+def test_the_worked_example_in_docs_architecture():
+    demands = {
+        "db": Demand(1024 * MiB, curve=((300 * MiB, 0.9 * 300 * MiB), (800 * MiB, 0.9 * 300 * MiB + 0.3 * 500 * MiB))),
+        "web": Demand(1024 * MiB, curve=((200 * MiB, 0.6 * 200 * MiB), (600 * MiB, 0.6 * 200 * MiB + 0.1 * 400 * MiB))),
+        "backup": Demand(1024 * MiB, minimum=128 * MiB, curve=flat(2048 * MiB, 0.05)),
+    }
+    assert split(demands, 1024 * MiB).grants == {"db": 696 * MiB, "web": 200 * MiB, "backup": 128 * MiB}

@@ -23,13 +23,17 @@ demand) counts as fixed, off the cap, first come first served as before.
 
     {"version": 1, "cap": 4294967296, "domains": {"web-1": {"pid": 1234,
       "pid_start_time": 5678, "budget": 2147483648, "min": 0, "granted": 1073741824,
-      "demand": [[536870912, 480000000.0], [1073741824, 610000000.0]]}}}
+      "demand": [[536870912, 480000000], [1073741824, 610000000]]}}}
+
+(written compact, on one line; a benefit is bytes times benefit per byte,
+rounded to a whole number).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,6 +68,7 @@ class _State:
     demands: dict[str, Demand]
     owners: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # share.json entries' agents
     cap: int | None = None
+    raw: dict[str, object] = field(default_factory=dict)  # entries as read: written back as they were
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Ledger:
         self.pid = os.getpid() if pid is None else pid
         self._start_time = start_time(self.pid)
         self._alive = alive
+        self._curves: dict[str, tuple[object, Curve]] = {}  # domain -> (points as read, checked curve)
 
     def reserve(self, domain: str, want: int) -> int:
         """Set ``domain``'s holding to as much of ``want`` bytes as the cap allows; return it.
@@ -176,10 +182,11 @@ class Ledger:
         """Both files under the lock; each is written back when it changed."""
         with self._locked() as entries:
             state = self._load_share(entries)
-            before = (dict(state.demands), state.cap)
+            before = dict(state.demands)
+            cap = state.cap
             yield state
-            if (state.demands, state.cap) != before:
-                self._save_share(state)
+            if (state.demands, state.cap) != (before, cap):
+                self._save_share(state, before)
 
     def _load_share(self, entries: dict[str, LedgerEntry]) -> _State:
         data = self._read_json(self.share_path)
@@ -192,7 +199,7 @@ class Ledger:
         for domain, item in (domains if isinstance(domains, dict) else {}).items():
             try:
                 pid, started = int(item["pid"]), item.get("pid_start_time")
-                curve = _curve(item.get("demand", []))
+                curve = self._checked(domain, item.get("demand", []))
                 demand = Demand(budget=int(item["budget"]), minimum=int(item.get("min", 0)), curve=curve,
                                 granted=int(item.get("granted", 0)))
             except (TypeError, KeyError, ValueError, AttributeError):
@@ -202,15 +209,32 @@ class Ledger:
             if pid == self.pid or self._alive(pid, started):
                 state.demands[domain] = demand
                 state.owners[domain] = (pid, started)
+                state.raw[domain] = item
+        for gone in self._curves.keys() - state.demands.keys():
+            del self._curves[gone]
         return state
 
-    def _save_share(self, state: _State) -> None:
-        domains = {}
+    def _checked(self, domain: str, points: object) -> Curve:
+        """``_curve(points)``, reusing the last check when another agent's curve did not change."""
+        known = self._curves.get(domain)
+        if known is not None and known[0] == points:  # list equality runs in C: far cheaper than a check
+            return known[1]
+        curve = _curve(points)
+        self._curves[domain] = (points, curve)
+        return curve
+
+    def _save_share(self, state: _State, before: dict[str, Demand]) -> None:
+        domains: dict[str, object] = {}
         for d, demand in sorted(state.demands.items()):
+            if d in state.raw and before.get(d) == demand:  # another agent's entry, unchanged
+                domains[d] = state.raw[d]
+                continue
             pid, started = state.owners.get(d, (self.pid, self._start_time))
             domains[d] = {"pid": pid, "pid_start_time": started, "budget": demand.budget, "min": demand.minimum,
-                          "granted": demand.granted, "demand": [[b, round(v, 3)] for b, v in demand.curve]}
-        self._write_json(self.share_path, {"version": SHARE_VERSION, "cap": state.cap, "domains": domains})
+                          "granted": demand.granted, "demand": [[b, round(v)] for b, v in demand.curve]}
+        # compact: json's C encoder (indent= takes the pure-Python one: 28 of 32 ms for 100 domains)
+        self._write_json(self.share_path, {"version": SHARE_VERSION, "cap": state.cap, "domains": domains},
+                         indent=None)
 
     @contextmanager
     def _locked(self) -> Iterator[dict[str, LedgerEntry]]:
@@ -261,19 +285,27 @@ class Ledger:
         self._write_json(self.path, data)
 
     @staticmethod
-    def _write_json(path: str, data: object) -> None:
+    def _write_json(path: str, data: object, *, indent: int | None = 1) -> None:
         # no fsync: it lives in the runtime directory (/run, a tmpfs) and is rewritten every cycle
-        write_atomic(path, json.dumps(data, indent=1), fsync=False, what="ledger")
+        write_atomic(path, json.dumps(data, indent=indent), fsync=False, what="ledger")
 
 
 def _curve(points: object) -> Curve:
-    """A curve from share.json: ``[[bytes, benefit], ...]``, bytes rising, benefit never falling."""
+    """A curve from share.json: ``[[bytes, benefit], ...]``, bytes rising, benefit never falling.
+
+    One agent reads every other agent's curve each cycle (100 domains of 32
+    points): plain comprehensions, ~40 us a curve. Raises ValueError
+    (or TypeError) for anything else.
+    """
     if not isinstance(points, list) or len(points) > _MAX_POINTS_READ:
         raise ValueError("not a bounded list of points")
-    curve: list[tuple[int, float]] = []
-    for b, v in points:
-        b, v = int(b), float(v)
-        if curve and (b <= curve[-1][0] or v < curve[-1][1]) or b <= 0 or not 0.0 <= v < float("inf"):
-            raise ValueError("not a demand curve")
-        curve.append((b, v))
-    return tuple(curve)
+    if not points:
+        return ()
+    if not all(isinstance(p, list) and len(p) == 2 for p in points):
+        raise ValueError("not a list of [bytes, benefit] points")
+    sizes = [int(p[0]) for p in points]
+    values = [float(p[1]) for p in points]
+    rising = all(a < b for a, b in zip(sizes, sizes[1:])) and all(a <= b for a, b in zip(values, values[1:]))
+    if not rising or sizes[0] <= 0 or not values[0] >= 0.0 or not math.isfinite(values[-1]):
+        raise ValueError("not a demand curve")
+    return tuple(zip(sizes, values))

@@ -197,16 +197,7 @@ def split(demands: Mapping[str, Demand], cap: int | None, *, fixed: int = 0, kee
     avail = max(0, cap - fixed)
     grants, used, error = _minimums(demands, avail)
     minimums = used
-    margin: dict[str, float] = {}
-    left = avail - used
-    for density, name, n in _steps(demands, grants, keep):
-        if left <= 0:
-            break
-        take = min(n, left, demands[name].budget - grants[name])
-        if take > 0:
-            grants[name] += take
-            left -= take
-            margin[name] = density
+    left, margin = _water_fill(demands, grants, avail - used, keep)
     left = _share_rest(demands, grants, left)
     if quantum > 0:
         held = {n: d.granted if abs(grants[n] - d.granted) <= min(quantum, d.budget // 32) and d.granted <= d.budget
@@ -227,25 +218,52 @@ def _minimums(demands: Mapping[str, Demand], avail: int) -> tuple[dict[str, int]
     return scaled, sum(scaled.values()), error
 
 
-def _steps(demands: Mapping[str, Demand], base: dict[str, int], keep: float) -> list[tuple[float, str, int]]:
-    """Every curve step beyond each domain's minimum as ``(density, domain, bytes)``, densest first.
+def _water_fill(demands: Mapping[str, Demand], grants: dict[str, int], left: int,
+                keep: float) -> tuple[int, dict[str, float]]:
+    """Give ``left`` bytes to the curves' steps beyond ``grants`` (the minimums), densest first, in place.
 
-    A step is cut at the domain's minimum (the part below it is granted
-    already) and at its previous grant (below it the density counts ``keep``
-    times). Within one domain, the kept steps stay before the others.
+    Every step is cut at the domain's minimum (below it: granted already),
+    at its previous grant (below it the density counts ``keep`` times) and
+    at its budget. Steps are taken densest first (ties: domain name) until
+    ``left`` runs out, the last one cut. Vectorised: 100 domains of 32
+    points cost well under a millisecond. Returns what is left and the
+    density at each served domain's margin.
     """
-    steps: list[tuple[float, str, int]] = []
-    for name, d in demands.items():
-        prev_b = 0
-        for density, n in _segments_of(d.curve):
-            lo, hi = prev_b, prev_b + n
-            prev_b = hi
-            for a, b, factor in ((lo, min(hi, d.granted), keep), (max(lo, d.granted), hi, 1.0)):
-                a = max(a, base[name])
-                if b > a:
-                    steps.append((density * factor, name, b - a))
-    steps.sort(key=lambda s: (-s[0], s[1]))
-    return steps
+    import numpy as np
+
+    names = sorted(demands)
+    rows = [(i, b, v) for i, n in enumerate(names) for b, v in demands[n].curve]
+    if not rows or left <= 0:
+        return left, {}
+    who = np.array([r[0] for r in rows], dtype=np.int64)
+    hi = np.array([r[1] for r in rows], dtype=np.int64)
+    cum = np.array([r[2] for r in rows], dtype=np.float64)
+    first = np.r_[True, who[1:] != who[:-1]]
+    lo = np.where(first, 0, np.r_[0, hi[:-1]])
+    lo_v = np.where(first, 0.0, np.r_[0.0, cum[:-1]])
+    density = np.where(hi > lo, (cum - lo_v) / np.maximum(hi - lo, 1), 0.0)
+    base = np.array([grants[n] for n in names], dtype=np.int64)[who]
+    held = np.array([demands[n].granted for n in names], dtype=np.int64)[who]
+    top = np.array([demands[n].budget for n in names], dtype=np.int64)[who]
+    # each step in two pieces: below the previous grant (kept: density * keep) and above it
+    start = np.concatenate((np.maximum(lo, base), np.maximum(np.maximum(lo, held), base)))
+    end = np.concatenate((np.minimum(np.minimum(hi, held), top), np.minimum(hi, top)))
+    dens = np.concatenate((density * keep, density))
+    owner = np.concatenate((who, who))
+    size = end - start
+    ok = size > 0
+    start, size, dens, owner = start[ok], size[ok], dens[ok], owner[ok]
+    order = np.lexsort((start, owner, -dens))
+    size, dens, owner = size[order], dens[order], owner[order]
+    before = np.cumsum(size) - size
+    take = np.clip(left - before, 0, size)
+    served = take > 0
+    given = np.bincount(owner[served], weights=take[served], minlength=len(names))
+    margin: dict[str, float] = {}
+    for i in np.flatnonzero(given).tolist():
+        grants[names[i]] += int(given[i])
+        margin[names[i]] = float(dens[served & (owner == i)][-1])
+    return left - int(take.sum()), margin
 
 
 def _share_rest(demands: Mapping[str, Demand], grants: dict[str, int], left: int) -> int:

@@ -137,7 +137,8 @@ class AgentMetrics:
             "domain_budget_bytes", "The domain's budget in force (metadata budget, times the memory-pressure share).",
             AGENT_LABELS)
         self.granted = gauge(
-            "granted_bytes", "Bytes of the host's pinned cap the domain may pin this cycle (its grant).", AGENT_LABELS)
+            "granted_bytes", "The domain's grant: its share of the host's pinned cap in the split by benefit.",
+            AGENT_LABELS)
         self.demand = gauge(
             "demand_bytes", "Bytes the domain's demand curve asks for (its plans at the full budget).", AGENT_LABELS)
         self.minimum = gauge("guaranteed_bytes", "The domain's guaranteed share of the cap (metadata min=).",

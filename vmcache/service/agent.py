@@ -168,7 +168,7 @@ class Agent:
     def _cycle(self) -> None:
         grant = self._budget.grant(self._disks.budgets(), self._curves, held=self._disks.pinned_bytes())
         self.status.budget_bytes = grant.want
-        self.status.granted_bytes = grant.granted
+        self.status.granted_bytes = grant.target
         self.status.demand_bytes = grant.demand
         self.status.minimum_bytes = grant.minimum
         self.status.share_error = grant.error
@@ -176,7 +176,7 @@ class Agent:
         self._budget.hold(self._disks.pinned_bytes())
         # the demand the next cycle publishes: each disk's plan at its full budget, after this cycle's step
         self._curves = self._disks.demands(grant.share)
-        self._telemetry.set_share(grant.want, grant.granted, grant.demand, grant.minimum, grant.cap)
+        self._telemetry.set_share(grant.want, grant.target, grant.demand, grant.minimum, grant.cap)
         self._telemetry.set_host_memory(self._available_memory())
         self.status.state = "backing-off" if grant.backing_off or result.backing_off else "running"
         self.status.last_error = result.error
