@@ -130,7 +130,7 @@ def test_status_human_and_dead_agents(host, capsys, tmp_path):
                DiskStatus("vdb", "/img/b", "none", False, reason="cache=none bypasses the page cache")]))
     assert main(["status", "--host-config", opts[1]]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB, demand 0B, granted 1GiB, pinned 1MiB, resident 2MiB")
+    assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB, demand -, granted 1GiB, pinned 1MiB, resident 2MiB")
     assert "  last error: boom" in out
     assert "vda    cache=writethrough budget 1GiB pinned 1MiB resident 2MiB dirtied 4KiB/s (64KiB granules) last cycle 0.250s" in out
     assert "vdb    cache=none         skipped: cache=none bypasses the page cache" in out
@@ -171,3 +171,25 @@ def test_status_host_line_says_how_the_cap_is_divided(tmp_path):
     assert line.startswith("host: pinned cap 100MiB, held ")
     assert "1 older agents hold 10MiB first come" in line
     assert "\n  error: guaranteed minimums add up to" in line
+
+
+def test_agents_started_by_a_command_get_the_config_by_absolute_path(tmp_path, monkeypatch):
+    import argparse
+
+    from vmcache.commands import _host
+
+    seen = {}
+
+    class Launcher:
+        def start(self, domain):
+            return f"started {domain}"
+
+    def make_launcher(config, *, config_path):
+        seen["path"] = config_path
+        return Launcher()
+
+    monkeypatch.setattr(_host, "make_launcher", make_launcher)
+    monkeypatch.chdir(tmp_path)
+    _host.ensure_agent(argparse.Namespace(host_config="vmcache.yaml"), None, "d", running=True)
+    # the agent runs detached from /: a relative path would name another file
+    assert seen["path"] == str(tmp_path / "vmcache.yaml")

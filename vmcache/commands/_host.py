@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from ..host.configfile import load_host_config
 from ..settings.config import DEFAULT_PATH, HostConfig
@@ -28,7 +29,8 @@ def host_config(args: argparse.Namespace) -> HostConfig:
 
 def ensure_agent(args: argparse.Namespace, config: HostConfig, domain: str, *, running: bool) -> LaunchResult:
     """Start (``running``) or stop the domain's agent the way the hook does. Raises HostError."""
-    launcher = make_launcher(config, config_path=args.host_config)
+    # absolute: the agent runs detached from / (a relative path would name another file, or none)
+    launcher = make_launcher(config, config_path=os.path.abspath(args.host_config))
     result = launcher.start(domain) if running else launcher.stop(domain)
     log.info(str(result))
     return result

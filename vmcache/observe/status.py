@@ -116,7 +116,7 @@ class AgentStatus:
     interval: float | None = None
     budget_bytes: int = 0
     granted_bytes: int = 0
-    demand_bytes: int = 0
+    demand_bytes: int | None = None  # None: an agent from before issue 14 (no demand published)
     minimum_bytes: int = 0
     share_error: str | None = None
     metrics_url: str | None = None
