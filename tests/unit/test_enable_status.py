@@ -170,7 +170,7 @@ def test_status_host_line_says_how_the_cap_is_divided(tmp_path):
     line = host_line(Ledger(str(path), None).host_share())
     assert line.startswith("host: pinned cap 100MiB, held ")
     assert "1 older agents hold 10MiB first come" in line
-    assert "\n  error: guaranteed minimums add up to" in line
+    assert "\n  error: guaranteed minimums (min=) add up to 120MiB, more than the 90MiB" in line
 
 
 def test_agents_started_by_a_command_get_the_config_by_absolute_path(tmp_path, monkeypatch):

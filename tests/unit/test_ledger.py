@@ -184,10 +184,10 @@ def test_damaged_share_file_is_ignored(tmp_path):
     (tmp_path / "share.json").write_text(json.dumps({"version": 1, "domains": {
         "x": {"pid": os.getpid(), "budget": 5, "demand": [[10, 1.0], [5, 2.0]]},
         "y": {"pid": os.getpid(), "budget": -5}, "z": "no"}}))
-    got = Ledger(str(tmp_path / "ledger.json"), cap=10).divide("a", Demand(budget=10))
-    assert set(got.demands) == {"a"} and got.granted == 10
+    got = Ledger(str(tmp_path / "ledger.json"), cap=MiB).divide("a", Demand(budget=MiB))
+    assert set(got.demands) == {"a"} and got.granted == MiB
     (tmp_path / "share.json").write_text("{broken")
-    assert Ledger(str(tmp_path / "ledger.json"), cap=10).divide("a", Demand(budget=10)).granted == 10
+    assert Ledger(str(tmp_path / "ledger.json"), cap=MiB).divide("a", Demand(budget=MiB)).granted == MiB
 
 
 def test_minimums_over_the_cap_are_reported(tmp_path):

@@ -86,6 +86,8 @@ def updated(current: DomainSettings | None, args: argparse.Namespace) -> DomainS
         disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), budget=budget)
     budget = settings.budget if args.budget is None else args.budget
     minimum = settings.minimum if getattr(args, "minimum", None) is None else args.minimum
+    if minimum is not None and budget is not None and minimum > budget:
+        raise ConfigError("--min", format_size(minimum), f"must not be above the budget ({format_size(budget)})")
     new = dataclasses.replace(settings, enabled=True, budget=budget, disks=tuple(disks.values()), minimum=minimum)
     return parse_settings(build_settings(new))  # what libvirt will hold, checked (e.g. DEV names)
 

@@ -34,7 +34,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .params import ModelParams
+from ..units import format_size
+from .params import PAGE_SIZE, ModelParams
 from .region import Region
 
 if TYPE_CHECKING:  # numpy loads in demand_curve only: the ledger and `vmcache status` split without it
@@ -213,8 +214,8 @@ def _minimums(demands: Mapping[str, Demand], avail: int) -> tuple[dict[str, int]
     if total <= avail:
         return wanted, total, None
     scaled = {n: m * avail // total for n, m in wanted.items()}
-    error = (f"guaranteed minimums add up to {total} bytes, more than the {avail} bytes of the cap "
-             f"left for them: each was cut to {avail * 100 // max(total, 1)}%")
+    error = (f"guaranteed minimums (min=) add up to {format_size(total)}, more than the {format_size(avail)} "
+             f"of the pinned cap left for them: each was cut to {avail * 100 // max(total, 1)}%")
     return scaled, sum(scaled.values()), error
 
 
@@ -268,11 +269,11 @@ def _water_fill(demands: Mapping[str, Demand], grants: dict[str, int], left: int
 
 def _share_rest(demands: Mapping[str, Demand], grants: dict[str, int], left: int) -> int:
     """Share ``left`` equally between domains below their budget (water-filling); return what is left."""
-    while left > 0:
+    while left >= PAGE_SIZE:
         open_ = sorted(n for n, d in demands.items() if grants[n] < d.budget)
         if not open_:
             break
-        each = max(1, left // len(open_))
+        each = max(PAGE_SIZE, left // len(open_) // PAGE_SIZE * PAGE_SIZE)  # whole pages: no "granted 1B"
         for name in open_:
             take = min(each, demands[name].budget - grants[name], left)
             grants[name] += take
