@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import BinaryIO
 
+    from ..settings.config import HostConfig
     from .launcher import Launcher
 
 __all__ = ["Action", "Decision", "run", "main", "START_OPS", "STOP_OPS", "FILTER_OPS"]
@@ -175,6 +176,17 @@ def _parse_args(argv: Sequence[str]) -> tuple[str, list[str]]:
     return config_path, args
 
 
+def _host_config(config_path: str, cache_dir: str | None) -> tuple[HostConfig, ConfigError | None]:
+    """The host config (the defaults, and why, when it is not valid); imported only when acting."""
+    from ..host.configfile import load_host_config
+    from ..settings.config import HostConfig
+
+    try:
+        return load_host_config(config_path, check_model=False, cache_dir=cache_dir), None
+    except ConfigError as err:
+        return HostConfig(), err
+
+
 def run(
     args: Sequence[str],
     stdin: BinaryIO,
@@ -200,14 +212,7 @@ def run(
         decision = Decision(Action.IGNORE, args[0], op, "no vmcache metadata")
     if decision is not None and decision.action is not Action.STOP and decision.op not in START_OPS:
         return decision  # a filter, or nothing vmcache acts on: nothing to do or log
-    from ..host.configfile import load_host_config
-    from ..settings.config import HostConfig
-
-    config_error = None
-    try:
-        config = load_host_config(config_path, check_model=False, cache_dir=cache_dir)
-    except ConfigError as err:
-        config, config_error = HostConfig(), err
+    config, config_error = _host_config(config_path, cache_dir)
     if setup_logging is not None:
         setup_logging(config.log_dir)
     if decision is None:
