@@ -82,8 +82,8 @@ def updated(current: DomainSettings | None, args: argparse.Namespace) -> DomainS
     disks = {d.dev: d for d in settings.disks}
     for dev in args.exclude:
         disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), exclude=True)
-    for dev, budget in _disk_budgets(args.disk_budget).items():
-        disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), budget=budget)
+    for dev, disk_budget in _disk_budgets(args.disk_budget).items():
+        disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), budget=disk_budget)
     budget = settings.budget if args.budget is None else args.budget
     minimum = settings.minimum if getattr(args, "minimum", None) is None else args.minimum
     if minimum is not None and budget is not None and minimum > budget:

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _starting(agents_dir: str, known: set[str]) -> list[dict[str, Any]]:
     """Agents holding a pidfile lock that have not written a status file yet."""
-    found = []
+    found: list[dict[str, Any]] = []
     try:
         names = sorted(n for n in os.listdir(agents_dir) if n.endswith(".pid"))
     except FileNotFoundError:

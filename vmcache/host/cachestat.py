@@ -102,7 +102,7 @@ def cachestat_supported(fd: int | None = None) -> bool:
     global _supported
     if _supported is None:
         own = fd is None
-        probe_fd = os.open("/proc/self/exe", os.O_RDONLY) if own else fd
+        probe_fd = os.open("/proc/self/exe", os.O_RDONLY) if fd is None else fd
         try:
             _raw_cachestat(probe_fd, 0, PAGE_SIZE)
             _supported = True

@@ -25,7 +25,7 @@ Index = NDArray[np.int64]
 class BlockValues(NamedTuple):
     """``value[i]`` belongs to block ``index[i]``; ``index`` sorted, unique; blocks not listed are 0."""
 
-    index: Index
+    index: Index  # type: ignore[assignment]  # shadows tuple.index(), which nothing here calls
     value: NDArray[np.float32]
 
     @classmethod
@@ -88,7 +88,8 @@ def dilate(index: Index, radius: int, nblocks: int) -> Index:
     ends = np.concatenate((ends[apart], ends[-1:]))
     lengths = ends - starts
     offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(starts, lengths) + offsets
+    blocks: Index = np.repeat(starts, lengths) + offsets
+    return blocks
 
 
 def positions(within: Index, blocks: Index) -> NDArray[np.intp]:
@@ -101,7 +102,8 @@ def member(blocks: Index, of: Index) -> NDArray[np.bool_]:
     if of.size == 0 or blocks.size == 0:
         return np.zeros(blocks.size, dtype=bool)
     at = np.minimum(np.searchsorted(of, blocks), of.size - 1)
-    return of[at] == blocks
+    found: NDArray[np.bool_] = of[at] == blocks
+    return found
 
 
 def union(*indices: Index) -> Index:

@@ -71,7 +71,7 @@ and pinning it would not have helped anyway.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -95,6 +95,7 @@ in tests/unit/test_sparse_model.py; at 1e-6 no plan differed. Decaying from
 1 to there takes ~170 cycles at the default decay.)"""
 
 Index = NDArray[np.int64]
+_G = TypeVar("_G", bound=np.generic)
 
 
 class ActiveHeat(NamedTuple):
@@ -121,7 +122,10 @@ class HeatModel:
         self._write_kernel = _half_kernel(params.write_sigma)
         self._radius = max(self._read_kernel.size, self._write_kernel.size) - 1
         self._nblocks = 0
-        self.reset()
+        self._blocks: Index = np.zeros(0, np.int64)
+        self._heat: NDArray[np.float32] = np.zeros(0, np.float32)
+        self._own: NDArray[np.float32] = np.zeros(0, np.float32)
+        self._last: float | None = None
         self.resize(nblocks)
 
     @property
@@ -135,7 +139,7 @@ class HeatModel:
     @property
     def active(self) -> ActiveHeat:
         """The blocks with heat or own heat, and both (sorted, read-only; replaced by each step)."""
-        return ActiveHeat(*(_readonly(a) for a in (self._blocks, self._heat, self._own)))
+        return ActiveHeat(_readonly(self._blocks), _readonly(self._heat), _readonly(self._own))
 
     @property
     def heat(self) -> NDArray[np.float32]:
@@ -343,10 +347,10 @@ class HeatModel:
         self._blocks = np.zeros(0, np.int64)
         self._heat = np.zeros(0, np.float32)
         self._own = np.zeros(0, np.float32)
-        self._last: float | None = None
+        self._last = None
 
 
-def _readonly(array: NDArray[np.generic]) -> NDArray[np.generic]:
+def _readonly(array: NDArray[_G]) -> NDArray[_G]:
     view = array.view()
     view.flags.writeable = False
     return view

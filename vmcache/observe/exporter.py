@@ -216,7 +216,7 @@ def _family(address: str) -> socket.AddressFamily:
 
 def _bind(address: str, ports: list[int], app: WSGIApp) -> _Server | None:
     """A server bound and listening on the first port of ``ports`` that binds; None if none does."""
-    server_class = type("_BoundServer", (_Server,), {"address_family": _family(address)})
+    server_class: type[_Server] = type("_BoundServer", (_Server,), {"address_family": _family(address)})
     for port in ports:
         try:
             httpd = server_class((address, port), _Handler)

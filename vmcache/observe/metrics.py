@@ -109,7 +109,7 @@ class AgentMetrics:
         version: str = __version__,
     ) -> None:
         if registry is None:
-            disable_created_metrics()
+            disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
             registry = CollectorRegistry(auto_describe=True)
             ProcessCollector(registry=registry)
             PlatformCollector(registry=registry)

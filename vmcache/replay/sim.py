@@ -220,7 +220,8 @@ def cycle_ends(bt: BlockTrace, interval: float) -> list[int]:
         return []
     t0 = float(bt.time[0])
     ncycles = int((float(bt.time[-1]) - t0) // interval) + 1
-    return np.searchsorted(bt.time, t0 + interval * np.arange(1, ncycles + 1), side="left").tolist()
+    bounds: list[int] = np.searchsorted(bt.time, t0 + interval * np.arange(1, ncycles + 1), side="left").tolist()
+    return bounds
 
 
 def serve(blocks: list[int], begin: int, end: int, hits: bytearray, pinned: set[int],
@@ -386,7 +387,7 @@ def replay(
     if not 0.0 < pin_share <= 1.0:
         raise ValueError(f"pin_share must be in (0, 1], got {pin_share}")
     p = params or ModelParams()
-    p = replace(p, block_size=block_size, **({"interval": interval} if interval is not None else {}))
+    p = replace(p, block_size=block_size, interval=p.interval if interval is None else interval)
     bt = to_blocks(trace, block_size, size_bytes)
     results: list[PolicyResult] = []
     size = bt.nblocks * block_size if size_bytes is None else size_bytes

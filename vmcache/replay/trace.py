@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -221,9 +222,12 @@ def read_trace(path: str | os.PathLike[str], *, filename: str | None = None) -> 
     return read_csv(path)
 
 
-def _number(text: str, kind: type, name: str, line: int, what: str) -> int | float:  # type: ignore[type-arg]
+_N = TypeVar("_N", int, float)
+
+
+def _number(text: str, kind: type[_N], name: str, line: int, what: str) -> _N:
     try:
-        return kind(text)  # type: ignore[no-any-return]
+        return kind(text)
     except ValueError:
         expected = "a whole number" if kind is int else "a number"
         raise TraceFormatError(name, line, f"{what} must be {expected}, got {_short(text)}") from None

@@ -347,7 +347,7 @@ def _detached_child(argv: list[str], lock_fd: int, pidfile: str, null_fd: int, o
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         try:
             chunk = os.read(fd, 4096)
@@ -417,7 +417,7 @@ def wait_for_pidfile(domain: str, domain_id: int | None, environ: dict[str, str]
             waited = clock() - started
             if waited > give_up:
                 raise HostError(f"the previous agent ({holder}) kept the pidfile lock for {give_up:g} s", path=path)
-            if waited > grace and ours and not killed:
+            if waited > grace and ours and holder and not killed:
                 _kill(holder)
                 killed = True
             sleep(0.05)

@@ -196,7 +196,8 @@ def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, 
             mark = key_node.start_mark
             raise ConfigError(_key_text(key), None, f"key given twice (line {mark.line + 1})")
         seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
+    mapping: dict[Any, Any] = loader.construct_mapping(node, deep=deep)
+    return mapping
 
 
 # --- the JSON form of a validated config (what vmcache.host.configfile caches) ---

@@ -67,7 +67,8 @@ def render_image(data: HeatmapData, options: RenderOptions = RenderOptions()) ->
     """The heat map as a Pillow RGB image: title, offset scale, map, legend."""
     lay = layout(data.nblocks, data.block_size, options)
     cells = cell_colours(data, lay, options.heat_scale)
-    mapimg = Image.fromarray(cells, "RGB").resize((lay.cols * lay.scale, lay.rows * lay.scale), Image.NEAREST)
+    mapimg = Image.fromarray(cells, "RGB").resize((lay.cols * lay.scale, lay.rows * lay.scale),
+                                                      Image.Resampling.NEAREST)
 
     f_title, f_text, f_small = _font(18, bold=True), _font(13), _font(12)
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
@@ -121,6 +122,7 @@ def _draw_legend(draw: ImageDraw.ImageDraw, y: int, notes: list[str],
         cx, cy = _MARGIN + (i % 3) * col_w, y + (i // 3) * 24
         for k in range(_SWATCH_W):
             level = math.sqrt(k / (_SWATCH_W - 1))
+            colour: tuple[int, ...]
             if hue is None:
                 g = int(EMPTY_COLD + (EMPTY_WARM - EMPTY_COLD) * level)
                 colour = (g, g, g)
