@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     # build_settings/parse_settings validate; the domain's model overrides must fit ModelParams too
     config.model_params(new.model)
     if new.minimum is not None and new.budget is None and new.minimum > config.budget:
-        raise ConfigError("--min", args.minimum, f"must not be above the host default budget ({format_size(config.budget)})")
+        raise ConfigError("--min", args.minimum,
+                          f"must not be above the host default budget ({format_size(config.budget)})")
     dom.set_settings(new, flags)
     shown = format_size(new.budget) if new.budget is not None else f"host default {format_size(config.budget)}"
     print(f"{args.domain}: vmcache enabled, budget {shown}"

@@ -41,7 +41,8 @@ def _budgets(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", nargs="?", help="trace file: CSV (time,op,offset,length) or fio iolog v2/v3")
     parser.add_argument("--budget", type=_budgets, action="append", metavar="SIZE[,SIZE...]",
-                        help="memory for every policy (repeat or comma-separate; default: image size, rounded up to a power of 2, / 64, 32, 16, 8, 4)")
+                        help="memory for every policy (repeat or comma-separate; default: image size, "
+                             "rounded up to a power of 2, / 64, 32, 16, 8, 4)")
     parser.add_argument("--block-size", type=size_arg, default=DEFAULT_BLOCK,
                         help="cache and model granularity, a multiple of 4096 (default 64KiB)")
     parser.add_argument("--interval", type=duration_arg, default=None,
@@ -126,7 +127,8 @@ def _generate(args: argparse.Namespace) -> int:
         write_csv(trace, args.out)
     except OSError as err:
         raise HostError(f"cannot write trace: {os.strerror(err.errno or 0)}", path=args.out, errno=err.errno) from err
-    print(f"wrote {len(trace)} requests over {trace.duration:.0f}s of a {format_size(args.gen_size)} image to {args.out}")
+    print(f"wrote {len(trace)} requests over {trace.duration:.0f}s of a {format_size(args.gen_size)} image "
+          f"to {args.out}")
     return 0
 
 
@@ -193,9 +195,10 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         print("per VM: hit ratio, mean grant")
         print(report.host_table(results))
     if args.plot:
-        _write_plot(args.plot, report.plot_png([r.total for r in results], title="host: aggregate hit ratio vs pinned cap",
-                                               x_label="pinned cap (memory: " + (format_size(args.memory)
-                                                                                 if args.memory else "2 x cap") + ")"))
+        memory = format_size(args.memory) if args.memory else "2 x cap"
+        _write_plot(args.plot, report.plot_png([r.total for r in results],
+                                               title="host: aggregate hit ratio vs pinned cap",
+                                               x_label=f"pinned cap (memory: {memory})"))
     return 0
 
 

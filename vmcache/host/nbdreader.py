@@ -4,7 +4,8 @@ QEMU shows each exported bitmap ``B`` as the NBD meta context
 ``qemu:dirty-bitmap:B``: extents whose flag bit 0 is set are dirty. A reply
 may cover less than the length asked for, so the loop advances by what the
 callbacks reported (the least over all contexts asked), never by the
-request. Requests are pipelined (``WINDOW`` in flight). Every wait is bounded: libnbd's asynchronous calls are polled with
+request. Requests are pipelined (``WINDOW`` in flight). Every wait is bounded:
+libnbd's asynchronous calls are polled with
 a timeout.
 
 Extents are numpy ``int64`` arrays of shape ``(n, 2)``: ``(offset, length)``

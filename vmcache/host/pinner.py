@@ -153,7 +153,8 @@ class Pinner:
         try:
             self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as err:
-            raise PinError(f"cannot open image: {os.strerror(err.errno or 0)}", path=self.path, errno=err.errno) from err
+            raise PinError(f"cannot open image: {os.strerror(err.errno or 0)}", path=self.path,
+                           errno=err.errno) from err
         try:  # this open file only: reads load what they ask for, no readahead (see _load)
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
         except OSError:

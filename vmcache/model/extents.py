@@ -107,7 +107,8 @@ def extents_to_block_values(extents: np.ndarray, block_size: int, nblocks: int) 
     first = starts // block_size
     counts = (ends - 1) // block_size - first + 1
     total = int(counts.sum())
-    blocks = np.repeat(first, counts) + (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts))
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    blocks = np.repeat(first, counts) + within
     low = np.maximum(blocks * block_size, np.repeat(starts, counts))
     high = np.minimum((blocks + 1) * block_size, np.repeat(ends, counts))
     index, inverse = np.unique(blocks, return_inverse=True)

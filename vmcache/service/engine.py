@@ -122,7 +122,8 @@ class DiskEngine:
         """
         if self.residency is None:
             return ()
-        return demand_of(self._cycle.model.active, self.params, size_bytes=self.residency.size_bytes, budget=budget, current=self._pinner.pinned)
+        return demand_of(self._cycle.model.active, self.params, size_bytes=self.residency.size_bytes, budget=budget,
+                         current=self._pinner.pinned)
 
     def pinned_mask(self) -> np.ndarray:
         return self._pinner.pinned_mask(self.params.block_size, self._cycle.nblocks)

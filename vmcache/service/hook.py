@@ -160,7 +160,8 @@ def _setup_logging(log_dir: str, *, syslog: str = SYSLOG_SOCKET) -> None:
         else:
             os.makedirs(log_dir, mode=0o755, exist_ok=True)
             handler = logging.FileHandler(os.path.join(log_dir, "hook.log"), encoding="utf-8")
-            handler.setFormatter(logging.Formatter(f"%(asctime)s vmcache-hook[{os.getpid()}] %(levelname)s %(message)s"))
+            handler.setFormatter(
+                logging.Formatter(f"%(asctime)s vmcache-hook[{os.getpid()}] %(levelname)s %(message)s"))
     except OSError:
         handler = logging.NullHandler()
     log.addHandler(handler)
@@ -248,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_path, args = _parse_args(sys.argv[1:] if argv is None else argv)
     try:
         run(args, sys.stdin.buffer, sys.stdout.buffer, config_path=config_path)
-    except Exception:  # noqa: BLE001 - the hook must never fail a domain: log anything and exit 0
+    except Exception:  # the hook must never fail a domain: log anything and exit 0
         log.exception(event("hook.crashed", args=" ".join(args)))
     return 0
 

@@ -413,10 +413,11 @@ def wait_for_pidfile(domain: str, domain_id: int | None, environ: dict[str, str]
             argv = cmdline(holder, proc=proc) if holder else None
             ours = argv is not None and argv[-2:] == ["--domain", domain]
             if ours and domain_id is not None and _run_of(argv) == domain_id:
-                raise HostError(f"agent {holder} already follows run {domain_id}", path=path)
+                raise HostError(f"agent {holder} already follows run {domain_id}", path=path) from None
             waited = clock() - started
             if waited > give_up:
-                raise HostError(f"the previous agent ({holder}) kept the pidfile lock for {give_up:g} s", path=path)
+                raise HostError(f"the previous agent ({holder}) kept the pidfile lock for {give_up:g} s",
+                                path=path) from None
             if waited > grace and ours and holder and not killed:
                 _kill(holder)
                 killed = True

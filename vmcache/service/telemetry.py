@@ -44,7 +44,8 @@ class Telemetry:
         m = self._config.metrics
         options = RenderOptions(blocks_per_pixel=self._config.heatmap.blocks_per_pixel,
                                 aspect=self._config.heatmap.aspect)
-        self._server = serve_metrics(metrics.registry, address=m.listen, ports=m.ports, tls=m.tls, basic_auth=m.basic_auth,
+        self._server = serve_metrics(metrics.registry, address=m.listen, ports=m.ports, tls=m.tls,
+                                     basic_auth=m.basic_auth,
                                      pages=lambda path: heatmap_page(path, heatmaps, options))
         self._targets = TargetsFile(self.domain, uuid, self._server.target,
                                     directory=os.path.join(self._config.runtime_dir, "prometheus"))
@@ -57,7 +58,10 @@ class Telemetry:
             self._metrics.set_host_memory(available_bytes)
 
     def set_share(self, budget: int, granted: int, demand: int, minimum: int, cap: int | None) -> None:
-        """Record the domain's budget, grant, demand and minimum, and the host cap (nothing before the metrics exist)."""
+        """Record the domain's budget, grant, demand and minimum, and the host cap.
+
+        Nothing before the metrics exist.
+        """
         if self._metrics is not None:
             self._metrics.set_share(budget=budget, granted=granted, demand=demand, minimum=minimum, cap=cap)
 

@@ -207,7 +207,7 @@ def _disk(element: Element) -> DiskInfo:
     source_el = element.find("source")
     source = None
     if source_el is not None:
-        source = source_el.get("file") if source_type == "file" else source_el.get("dev") if source_type == "block" else None
+        source = {"file": source_el.get("file"), "block": source_el.get("dev")}.get(source_type)
     driver = element.find("driver")
     return DiskInfo(
         target=dev,

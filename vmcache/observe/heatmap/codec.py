@@ -25,7 +25,8 @@ def heatmap_json(data: HeatmapData, *, max_buckets: int = 4096, digits: int = 4)
     bucket_blocks = max(1, -(-data.nblocks // max_buckets))
     nb = -(-data.nblocks // bucket_blocks) if data.nblocks else 0
     lay = Layout(bucket_blocks, max(nb, 1), 1, 1, 0)
-    cells = cell_values(data, lay) if data.nblocks else {k: np.zeros((1, 0)) for k in ("heat", "pinned", "resident", "written")}
+    names = ("heat", "pinned", "resident", "written")
+    cells = cell_values(data, lay) if data.nblocks else {k: np.zeros((1, 0)) for k in names}
 
     def values(name: str) -> list[float]:
         return [round(float(v), digits) for v in cells[name][0][:nb]]
