@@ -103,6 +103,16 @@ def test_domain_without_metadata_has_no_settings():
     assert parse_domain(b"<domain><name>plain</name></domain>").settings is None
 
 
+def test_the_user_qemu_runs_as_comes_from_the_dac_seclabel():
+    live = ("<domain><name>d</name><seclabel type='dynamic' model='apparmor' relabel='yes'><label>libvirt-x</label>"
+            "</seclabel><seclabel type='dynamic' model='dac' relabel='yes'><label>+64055:+108</label>"
+            "<imagelabel>+64055:+108</imagelabel></seclabel></domain>")
+    assert parse_domain(live).qemu_user == (64055, 108)
+    assert parse_domain("<domain><name>d</name></domain>").qemu_user is None
+    named = "<domain><name>d</name><seclabel model='dac'><label>qemu:qemu</label></seclabel></domain>"
+    assert parse_domain(named).qemu_user is None
+
+
 def test_element_without_enabled_means_enabled_and_host_budget():
     settings_ = parse_settings(f"<vmcache:cache xmlns:vmcache='{NAMESPACE}'/>")
     assert settings_ == DomainSettings(enabled=True, budget=None)

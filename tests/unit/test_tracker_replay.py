@@ -139,6 +139,29 @@ def test_runtime_dir_open_to_others_is_refused(tmp_path: Path) -> None:
         DirtyTracker(Never(), "n", runtime_dir=str(loose)).start()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_runtime_dir_is_given_to_the_user_qemu_runs_as(tmp_path: Path) -> None:
+    """On Debian QEMU runs as libvirt-qemu: it must be able to bind the NBD socket in the directory."""
+    class Nodes:
+        def execute(self, command, arguments=None):
+            if command == "query-named-block-nodes":
+                return [{"node-name": "n", "image": {"virtual-size": 1 << 20}, "dirty-bitmaps": []}]
+            return {}
+
+        def close(self) -> None:
+            pass
+
+    run = tmp_path / "nbd"
+    tracker = DirtyTracker(Nodes(), "n", runtime_dir=str(run), socket_owner=(64055, 64056))
+    tracker._open_runtime_dir()
+    info = run.stat()
+    assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (64055, 64056, 0o700)
+    # An agent started again finds it so and accepts it; anyone else's is still refused.
+    DirtyTracker(Nodes(), "n", runtime_dir=str(run), socket_owner=(64055, 64056))._open_runtime_dir()
+    with pytest.raises(TrackerError, match="0700"):
+        DirtyTracker(Nodes(), "n", runtime_dir=str(run))._open_runtime_dir()
+
+
 # -- extents ----------------------------------------------------------------
 
 

@@ -86,10 +86,13 @@ class DirtyTracker:
 
     ``runtime_dir``: where the NBD socket goes (created 0700 if missing,
     refused if group/other can enter it); a private temporary directory
-    when None. ``reader`` reads the exported bitmaps (tests replay a
-    recording). Usable as a context manager (``start()`` / ``stop()``).
-    Not thread-safe; trackers of one QEMU must not read at the same time
-    (QEMU has one NBD server).
+    when None. ``socket_owner`` (uid, gid): the user QEMU runs as, which
+    must create the socket there - the directory is given to it (still
+    0700; root connects anyway); None when QEMU runs as this process's
+    user. ``reader`` reads the exported bitmaps (tests replay a recording).
+    Usable as a context manager (``start()`` / ``stop()``). Not
+    thread-safe; trackers of one QEMU must not read at the same time (QEMU
+    has one NBD server).
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class DirtyTracker:
         *,
         granularity: int = DEFAULT_GRANULARITY,
         runtime_dir: str | None = None,
+        socket_owner: tuple[int, int] | None = None,
         prefix: str = DEFAULT_PREFIX,
         timeout: float = 10.0,
         logger: logging.Logger | None = None,
@@ -119,6 +123,7 @@ class DirtyTracker:
         self.view_node = f"{prefix}v{tag}"[:_MAX_NODE_NAME]
         self.export_name = f"{prefix}x{tag}"
         self._runtime_dir_arg = runtime_dir
+        self._socket_owner = socket_owner
         self._runtime_dir: str | None = None
         self._made_runtime_dir = False
         self._session = secrets.token_hex(4)
@@ -431,13 +436,18 @@ class DirtyTracker:
             self._made_runtime_dir = True
             return
         path = self._runtime_dir_arg
+        owners = {os.geteuid()}
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
-            info = os.stat(path)
+            if self._socket_owner is not None and self._socket_owner[0] != os.geteuid():
+                # QEMU (e.g. libvirt-qemu on Debian) binds the socket in here.
+                os.chown(path, *self._socket_owner)
+                owners.add(self._socket_owner[0])
+            info = os.lstat(path)
         except OSError as err:
             raise TrackerError(f"runtime directory {path}: {err.strerror}") from err
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-            raise TrackerError(f"runtime directory {path}: must be a directory of ours with mode 0700")
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or info.st_mode & 0o077:
+            raise TrackerError(f"runtime directory {path}: must be a directory of ours (or QEMU's) with mode 0700")
         self._runtime_dir = path
 
     def _close_runtime_dir(self) -> None:

@@ -49,7 +49,8 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
     link = DomainLink(domain, uri, connect=connect_, wake=wake, domain_id=domain_id)
     refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
     uuid = lambda: link.uuid  # noqa: E731 - known once the link attached, before the first worker
-    disks = DiskSet(config, _worker_factory(domain, config, telemetry, uuid, refs, granularity, logger),
+    qemu_user = lambda: link.qemu_user  # noqa: E731 - likewise; QEMU binds the NBD socket as this user
+    disks = DiskSet(config, _worker_factory(domain, config, telemetry, uuid, qemu_user, refs, granularity, logger),
                     refs=refs, logger=logger)
     budget = Budget(domain, Ledger(config.ledger_path, None), cap=config.pinned_cap,
                     psi_threshold=config.psi_threshold, pressure=pressure or read_pressure,
@@ -60,12 +61,14 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
 
 
 def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid: Callable[[], str],
-                    refs: PageRefs, granularity: int, logger: Any) -> WorkerFactory:
+                    qemu_user: Callable[[], tuple[int, int] | None], refs: PageRefs, granularity: int,
+                    logger: Any) -> WorkerFactory:
     runtime_dir = nbd_dir(config.runtime_dir, domain)
 
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams) -> DiskWorker:
         return DiskWorker(choice, node=node, monitor=monitor, params=params, floor_bytes=config.min_free,
                           prefetch_rate=config.prefetch_rate, refs=refs, runtime_dir=runtime_dir,
+                          socket_owner=qemu_user(),
                           granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,
                           heatmap=_heatmap_writer(domain, choice.disk.target, config))
 

@@ -49,6 +49,7 @@ class DiskWorker:
         prefetch_rate: int | None = None,
         refs: PageRefs | None = None,
         runtime_dir: str,
+        socket_owner: tuple[int, int] | None = None,
         granularity: int,
         metrics: AgentMetrics,
         logger: logging.Logger,
@@ -71,7 +72,8 @@ class DiskWorker:
                                  budget_bytes=choice.budget, dirty_granule_bytes=granularity if node else None)
         self.tracker: DirtyTracker | None = None
         if node is not None:
-            tracker = DirtyTracker(monitor, node, granularity=granularity, runtime_dir=runtime_dir, logger=logger)
+            tracker = DirtyTracker(monitor, node, granularity=granularity, runtime_dir=runtime_dir,
+                                   socket_owner=socket_owner, logger=logger)
             try:
                 tracker.start()
                 self.tracker = tracker

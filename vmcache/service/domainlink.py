@@ -47,6 +47,8 @@ class DomainLink:
         self._dom: Any = None
         self._events: DomainEvents | None = None
         self.uuid = ""  # known once attached
+        #: (uid, gid) QEMU runs as, from the DAC seclabel (known once attached; None: not said)
+        self.qemu_user: tuple[int, int] | None = None
 
     def attach(self) -> DomainInfo:
         """Connect, look the domain up, subscribe to its events; its XML.
@@ -71,6 +73,7 @@ class DomainLink:
         self._events = DomainEvents(self._conn, self._dom, self._wake)
         info = self.read_xml()
         self.uuid = info.uuid
+        self.qemu_user = info.qemu_user
         return info
 
     def read_xml(self) -> DomainInfo:

@@ -133,6 +133,8 @@ class DomainInfo:
     disks: tuple[DiskInfo, ...]
     settings: DomainSettings | None
     id: int | None = None
+    #: uid and gid QEMU runs as (the running domain's DAC ``<seclabel>``); None when the XML does not say.
+    qemu_user: tuple[int, int] | None = None
 
 
 def parse_xml(text: str | bytes, what: str) -> Element:
@@ -175,7 +177,19 @@ def parse_domain(xml: str | bytes) -> DomainInfo:
             settings = _settings(element, _NS)
     run_id = root.get("id", "")
     return DomainInfo(name=name, uuid=uuid, disks=disks, settings=settings,
-                      id=int(run_id) if run_id.isdigit() else None)
+                      id=int(run_id) if run_id.isdigit() else None, qemu_user=_dac_user(root))
+
+
+def _dac_user(root: Element) -> tuple[int, int] | None:
+    """``(uid, gid)`` from a running domain's ``<seclabel model='dac'><label>+UID:+GID</label>``, else None."""
+    for seclabel in root.iterfind("seclabel"):
+        if seclabel.get("model") != "dac":
+            continue
+        uid, _, gid = (seclabel.findtext("label") or "").strip().partition(":")
+        uid, gid = uid.removeprefix("+"), gid.removeprefix("+")
+        if uid.isdigit() and gid.isdigit():
+            return int(uid), int(gid)
+    return None
 
 
 def parse_element(xml: str | bytes, namespace: str, name: str, what: str) -> tuple[Element, str]:
