@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit demo demo-clean fixtures bench soak libvirtd install uninstall clean
+.PHONY: setup test unit demo demo-clean fixtures bench soak libvirtd install uninstall clean deb
 
 setup:
 	scripts/setup.sh
@@ -34,6 +34,10 @@ bench: setup
 # About 10 minutes: 3 domains, random writes, libvirtd restarts, agent kills (not in make test).
 soak: setup
 	scripts/soak.sh
+
+# build/deb/vmcache_<version>_all.deb, with dpkg-buildpackage and debhelper.
+deb:
+	scripts/deb.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

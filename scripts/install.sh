@@ -4,6 +4,7 @@
 #   scripts/install.sh [--prefix DIR] [--no-reload]
 #   scripts/install.sh --uninstall [--prefix DIR] [--no-reload]
 #   scripts/install.sh --hook-only --python PY --config PATH [--hooks-dir DIR] [--no-reload] [--uninstall]
+#   scripts/install.sh --stop-agents
 #
 # Full install: a venv in PREFIX/venv (default /opt/vmcache) made from
 # /usr/bin/python3 --system-site-packages with `pip install .`; the
@@ -17,7 +18,9 @@
 # script reloads libvirtd (SIGHUP; running domains are not touched) unless
 # --no-reload, in which case it says what to run.
 #
-# --hook-only installs just the hook, running PY with config PATH (tests).
+# --hook-only installs just the hook, running PY with config PATH (tests, the
+# Debian package). --stop-agents stops every running agent (systemd units and
+# detached agents) and nothing else (the Debian package's prerm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +29,7 @@ HOOKS_DIR=/etc/libvirt/hooks
 CONFIG=/etc/vmcache/vmcache.yaml
 PYTHON=
 HOOK_ONLY=0
+STOP_AGENTS=0
 UNINSTALL=0
 RELOAD=1
 MARKER=vmcache-hook
@@ -39,6 +43,7 @@ while [ $# -gt 0 ]; do
     --python) PYTHON=$2; shift 2 ;;
     --config) CONFIG=$2; shift 2 ;;
     --hook-only) HOOK_ONLY=1; shift ;;
+    --stop-agents) STOP_AGENTS=1; shift ;;
     --uninstall) UNINSTALL=1; shift ;;
     --no-reload) RELOAD=0; shift ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -135,6 +140,11 @@ stop_agents() {
     fi
   done
 }
+
+if [ "$STOP_AGENTS" = 1 ]; then
+  stop_agents
+  exit 0
+fi
 
 if [ "$HOOK_ONLY" = 1 ]; then
   if [ "$UNINSTALL" = 1 ]; then uninstall_hook; else install_hook; fi
