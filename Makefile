@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit demo demo-clean fixtures bench soak libvirtd install uninstall clean deb
+.PHONY: setup test unit demo demo-clean fixtures bench soak libvirtd install uninstall clean deb test-host
 
 setup:
 	scripts/setup.sh
@@ -34,6 +34,12 @@ bench: setup
 # About 10 minutes: 3 domains, random writes, libvirtd restarts, agent kills (not in make test).
 soak: setup
 	scripts/soak.sh
+
+# A clean Debian 12 with systemd as PID 1 (debootstrap + systemd-nspawn, root
+# cached in /var/cache/vmcache-host): the README's path, the systemd path and
+# the Debian package on it (README, "Testing on a clean host").
+test-host:
+	tests/host/cleanhost.sh run
 
 # build/deb/vmcache_<version>_all.deb, with dpkg-buildpackage and debhelper.
 deb:

@@ -83,6 +83,12 @@ PYEOF
   fi
   sleep 10
 done
+# where the agent logs: its unit's journal with systemd, a file without
+if [ -d /run/systemd/system ]; then
+  agent_log="journalctl -f -u $(systemd-escape --template=vmcache-agent@.service "$NAME")"
+else
+  agent_log="tail -f /var/log/vmcache/agent-$NAME.log"
+fi
 cat <<EOF
 
 demo: vmcache keeps $NAME's hot region (the first ~200 MiB the guest hammers) in the page cache.
@@ -90,7 +96,7 @@ Look further:
   vmcache status $NAME --json        what the agent is doing
   curl -s \$(vmcache status $NAME --json | jq -r '.[0].metrics_url')   all its metrics
   ls /run/vmcache/prometheus/        file_sd targets for Prometheus (docs/metrics.md)
-  tail -f /var/log/vmcache/agent-$NAME.log
+  $agent_log   the agent's log
   grep -a '"iops"' $DIR/console.log   the guest's fio results
 Clean up: make demo-clean   (and make uninstall to remove vmcache)
 EOF
