@@ -254,3 +254,22 @@ def test_demand_is_the_plan_at_the_full_budget_whatever_the_grant(image: Path) -
         densities = [(v1 - v0) / (b1 - b0) for (b0, v0), (b1, v1) in zip(((0, 0.0),) + curve, curve)]
         assert densities == sorted(densities, reverse=True) and 0 < densities[0] <= 1.0
         assert e.demand(8 * MiB)[-1][0] <= 8 * MiB
+
+
+def test_a_smaller_grant_releases_the_lowest_priority_region_first(image: Path) -> None:
+    with engine(image, budget=64 * MiB) as e:
+        for cycle in range(6):
+            guest_read(image, 10 * MiB, 8 * MiB)  # read every cycle: the hotter region
+            if cycle >= 3:
+                guest_read(image, 100 * MiB, 8 * MiB)  # read from the fourth cycle on
+            e.cycle()
+        spans = pinned_spans(e)
+        assert any(s <= 10 * MiB < s + n for s, n in spans) and any(s <= 100 * MiB < s + n for s, n in spans)
+        e.budget = 10 * MiB  # the grant shrinks to one region's worth
+        guest_read(image, 10 * MiB, 8 * MiB)
+        guest_read(image, 100 * MiB, 8 * MiB)
+        e.cycle()
+        spans = pinned_spans(e)
+        # the hotter region stays whole; the newer, cooler one keeps only what is left of the grant
+        assert (10 * MiB, 8 * MiB) in spans
+        assert sum(n for s, n in spans if s >= 100 * MiB) <= 2 * MiB
