@@ -20,8 +20,9 @@ libvirt = pytest.importorskip("libvirt")
 
 from vmcache.host.files import file_stem  # noqa: E402
 
-from tests.live.livelib import MiB, cache_metadata, domain_xml, wait_for  # noqa: E402
-from tests.live.test_reliability_live import Env, cleanup, env, running  # noqa: E402,F401 - fixtures
+from tests.live.livelib import (  # noqa: E402
+    MiB, cache_metadata, domain_xml, guest_write, leftovers, scrape, wait_for)
+from tests.live.test_reliability_live import Env, cleanup, env, running, start  # noqa: E402,F401 - fixtures
 
 pytestmark = pytest.mark.live
 
@@ -117,3 +118,73 @@ def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its
     assert not list(env.agents.glob(f"{file_stem(name)}*.pid")), "a pidfile was left behind"
     assert "agent.started-after" in env.hook_log()  # the frozen rounds took the successor path
 
+
+# -- external snapshots and block jobs --------------------------------------------------------------
+
+
+def _disk(env: Env, name: str, target: str = "vda") -> dict | None:
+    status = env.status(name)
+    return next((d for d in status["disks"] if d["target"] == target), None) if status else None
+
+
+def _written(env: Env, name: str) -> float:
+    return scrape(env.status(name)["metrics_url"], "vmcache_guest_dirtied_bytes_total")
+
+
+def _follows(env: Env, name: str, image: Path, dom, offset: int, what: str) -> None:  # type: ignore[no-untyped-def]
+    """The agent manages ``image`` as vda and counts and pins a 4 MiB write at ``offset`` on it."""
+    try:
+        wait_for(lambda: (d := _disk(env, name)) and d["source"] == str(image) and not d["error"],
+                 f"the agent to follow {what}", timeout=15)
+        before = _written(env, name)
+        guest_write(dom, offset, 4 * MiB)
+        wait_for(lambda: _written(env, name) - before >= 4 * MiB, f"writes on {what} to be counted", timeout=15)
+        wait_for(lambda: (d := _disk(env, name)) and d["pinned_bytes"] >= 4 * MiB, f"pins on {what}", timeout=15)
+    except AssertionError as err:
+        from urllib.request import urlopen
+        text = [l for l in urlopen(env.status(name)["metrics_url"]).read().decode().splitlines() if "dirtied" in l]
+        raise AssertionError(f"{err}: {text}\n{env.status(name)}\n{env.agent_log(name)[-4000:]}") from None
+    maps = Path(f"/proc/{env.agent_pid(name)}/maps").read_text()
+    assert str(image) in maps, f"{what} is not pinned"
+
+
+def test_external_snapshot_and_blockcommit_pivot_are_followed_and_never_fail(env: Env, cleanup) -> None:
+    name = "vmcache-test-life-snap"
+    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    base = env.tmp / f"{file_stem(name)}.raw"
+    running(env, name)
+    pid = env.agent_pid(name)
+    guest_write(dom, 0, 4 * MiB)
+    wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin on the base image")
+
+    overlay = env.tmp / "snap-s1.qcow2"
+    dom.snapshotCreateXML(
+        f"<domainsnapshot><name>s1</name><disks><disk name='vda' snapshot='external'>"
+        f"<driver type='qcow2'/><source file='{overlay}'/></disk></disks></domainsnapshot>",
+        libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
+    _follows(env, name, overlay, dom, 8 * MiB, "the snapshot's overlay")
+    assert "disk.image_changed" in env.agent_log(name)
+
+    # Active blockcommit of the overlay into the base, then pivot: the base is the top again.
+    dom.blockCommit("vda", None, None, 0, libvirt.VIR_DOMAIN_BLOCK_COMMIT_ACTIVE)
+    wait_for(lambda: (info := dom.blockJobInfo("vda", 0)) and info["end"] > 0 and info["cur"] == info["end"],
+             "the commit to be ready")
+    dom.blockJobAbort("vda", libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+    _follows(env, name, base, dom, 16 * MiB, "the base after the commit")
+    assert env.agent_pid(name) == pid  # followed, not restarted
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert str(overlay) not in maps  # the committed overlay's pins went with it
+    left = leftovers(dom)
+    assert len(left["bitmaps"]) == 1 and left["exports"] == [], left
+
+    # A second snapshot, then blockpull: the base's data pulled into the overlay, which stays the top.
+    overlay2 = env.tmp / "snap-s2.qcow2"
+    dom.snapshotCreateXML(
+        f"<domainsnapshot><name>s2</name><disks><disk name='vda' snapshot='external'>"
+        f"<driver type='qcow2'/><source file='{overlay2}'/></disk></disks></domainsnapshot>",
+        libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
+    _follows(env, name, overlay2, dom, 20 * MiB, "the second snapshot's overlay")
+    dom.blockPull("vda", 0, 0)
+    wait_for(lambda: not dom.blockJobInfo("vda", 0), "the pull to finish", timeout=60)
+    _follows(env, name, overlay2, dom, 24 * MiB, "the overlay after the pull")
+    assert env.agent_pid(name) == pid

@@ -72,8 +72,7 @@ class FakeLink:
         return self.up
 
     def monitor(self) -> str:
-        self.monitors += 1
-        return f"monitor-{self.monitors}"
+        return f"monitor-{self.attaches}"  # the connection's
 
     def close(self) -> None:
         pass
@@ -188,7 +187,8 @@ def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: lis
     total = 16 << 30
     budget = Budget("d", Ledger(config.ledger_path, None), cap=config.pinned_cap, psi_threshold=10.0,
                     pressure=pressure, meminfo=lambda: MemInfo(total, total, total, 0, 0, 0, 0), logger=LOG)
-    disks = DiskSet(config, make, refs=FakeRefs(), logger=LOG, discover=lambda _m: [])  # type: ignore[arg-type]
+    disks = DiskSet(config, make, refs=FakeRefs(), logger=LOG, discover=lambda _m: [],
+                    images=lambda _m: {os.path.realpath(d.source or '') for d in link.info.disks})  # type: ignore[arg-type]
     agent = Agent("d", config, link=link, disks=disks, budget=budget,  # type: ignore[arg-type]
                   telemetry=FakeTelemetry(), wake=wake or threading.Event(), available_memory=lambda: total)  # type: ignore[arg-type]
     holder.append(agent)
@@ -351,3 +351,34 @@ def test_an_agent_whose_run_is_over_exits_cleanly_without_managing_anything(tmp_
     h.link.attach = over  # type: ignore[method-assign]
     assert h.agent.run() == EXIT_OK
     assert h.workers == {} and not Path(status_path(h.config.agents_dir, "d")).exists()
+
+
+def test_a_disk_whose_image_was_replaced_without_an_event_is_followed(tmp_path: Path) -> None:
+    """An external snapshot changes vda's image and sends no event: the per-cycle image check resyncs."""
+    h = harness(tmp_path, _info("vda"), [Pending(), Pending(), Pending()])
+    original = h.link.poll
+    polls = []
+
+    def poll() -> Pending:
+        polls.append(1)
+        if len(polls) == 2:
+            h.link.info = DomainInfo("d", "uuid-1", (DiskInfo("vda", source="/img/vda-s1.qcow2",
+                                                              cache="writethrough"),), h.link.info.settings)
+        return original()
+
+    h.link.poll = poll  # type: ignore[method-assign]
+    closed = []
+    real_close = FakeWorker.close
+
+    def close(worker: FakeWorker, *, qemu_alive: bool = True) -> None:
+        closed.append((worker.image, qemu_alive))
+        real_close(worker, qemu_alive=qemu_alive)
+
+    FakeWorker.close = close  # type: ignore[method-assign]
+    try:
+        assert h.agent.run() == EXIT_OK
+    finally:
+        FakeWorker.close = real_close  # type: ignore[method-assign]
+    assert h.workers["vda"].image == "/img/vda-s1.qcow2"
+    assert closed[0] == ("/img/vda.raw", True)  # the old image's bitmap removed, its pins released
+    assert len(h.workers["vda"].budgets) == 2  # the new image's worker ran the cycles after the change

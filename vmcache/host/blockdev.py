@@ -21,7 +21,8 @@ from typing import Any, Final
 from ..errors import DiskNotFoundError, QMPCommandError
 from .qmp import Monitor
 
-__all__ = ["PROTOCOL_DRIVERS", "BitmapInfo", "ImageDisk", "parse_disks", "discover_disks", "find_disk", "node_size"]
+__all__ = ["PROTOCOL_DRIVERS", "BitmapInfo", "ImageDisk", "parse_disks", "discover_disks", "device_images",
+           "find_disk", "node_size"]
 
 #: Drivers of storage (protocol) nodes that name a host file or device.
 PROTOCOL_DRIVERS: Final = frozenset({"file", "host_device", "host_cdrom"})
@@ -138,6 +139,21 @@ def discover_disks(monitor: Monitor) -> list[ImageDisk]:
     except QMPCommandError:  # a daemon without devices may not know it
         block = []
     return parse_disks(nodes, block)
+
+
+def device_images(monitor: Monitor) -> set[str]:
+    """The image files guest devices use now (each device's top node), as real paths. Raises MonitorError.
+
+    One ``query-block``: cheap enough for every cycle. An external snapshot,
+    a block-job pivot or a media change replaces a device's image without a
+    device event; this shows it.
+    """
+    images = set()
+    for dev in monitor.execute("query-block") or ():
+        filename = (dev.get("inserted") or {}).get("file")
+        if filename:
+            images.add(os.path.realpath(str(filename)))
+    return images
 
 
 def find_disk(disks: Iterable[ImageDisk], *, node: str | None = None, file: str | None = None) -> ImageDisk:

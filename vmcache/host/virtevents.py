@@ -83,6 +83,7 @@ class DomainEvents:
             (libvirt.VIR_DOMAIN_EVENT_ID_METADATA_CHANGE, self._on_metadata),
             (libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_ADDED, self._on_device),
             (libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED, self._on_device),
+            (libvirt.VIR_DOMAIN_EVENT_ID_BLOCK_JOB_2, self._on_block_job),
         )
         try:
             for event_id, callback in subscriptions:
@@ -111,6 +112,13 @@ class DomainEvents:
     def _on_device(self, _conn: Any, _dom: Any, dev_alias: str, _opaque: Any) -> None:
         _LOG.info(event("events.device", alias=dev_alias))
         self._set(devices_changed=True)
+
+    def _on_block_job(self, _conn: Any, _dom: Any, disk: str, job: int, status: int, _opaque: Any) -> None:
+        # A commit, pull or copy that ends (pivot included) may have replaced the disk's image.
+        if status in (libvirt.VIR_DOMAIN_BLOCK_JOB_COMPLETED, libvirt.VIR_DOMAIN_BLOCK_JOB_FAILED,
+                      libvirt.VIR_DOMAIN_BLOCK_JOB_CANCELED):
+            _LOG.info(event("events.block_job", disk=disk, job=job, status=status))
+            self._set(devices_changed=True)
 
     def _on_close(self, _conn: Any, reason: int, _opaque: Any) -> None:
         _LOG.warning(event("events.disconnected", reason=reason))

@@ -160,7 +160,9 @@ class Agent:
                 return False
         if pending.metadata_changed and not self._reload():
             return False
-        if pending.devices_changed or pending.metadata_changed or self._resync:
+        # A snapshot or a block-job pivot replaces a disk's image; a snapshot sends no event at all.
+        if (pending.devices_changed or pending.metadata_changed or self._resync
+                or self._disks.replaced(self._link.monitor())):
             self._resync = False
             self._sync_disks()
         return True

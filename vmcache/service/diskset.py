@@ -11,12 +11,13 @@ the set with fakes.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import VmcacheError
-from ..host.blockdev import ImageDisk, discover_disks
+from ..host.blockdev import ImageDisk, device_images, discover_disks
 from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
 from ..logfmt import event
@@ -48,12 +49,15 @@ class DiskSet:
     """The workers of one domain's managed disks, and the disks it leaves alone (with why)."""
 
     def __init__(self, config: HostConfig, make_worker: WorkerFactory, *, refs: PageRefs, logger: logging.Logger,
-                 discover: Callable[[Monitor], list[ImageDisk]] = discover_disks) -> None:
-        """``refs``: the referenced bits of pinned pages, shared by the workers and cleared after each cycle."""
+                 discover: Callable[[Monitor], list[ImageDisk]] = discover_disks,
+                 images: Callable[[Monitor], set[str]] = device_images) -> None:
+        """``refs``: the referenced bits of pinned pages, shared by the workers and cleared after each cycle;
+        ``discover`` finds QEMU's image nodes, ``images`` the files its devices use now."""
         self._config = config
         self._make_worker = make_worker
         self._refs = refs
         self._discover = discover
+        self._images = images
         self._log = logger
         self._workers: dict[str, DiskWorker] = {}
         self._skipped: list[DiskStatus] = []
@@ -105,6 +109,23 @@ class DiskSet:
                 self._workers[target] = worker
             self._log.info(event("disk.managed", disk=target, image=choice.disk.source, budget=choice.budget,
                                  node=node.storage_node if node else None))
+
+    def replaced(self, monitor: Monitor) -> list[str]:
+        """Managed disks whose image no device uses any more (snapshot, pivot, media change): resync them.
+
+        A failed query counts as no change (the next cycle asks again).
+        """
+        if not self._workers:
+            return []
+        try:
+            images = self._images(monitor)
+        except VmcacheError as err:
+            self._log.debug(event("disk.images_unknown", error=err))
+            return []
+        replaced = [t for t, w in self._workers.items() if os.path.realpath(w.image) not in images]
+        for target in replaced:
+            self._log.info(event("disk.image_changed", disk=target, image=self._workers[target].image))
+        return replaced
 
     def workers(self) -> list[DiskWorker]:
         """The workers of the managed disks (the saved hot set reads their engines)."""
