@@ -273,3 +273,25 @@ def test_a_smaller_grant_releases_the_lowest_priority_region_first(image: Path) 
         # the hotter region stays whole; the newer, cooler one keeps only what is left of the grant
         assert (10 * MiB, 8 * MiB) in spans
         assert sum(n for s, n in spans if s >= 100 * MiB) <= 2 * MiB
+
+
+def test_heat_map_of_a_disk_larger_than_a_picture_is_shown_in_coarser_blocks(
+        image: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to PICTURE_BLOCKS the picture has the model's blocks; beyond, bins of them (no per-block arrays)."""
+    from vmcache.service import engine as engine_module
+
+    with engine(image) as e:
+        for _ in range(4):
+            guest_read(image, 100 * MiB, 16 * MiB)
+            e.cycle()
+        fine = e.heatmap_data("vda")
+        assert fine.block_size == MiB and fine.nblocks == SIZE // MiB
+        np.testing.assert_array_equal(fine.heat, e.heat)
+        np.testing.assert_array_equal(fine.pinned, e.pinned_mask())
+        assert fine.pinned[100:116].all() and not fine.resident[100:116].any()  # pinned: ours, not the guest's
+        monkeypatch.setattr(engine_module, "PICTURE_BLOCKS", 16)
+        coarse = e.heatmap_data("vda")
+    assert coarse.block_size == 16 * MiB and coarse.nblocks == 16 and coarse.image_size == SIZE
+    np.testing.assert_array_equal(coarse.heat, fine.heat.reshape(16, 16).max(axis=1))
+    np.testing.assert_array_equal(coarse.pinned, fine.pinned.reshape(16, 16).any(axis=1))
+    np.testing.assert_allclose(coarse.resident, fine.resident.reshape(16, 16).mean(axis=1), rtol=1e-6)

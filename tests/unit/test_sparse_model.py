@@ -108,3 +108,12 @@ def test_dilate_joins_runs_that_grow_into_each_other_and_stays_on_the_disk() -> 
     got = dilate(np.array([0, 5, 6, 20], np.int64), 2, 22)
     assert got.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21]
     assert dilate(np.zeros(0, np.int64), 3, 10).size == 0
+
+
+def test_binned_takes_the_mean_or_the_largest_and_a_short_last_bin_is_its_own_mean() -> None:
+    from vmcache.model.blocks import binned
+
+    values = BlockValues(np.array([0, 1, 5, 9], np.int64), np.array([1.0, 0.5, 0.25, 1.0], np.float32))
+    assert binned(values, 4, 10).tolist() == [0.375, 0.0625, 0.5]
+    assert binned(values, 4, 10, hottest=True).tolist() == [1.0, 0.25, 1.0]
+    np.testing.assert_array_equal(binned(values, 1, 10), values.to_dense(10))

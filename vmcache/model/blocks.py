@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .region import Region
 
-__all__ = ["BlockValues", "PrefixSums", "blocks_of", "check_index", "dilate", "member", "positions", "runs", "union"]
+__all__ = ["BlockValues", "PrefixSums", "binned", "blocks_of", "check_index", "dilate", "member", "positions", "runs", "union"]
 
 Index = NDArray[np.int64]
 
@@ -137,3 +137,25 @@ def blocks_of(regions: Iterable[Region], block_size: int, nblocks: int) -> Index
     spans = [np.arange(max(r.start // block_size, 0), min(-(-r.end // block_size), nblocks), dtype=np.int64)
              for r in regions if r.length > 0]
     return union(*spans) if spans else np.zeros(0, dtype=np.int64)
+
+
+def binned(values: BlockValues, factor: int, nblocks: int, *, hottest: bool = False) -> NDArray[np.float32]:
+    """Per bin of ``factor`` consecutive blocks (of ``nblocks``): the mean of ``values`` or the largest.
+
+    Blocks not listed count as 0 in the mean; the last bin, shorter when
+    ``factor`` does not divide ``nblocks``, is the mean of its own blocks.
+    ``factor`` 1 gives the dense array. Raises ValueError for a factor under 1.
+    """
+    if factor < 1:
+        raise ValueError(f"factor must be at least 1, got {factor}")
+    nbins = -(-nblocks // factor)
+    keep = values.index < nblocks
+    bins, vals = values.index[keep] // factor, values.value[keep]
+    if hottest:
+        out = np.zeros(nbins, dtype=np.float32)
+        np.maximum.at(out, bins, vals)
+        return out
+    sizes = np.full(nbins, float(factor))
+    if nbins:
+        sizes[-1] = nblocks - (nbins - 1) * factor
+    return (np.bincount(bins, weights=vals, minlength=nbins) / sizes).astype(np.float32)

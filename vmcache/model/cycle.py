@@ -111,6 +111,13 @@ class Cycle:
         mask[self._ours] = True
         return mask
 
+    @property
+    def ours_blocks(self) -> NDArray[np.int64]:
+        """The blocks whose residency vmcache caused (sorted, read-only)."""
+        view = self._ours.view()
+        view.flags.writeable = False
+        return view
+
     def resize(self, nblocks: int) -> bool:
         """Follow the disk to ``nblocks`` blocks (heat and ours of surviving blocks kept); True if it changed.
 

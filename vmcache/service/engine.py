@@ -31,7 +31,7 @@ from ..host.pagecache import Residency, scan_residency
 from ..host.pagerefs import PageRefs
 from ..host.pinner import Pinner
 from ..logfmt import event
-from ..model.blocks import BlockValues
+from ..model.blocks import BlockValues, binned, member
 from ..model.cycle import Cycle, evidence_per_block
 from ..model.extents import BitmapRead, DirtyRead, extents_to_block_values
 from ..model.params import ModelParams
@@ -39,6 +39,9 @@ from ..model.region import Region
 from ..model.share import Curve, demand_of
 from ..model.stats import CycleStats
 from ..model.warm import WarmStart, heat_of
+
+PICTURE_BLOCKS = 1 << 20
+"""Most blocks a heat-map picture of one disk is given (1 TiB of 1 MiB blocks); see heatmap_data."""
 
 __all__ = ["DiskEngine", "WriteSource"]
 
@@ -129,14 +132,26 @@ class DiskEngine:
         return self._pinner.pinned_mask(self.params.block_size, self._cycle.nblocks)
 
     def heatmap_data(self, disk: str, *, title: str = "") -> HeatmapData:
-        """This disk's state as the heat-map picture draws it (after at least one cycle; dense arrays)."""
+        """This disk's state as the heat-map picture draws it (after at least one cycle).
+
+        At most PICTURE_BLOCKS blocks: a larger disk is shown in coarser
+        blocks (its heat the hottest of theirs, residency and writes their
+        mean, pinned if any is), so that asking a 64 TiB disk for a picture
+        costs what a 1 TiB one does, not gigabytes of per-block arrays.
+        """
+        n = self._cycle.nblocks
+        factor = max(1, -(-n // PICTURE_BLOCKS))
         size = self.residency.size_bytes if self.residency else 0
-        guest = self.residency.fraction if self.residency else np.zeros(0, dtype=np.float32)
-        guest[self._cycle.ours[: guest.size]] = 0.0
-        return HeatmapData(heat=np.array(self.heat), pinned=self.pinned_mask(), resident=guest,
-                           written=self._written.to_dense(self._cycle.nblocks), block_size=self.params.block_size,
-                           image_size=size,
-                           disk=disk, title=title, image=self.image, when=datetime.now())
+        resident = self.residency.blocks if self.residency else BlockValues.empty()
+        guest = np.where(member(resident.index, self._cycle.ours_blocks), np.float32(0.0), resident.value)
+        active = self._cycle.model.active
+        pinned = self._pinner.pinned_blocks(self.params.block_size, n)
+        return HeatmapData(
+            heat=binned(BlockValues(active.blocks, active.heat), factor, n, hottest=True),
+            pinned=binned(BlockValues(pinned, np.ones(pinned.size, np.float32)), factor, n, hottest=True) > 0,
+            resident=binned(BlockValues(resident.index, guest), factor, n),
+            written=binned(self._written, factor, n), block_size=self.params.block_size * factor,
+            image_size=size, disk=disk, title=title, image=self.image, when=datetime.now())
 
     # The cycle --------------------------------------------------------------------------
 
