@@ -135,7 +135,7 @@ def run(n: int, mode: str, window: float, interval: str, tmp: Path) -> dict[str,
                 for name, disk in zip(names, disks)]
         procs = start_agents(names, config, tmp / "out")
         for name in names:
-            wait_for(lambda: (s := read_status(tmp / "run" / "agents", name)) and s.get("state") == "running",
+            wait_for(lambda n=name: (s := read_status(tmp / "run" / "agents", n)) and s.get("state") == "running",
                      f"{name}'s agent to run", timeout=120)
         time.sleep(2 * parse_duration(interval, key="--interval"))
         rng = random.Random(n)

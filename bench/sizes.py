@@ -68,4 +68,4 @@ def table(results: dict[str, list[dict]], columns: Sequence[tuple[str, str, str]
 
 def load() -> str:
     """Host load for the record: the 1/5/15 min load averages."""
-    return "%.2f %.2f %.2f" % os.getloadavg()
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -10,7 +10,7 @@ operations the model needs on sorted index arrays.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -22,7 +22,8 @@ __all__ = ["BlockValues", "PrefixSums", "binned", "blocks_of", "check_index", "d
 Index = NDArray[np.int64]
 
 
-class BlockValues(NamedTuple):
+@dataclass(frozen=True)
+class BlockValues:
     """``value[i]`` belongs to block ``index[i]``; ``index`` sorted, unique; blocks not listed are 0."""
 
     index: Index  # type: ignore[assignment]  # shadows tuple.index(), which nothing here calls

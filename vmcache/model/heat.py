@@ -79,7 +79,7 @@ from numpy.typing import ArrayLike, NDArray
 from .blocks import BlockValues, check_index, dilate, member, positions, union
 from .params import ModelParams
 
-__all__ = ["ActiveHeat", "HeatModel", "DROP_SHARE"]
+__all__ = ["DROP_SHARE", "ActiveHeat", "HeatModel"]
 
 _MIN_KNOWN = 0.1
 """Least share of the read kernel's weight (of what fits on the disk) that
