@@ -88,12 +88,12 @@ def _per_block(path: str, block_size: int, method: str, blocks: bool) -> dict[st
         "nr_recently_evicted": res.nr_recently_evicted,
     }
     if blocks:
-        fraction = res.fraction
+        listed = res.blocks  # the resident blocks only: a 64 TiB image is not 64M entries
         out.update(
             block_size=res.block_size,
             blocks=res.nblocks,
-            blocks_resident=int((fraction > 0).sum()),
-            blocks_full=int((fraction == 1.0).sum()),
+            blocks_resident=int((listed.value > 0).sum()),
+            blocks_full=int((listed.value == 1.0).sum()),
         )
     return out
 
