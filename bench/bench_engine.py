@@ -1,6 +1,6 @@
 """One full engine cycle per disk size: scan + read evidence + model + plan + pin, a fixed touched set.
 
-    .venv/bin/python bench/bench_engine.py [--dir /dev/shm] [--sizes 64G,1T,16T,64T] [--rounds 3] [--cycles 12]
+    .venv/bin/python bench/bench_engine.py [--dir /var/tmp] [--sizes 64G,1T,16T,64T] [--rounds 3] [--cycles 12]
 
 For each size, makes a sparse image of that size, writes 512 MiB of it in 8
 ranges of 64 MiB spread over the whole image (so those pages are in the
@@ -10,8 +10,10 @@ are the steady state. Each size runs in its own process (bench/sizes.py),
 rounds interleaved. Per run: the median CPU time (time.process_time) of a
 cycle from the 4th on, the worst cycle, and the process's own memory
 (RssAnon, peak over the cycles; the locked image pages are file pages, not
-in RssAnon). The default directory is /dev/shm because ext4 refuses files
-of 16 TiB and more. Deletes the image.
+in RssAnon). ext4 refuses files of 16 TiB and more: give ``--dir`` on XFS
+for the large sizes (docs/benchmarks.md shows a loop-mounted one). tmpfs
+takes them but is no place for images, and its cachestat(2) costs ~10x
+more than a disk filesystem's. Deletes the image.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def one(size_text: str, directory: str, cycles: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default="/dev/shm")
+    ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--sizes", default=SIZES)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cycles", type=int, default=12)
