@@ -17,7 +17,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from .region import Region
 
-__all__ = ["BlockValues", "PrefixSums", "binned", "blocks_of", "check_index", "dilate", "member", "positions", "runs", "union"]
+__all__ = ["BlockValues", "PrefixSums", "binned", "blocks_of", "check_index", "dilate", "member", "positions", "runs",
+           "union"]
 
 Index = NDArray[np.int64]
 
@@ -26,7 +27,7 @@ Index = NDArray[np.int64]
 class BlockValues:
     """``value[i]`` belongs to block ``index[i]``; ``index`` sorted, unique; blocks not listed are 0."""
 
-    index: Index  # type: ignore[assignment]  # shadows tuple.index(), which nothing here calls
+    index: Index
     value: NDArray[np.float32]
 
     @classmethod
@@ -159,4 +160,5 @@ def binned(values: BlockValues, factor: int, nblocks: int, *, hottest: bool = Fa
     sizes = np.full(nbins, float(factor))
     if nbins:
         sizes[-1] = nblocks - (nbins - 1) * factor
-    return (np.bincount(bins, weights=vals, minlength=nbins) / sizes).astype(np.float32)
+    means: NDArray[np.float32] = (np.bincount(bins, weights=vals, minlength=nbins) / sizes).astype(np.float32)
+    return means
