@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.live.livelib import (  # noqa: E402
+from tests.live.livelib import (
     MiB,
     cache_metadata,
     connect,
@@ -47,9 +47,9 @@ from tests.live.livelib import (  # noqa: E402
     start_paused,
     wait_for,
 )
-from vmcache.units import parse_duration  # noqa: E402
+from vmcache.units import parse_duration
 
-import libvirt  # noqa: E402
+import libvirt
 
 libvirt.registerErrorHandler(lambda *_: None, None)  # undefine of a transient domain: expected, not news
 

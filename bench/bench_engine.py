@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.sizes import SIZES, emit, load, run_sizes, status_bytes, table  # noqa: E402
-from vmcache.model.params import ModelParams  # noqa: E402
-from vmcache.service.engine import DiskEngine  # noqa: E402
-from vmcache.units import parse_size  # noqa: E402
+from bench.sizes import SIZES, emit, load, run_sizes, status_bytes, table
+from vmcache.model.params import ModelParams
+from vmcache.service.engine import DiskEngine
+from vmcache.units import parse_size
 
 MiB, GiB = 1 << 20, 1 << 30
 

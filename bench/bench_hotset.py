@@ -27,10 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vmcache.model.region import Region  # noqa: E402
-from vmcache.model.warm import heat_of  # noqa: E402
-from vmcache.settings.hotset import DiskHotSet, HotSet, build_hotset, parse_hotset  # noqa: E402
-from vmcache.units import parse_size  # noqa: E402
+from vmcache.model.region import Region
+from vmcache.model.warm import heat_of
+from vmcache.settings.hotset import DiskHotSet, HotSet, build_hotset, parse_hotset
+from vmcache.units import parse_size
 
 
 def held_regions(count: int, nblocks: int, bs: int, seed: int = 1) -> list[Region]:

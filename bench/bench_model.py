@@ -27,11 +27,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.sizes import SIZES, emit, load, run_sizes, status_bytes, table  # noqa: E402
-from vmcache.model import HeatModel, ModelParams, Region  # noqa: E402
-from vmcache.model.blocks import BlockValues  # noqa: E402
-from vmcache.model.planner import plan_active  # noqa: E402
-from vmcache.units import format_size, parse_size  # noqa: E402
+from bench.sizes import SIZES, emit, load, run_sizes, status_bytes, table
+from vmcache.model import HeatModel, ModelParams, Region
+from vmcache.model.blocks import BlockValues
+from vmcache.model.planner import plan_active
+from vmcache.units import format_size, parse_size
 
 BUDGET = 256 << 20
 

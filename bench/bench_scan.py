@@ -153,8 +153,8 @@ def case(name: str, path: Path, ranges: list[tuple[int, int]], runs_vmtouch: int
 
 
 def describe() -> str:
-    load = open("/proc/loadavg").read().split()[:3]
-    mem = next(line for line in open("/proc/meminfo") if line.startswith("MemTotal")).split()[1]
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    mem = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")).split()[1]
     query = ["dpkg-query", "-W", "-f=vmtouch ${Version}", "vmtouch"]
     vmtouch_version = subprocess.run(query, capture_output=True, text=True).stdout.splitlines()[0:1]
     fs = subprocess.run(["df", "-T", "/tmp"], capture_output=True, text=True).stdout.splitlines()[-1].split()[1]

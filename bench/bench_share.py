@@ -36,10 +36,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vmcache.host.ledger import Ledger  # noqa: E402
-from vmcache.model.heat import ActiveHeat  # noqa: E402
-from vmcache.model.params import ModelParams  # noqa: E402
-from vmcache.model.share import MAX_POINTS, Demand, demand_of, split  # noqa: E402
+from vmcache.host.ledger import Ledger
+from vmcache.model.heat import ActiveHeat
+from vmcache.model.params import ModelParams
+from vmcache.model.share import MAX_POINTS, Demand, demand_of, split
 
 MiB = 1 << 20
 

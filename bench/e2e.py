@@ -37,12 +37,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import libvirt  # noqa: E402
+import libvirt
 
-from bench.e2e_arms import GOALS, SCENARIOS, SETS, Arm, every_arm  # noqa: E402
-from bench.e2e_host import DEVICES, MIB, Cgroup, log, run, start_filler, stop, throttle, whole_disk  # noqa: E402
-from bench.e2e_report import arm_table, figures, goal_table  # noqa: E402
-from bench.e2e_run import Settings, destroy_ours, hook_lock, run_arm, warmup  # noqa: E402
+from bench.e2e_arms import GOALS, SCENARIOS, SETS, Arm, every_arm
+from bench.e2e_host import DEVICES, MIB, Cgroup, log, run, start_filler, stop, throttle, whole_disk
+from bench.e2e_report import arm_table, figures, goal_table
+from bench.e2e_run import Settings, destroy_ours, hook_lock, run_arm, warmup
 
 
 def parse_args() -> argparse.Namespace:

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 __all__ = [
     "QEMU",
@@ -160,7 +160,7 @@ class _Process:
             except FileNotFoundError:
                 pass
 
-    def __enter__(self) -> _Process:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

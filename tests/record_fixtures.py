@@ -194,6 +194,7 @@ def record(name: str) -> dict[str, Any]:
         img = image(workdir / f"disk.{fmt}", fmt)
         cls = QemuVM if kind == "vm" else StorageDaemon
         with cls(workdir, img, fmt) as proc:
+            assert proc.driver._client.greeting is not None
             greeting = proc.driver._client.greeting._asdict()
             version = proc.driver("query-version")
             rec = Recorder(SocketMonitor(str(proc.tool_socket)))

@@ -27,7 +27,7 @@ def kill_agents(agents_dir: str) -> list[int]:
     """Test cleanup: SIGKILL every agent holding a pidfile lock in ``agents_dir``; their pids."""
     from vmcache.service.launcher import pidfile_holder
 
-    killed = []
+    killed: list[int] = []
     try:
         names = [n for n in os.listdir(agents_dir) if n.endswith(".pid")]
     except FileNotFoundError:

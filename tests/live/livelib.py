@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from xml.sax.saxutils import escape
 
 import libvirt
@@ -58,7 +58,8 @@ class QMPError(RuntimeError):
     """QEMU answered a QMP command with an error (``desc`` is its message)."""
 
 
-def wait_for(predicate: Callable[[], T], what: str, timeout: float = 30.0, step: float = 0.1) -> T:
+def wait_for(predicate: Callable[..., T | Literal[False] | None], what: str, timeout: float = 30.0,
+             step: float = 0.1) -> T:
     """Poll ``predicate`` every ``step`` s until it returns something true; that value.
 
     Raises AssertionError naming ``what`` after ``timeout`` seconds.
@@ -230,8 +231,8 @@ def scrape(url: str, metric: str, labels: dict[str, str] | None = None) -> float
     return total
 
 
-def read_status(agents: Path, name: str) -> dict | None:
-    """The status file of ``name``'s agent in ``agents``; None when absent or half written."""
+def read_status(agents: Path, name: str) -> Any:
+    """The status file of ``name``'s agent in ``agents`` (its JSON document); None when absent or half written."""
     try:
         return json.loads((agents / (file_stem(name) + ".json")).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -292,7 +293,7 @@ class LiveEnv:
     def logs(self) -> Path:
         return self.tmp / "log"
 
-    def status(self, name: str) -> dict | None:
+    def status(self, name: str) -> Any:
         return read_status(self.agents, name)
 
     def agent_pid(self, name: str) -> int | None:

@@ -20,10 +20,10 @@ import pytest
 
 pytest.importorskip("libvirt")
 
-from vmcache.cli import main  # noqa: E402
-from vmcache.host.files import file_stem  # noqa: E402
+from vmcache.cli import main
+from vmcache.host.files import file_stem
 
-from tests.live.livelib import (  # noqa: E402
+from tests.live.livelib import (
     MiB,
     LiveEnv,
     agents_env,
@@ -35,7 +35,7 @@ from tests.live.livelib import (  # noqa: E402
     start_paused,
     wait_for,
 )
-from tests.pagecache_util import vmlck  # noqa: E402
+from tests.pagecache_util import vmlck
 
 pytestmark = pytest.mark.live
 
@@ -44,11 +44,11 @@ CAP = 24 * MiB
 
 
 @pytest.fixture(scope="module")
-def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:  # type: ignore[no-untyped-def]
+def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
     yield from agents_env(live_tmp, hooked, PREFIX, cap=CAP)
 
 
-def start(env: LiveEnv, name: str, *, budget: str | None, size: int = 64 * MiB):  # type: ignore[no-untyped-def]
+def start(env: LiveEnv, name: str, *, budget: str | None, size: int = 64 * MiB):
     return start_paused(env.conn, domain_xml(name, env.disk(name, size), metadata=cache_metadata(budget)))
 
 
@@ -84,7 +84,7 @@ def test_hook_starts_the_agent_which_tracks_writes_pins_and_stops_with_the_domai
     assert name not in json.dumps(ledger)
 
 
-def test_disable_stops_the_agent_and_leaves_nothing_in_qemu(env: LiveEnv, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_disable_stops_the_agent_and_leaves_nothing_in_qemu(env: LiveEnv, capsys) -> None:
     name = PREFIX + "off"
     dom = start(env, name, budget=None)
     time.sleep(1)

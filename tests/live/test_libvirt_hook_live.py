@@ -59,7 +59,7 @@ class Env(LiveEnv):
 
 
 @pytest.fixture(scope="module")
-def env(live_tmp: Path, hooked) -> Iterator[Env]:  # type: ignore[no-untyped-def]
+def env(live_tmp: Path, hooked) -> Iterator[Env]:
     markers = live_tmp / "markers"
     markers.mkdir()
     config = live_tmp / "vmcache.yaml"
@@ -76,7 +76,7 @@ def env(live_tmp: Path, hooked) -> Iterator[Env]:  # type: ignore[no-untyped-def
             pass
 
 
-def start(env: Env, name: str, *, opted_in: bool):  # type: ignore[no-untyped-def]
+def start(env: Env, name: str, *, opted_in: bool):
     disk = env.disk(name, 16 << 20)
     return start_paused(env.conn, domain_xml(name, disk, metadata=cache_metadata("8M" if opted_in else None)))
 

@@ -42,6 +42,7 @@ from vmcache.observe.filesd import TargetsFile
 from vmcache.observe.metrics import AgentMetrics
 from vmcache.model.stats import CycleStats
 from vmcache.host.files import file_stem
+from vmcache.model.extents import BitmapRead
 
 pytestmark = pytest.mark.live
 
@@ -75,7 +76,7 @@ class Prometheus:
         return body["data"]
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        return self.api("query", query=expr)["result"]  # type: ignore[no-any-return]
+        return self.api("query", query=expr)["result"]
 
     def active_domains(self, job: str = "vmcache") -> set[str]:
         """The ``domain`` labels of the active targets of ``job``."""
@@ -199,7 +200,7 @@ def start_agent(prometheus: Prometheus) -> Iterator[Callable[..., StandInAgent]]
                 now=float(i), duration_seconds=0.02, size_bytes=2048 * MiB, budget_bytes=512 * MiB,
                 pinned_bytes=pinned_mib * MiB, pinned_regions=3, resident_bytes=(pinned_mib + 40) * MiB,
                 guest_written_bytes=MiB, guest_read_miss_bytes=2 * MiB, recently_evicted_pages=10,
-                bitmap_read="ok", mem_available_bytes=8192 * MiB, backing_off=False))
+                bitmap_read=BitmapRead.OK, mem_available_bytes=8192 * MiB, backing_off=False))
         metrics.set_share(budget=512 * MiB, granted=pinned_mib * MiB, demand=(pinned_mib + 8) * MiB, minimum=0,
                           cap=1024 * MiB)
         server = serve_metrics(metrics.registry, ports=DEFAULT_PORTS, tls=tls, basic_auth=basic_auth)
@@ -222,7 +223,7 @@ def _by_domain(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def host(live_tmp: Path, prometheus: Prometheus, hooked) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+def host(live_tmp: Path, prometheus: Prometheus, hooked) -> Iterator[Any]:
     """Real agents: the hook installed for a host config whose runtime_dir is the one Prometheus globs below."""
     from tests.live import livelib
 
@@ -271,8 +272,8 @@ def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(pro
         assert labels["instance"] == urllib.parse.urlsplit(host.status(name)["metrics_url"]).netloc
         assert not any(k.startswith("exported_") for k in labels)
         assert (prometheus.targets_dir / f"{file_stem(name)}.json").exists()
-    budget = _by_domain(prometheus.query(f'vmcache_budget_bytes{{domain=~"{pattern}"}}'))
-    assert {d: float(r["value"][1]) for d, r in budget.items()} == budgets
+    budget_series = _by_domain(prometheus.query(f'vmcache_budget_bytes{{domain=~"{pattern}"}}'))
+    assert {d: float(r["value"][1]) for d, r in budget_series.items()} == budgets
     up = _by_domain(prometheus.query(f'up{{job="vmcache", domain=~"{pattern}"}}'))
     assert {d: float(r["value"][1]) for d, r in up.items()} == {name: 1.0 for name in budgets}
 

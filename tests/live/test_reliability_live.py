@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -96,7 +96,7 @@ class Env(LiveEnv):
     def reconnect(self) -> None:
         self.conn = connect(timeout=30)
 
-    def live(self):  # type: ignore[no-untyped-def]
+    def live(self):
         """The connection, opened again if libvirtd was restarted under it."""
         try:
             if self.conn is not None and self.conn.isAlive():
@@ -106,12 +106,12 @@ class Env(LiveEnv):
         self.reconnect()
         return self.conn
 
-    def lookup(self, name: str):  # type: ignore[no-untyped-def]
+    def lookup(self, name: str):
         return self.live().lookupByName(name)
 
 
 @pytest.fixture(scope="module")
-def env(live_tmp: Path, hooked) -> Iterator[Env]:  # type: ignore[no-untyped-def]
+def env(live_tmp: Path, hooked) -> Iterator[Env]:
     base = {
         "runtime_dir": f"{live_tmp}/run", "log_dir": f"{live_tmp}/log", "interval": "1s", "min_free": "256M",
         "pinned_cap": "256M", "agent_command": [sys.executable, "-m", "vmcache", "agent"],
@@ -149,7 +149,7 @@ def cleanup(env: Env) -> Iterator[list[str]]:
 
 
 def start(env: Env, cleanup: list[str], name: str, *, budget: str | None = "32M", size: int = 64 * MiB,
-          metadata: str | None = None, disks: str = ""):  # type: ignore[no-untyped-def]
+          metadata: str | None = None, disks: str = ""):
     cleanup.append(name)
     xml = domain_xml(name, env.disk(name, size), metadata=cache_metadata(budget) if metadata is None else metadata,
                      devices=disks)
@@ -318,7 +318,7 @@ def restart_libvirtd(env: Env) -> None:
     env.reconnect()
 
 
-def storage_node(dom) -> str:  # type: ignore[no-untyped-def]
+def storage_node(dom) -> str:
     """The storage node of vda (the node our bitmaps are on)."""
     for node in qmp(dom, "query-named-block-nodes", {"flat": True}):
         if node["drv"] == "file" and node["node-name"].startswith("libvirt-") and node["file"].endswith(".raw"):
@@ -350,6 +350,7 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
         wait_for(lambda n=n: env.pinned(n) >= 8 * MiB, f"pins of {n}")
     survivor_pid = env.agent_pid(survivor)
     old_pid = env.agent_pid(crash)
+    assert old_pid is not None
     stale = leftovers(doms[crash])["bitmaps"]
     assert stale
 
@@ -397,7 +398,7 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
 # -- a libvirt pull-mode backup ---------------------------------------------------------------
 
 
-def backup_begin(dom, xml: str) -> int:  # type: ignore[no-untyped-def]
+def backup_begin(dom, xml: str) -> int:
     """virDomainBackupBegin; retried when it meets the agent's NBD server (up a few ms per cycle).
 
     Returns how many attempts met it (see docs/reliability.md).
@@ -459,7 +460,7 @@ def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_writ
 # -- disks that grow, are replaced, unplugged; domains destroyed --------------------------------
 
 
-def _disk_status(env: Env, name: str, target: str) -> dict | None:
+def _disk_status(env: Env, name: str, target: str) -> Any:
     s = env.status(name)
     return next((d for d in s["disks"] if d["target"] == target), None) if s else None
 
@@ -522,6 +523,7 @@ def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: E
     dom = start(env, cleanup, name, budget="32M", disks="<controller type='scsi' model='virtio-scsi'/>")
     running(env, name)
     pid = env.agent_pid(name)
+    assert pid is not None
     sda = (f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
            f"<source file='{extra}'/><target dev='sda' bus='scsi'/><alias name='ua-sda'/></disk>")
     dom.attachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
@@ -551,7 +553,7 @@ def test_domain_destroyed_mid_cycle_the_agent_exits_cleanly_leaving_nothing(env:
     for n in names:
         wait_for(lambda n=n: env.pinned(n) >= 8 * MiB, "pins")
     # Destroy while the agents are busy: right after a large write, at different points of their cycles.
-    for i, (n, dom) in enumerate(zip(names, doms)):
+    for i, dom in enumerate(doms):
         guest_write(dom, 16 * MiB, 32 * MiB)
         time.sleep(0.35 * i)
         dom.destroy()
@@ -646,7 +648,7 @@ def test_hostile_input_gives_one_line_errors_exit_0_and_writes_only_in_vmcache_d
     bad_yaml.write_text("budget: [1G\nruntime_dir: /etc\n")
     good = hook_tmp / "good.yaml"
     good.write_text(yaml.safe_dump({**env.base, "runtime_dir": f"{hook_tmp}/run", "log_dir": f"{hook_tmp}/log"}))
-    calls = [
+    calls: list[tuple[list[str], str | bytes, Path]] = [
         ([PREFIX + "bomb", "started", "begin", "-"],
          bomb + _hook_xml(PREFIX + "bomb", meta.format("budget='&c;'/>")), good),
         ([PREFIX + "x/../../../etc/vmcache-owned", "started", "begin", "-"],
@@ -693,6 +695,7 @@ def test_security_loopback_metrics_root_only_sockets_own_disks_only_and_allowed_
         dom = start(env, cleanup, name, budget="16M")
         running(env, name)
     pid = env.agent_pid(name)
+    assert pid is not None
     guest_write(dom, 0, 4 * MiB)
     wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
     status = env.status(name)

@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("libvirt")
 
-from vmcache.cli import main  # noqa: E402
-from vmcache.host.ledger import Ledger  # noqa: E402
+from vmcache.cli import main
+from vmcache.host.ledger import Ledger
 
-from tests.live.livelib import (  # noqa: E402
+from tests.live.livelib import (
     MiB,
     LiveEnv,
     agents_env,
@@ -35,7 +35,7 @@ from tests.live.livelib import (  # noqa: E402
     start_paused,
     wait_for,
 )
-from tests.pagecache_util import vmlck  # noqa: E402
+from tests.pagecache_util import vmlck
 
 pytestmark = pytest.mark.live
 
@@ -44,7 +44,7 @@ CAP = 24 * MiB
 
 
 @pytest.fixture(scope="module")
-def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:  # type: ignore[no-untyped-def]
+def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
     yield from agents_env(live_tmp, hooked, PREFIX, cap=CAP)
 
 
@@ -72,7 +72,7 @@ class Sampler(threading.Thread):
 class Writer(threading.Thread):
     """Once a second: ``hot`` writes 20 MiB while ``hot_busy``; ``warm`` 12 MiB every ``warm_every`` seconds."""
 
-    def __init__(self, hot, warm) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, hot, warm) -> None:
         super().__init__(daemon=True)
         self.hot, self.warm = hot, warm
         self.hot_busy, self.warm_every = True, 3

@@ -42,7 +42,7 @@ BUDGET = 16 * MiB
 
 
 @pytest.fixture(scope="module")
-def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:  # type: ignore[no-untyped-def]
+def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
     config = live_tmp / "vmcache.yaml"
     config.write_text(
         f"runtime_dir: {live_tmp}/run\nlog_dir: {live_tmp}/log\ninterval: 1s\nmin_free: 256M\n"

@@ -38,6 +38,9 @@ class HeatModel:
         self._heat = np.zeros(0, dtype=np.float32)
         self._own = np.zeros(0, dtype=np.float32)
         self._last: float | None = None
+        self._ours: NDArray[np.bool_] | None = None
+        self._read_kernel: NDArray[np.float32] = _half_kernel(params.read_sigma)
+        self._min_known = np.float32(0.0)
         self._alloc(nblocks)
 
     @property
@@ -175,7 +178,7 @@ class HeatModel:
         self._r = np.empty(nblocks, dtype=np.float32)
         self._s = np.empty(nblocks, dtype=np.float32)
         self._inverse = np.empty(nblocks, dtype=np.float32)
-        self._ours: NDArray[np.bool_] | None = None
+        self._ours = None
         self._read_kernel = _half_kernel(self._params.read_sigma)
         self._write_kernel = _half_kernel(self._params.write_sigma)
         # a disk shorter than the kernel never sees the whole kernel weight

@@ -27,6 +27,7 @@ from vmcache.service.budget import Budget
 from vmcache.service.diskset import DiskSet
 from vmcache.settings.config import HostConfig, PinnedCap
 from vmcache.settings.metadata import DiskInfo, DomainInfo, DomainSettings
+from vmcache.model.extents import BitmapRead
 
 MiB = 1 << 20
 LOG = logging.getLogger("test.agent")
@@ -104,7 +105,7 @@ class FakeWorker:
         self.pinned_bytes = budget
         return CycleStats(now=0.0, duration_seconds=0.0, size_bytes=0, budget_bytes=budget, pinned_bytes=budget,
                           pinned_regions=1, resident_bytes=budget, guest_written_bytes=0, guest_read_miss_bytes=0,
-                          recently_evicted_pages=None, bitmap_read="ok", mem_available_bytes=0, backing_off=False)
+                          recently_evicted_pages=None, bitmap_read=BitmapRead.OK, mem_available_bytes=0, backing_off=False)
 
     def demand(self, share: float) -> tuple[tuple[int, float], ...]:
         return self.curve
@@ -168,7 +169,7 @@ def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: lis
             failing: set[str] = frozenset(), cap: int | None = None,  # type: ignore[assignment]
             interval: float = 0.001, wake: threading.Event | None = None) -> Harness:
     config = HostConfig(interval=interval, runtime_dir=str(tmp_path / "run"),
-                        **({"pinned_cap": PinnedCap(size=cap, fraction=None)} if cap is not None else {}))
+                        pinned_cap=PinnedCap() if cap is None else PinnedCap(size=cap, fraction=None))
     holder: list[Agent] = []
     link = FakeLink(info, events, holder)
     workers: dict[str, FakeWorker] = {}
@@ -333,7 +334,7 @@ def test_a_stop_requested_during_a_cycle_ends_the_wait_at_once(tmp_path: Path) -
         h.agent.request_stop()  # SIGTERM arrives while the disks cycle
         return first_cycle(worker, budget)
 
-    FakeWorker.cycle = cycle_then_stop  # type: ignore[method-assign]
+    FakeWorker.cycle = cycle_then_stop  # type: ignore[method-assign,assignment]
     try:
         assert h.agent.run() == EXIT_OK
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -308,22 +310,22 @@ def test_untrusted_or_damaged_cache_is_ignored(tmp_path, settled, monkeypatch, d
     cache_dir = tmp_path / "cache"
     load_host_config(str(path), cache_dir=str(cache_dir))
     cache = cache_path(str(path), str(cache_dir))
-    data = json.loads(open(cache).read())
+    data = json.loads(Path(cache).read_text())
     data["config"]["budget"] = 5  # what a forged cache would say
     forged = json.dumps(data)
     if damage == "group-writable":
-        open(cache, "w").write(forged)
+        Path(cache).write_text(forged)
         os.chmod(cache, 0o664)
     elif damage == "foreign-owner":
         if os.geteuid() != 0:
             pytest.skip("needs root to give the file away")
-        open(cache, "w").write(forged)
+        Path(cache).write_text(forged)
         os.chown(cache, 65534, 65534)
     elif damage == "other-path":
         data["path"] = str(tmp_path / "other.yaml")
-        open(cache, "w").write(json.dumps(data))
+        Path(cache).write_text(json.dumps(data))
     elif damage == "garbage":
-        open(cache, "w").write('{"version": 1, "path": ')
+        Path(cache).write_text('{"version": 1, "path": ')
     else:
         elsewhere = tmp_path / "elsewhere.json"
         elsewhere.write_text(forged)
@@ -331,7 +333,7 @@ def test_untrusted_or_damaged_cache_is_ignored(tmp_path, settled, monkeypatch, d
         os.symlink(elsewhere, cache)
     assert load_host_config(str(path), cache_dir=str(cache_dir)).budget == 2 * GiB
     assert not os.path.islink(cache)  # parsed again and written anew
-    assert json.loads(open(cache).read())["config"]["budget"] == 2 * GiB
+    assert json.loads(Path(cache).read_text())["config"]["budget"] == 2 * GiB
 
 
 def test_values_json_cannot_carry_are_not_cached(tmp_path, settled):

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 import libvirt
@@ -18,7 +19,7 @@ from vmcache.observe.status import AgentStatus, DiskStatus, status_path, write_s
 from tests.standin_agent import kill_agents
 
 URI = "test:///default"  # one in-process hypervisor, shared while a connection is open; "test" runs
-_held = []  # the fixture's connection: keeps the test driver's state alive between commands
+_held: list[Any] = []  # the fixture's connection: keeps the test driver's state alive between commands
 STANDIN = str(Path(__file__).resolve().parents[1] / "standin_agent.py")
 GiB = 1 << 30
 

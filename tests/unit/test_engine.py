@@ -7,6 +7,7 @@ cache, which is what QEMU does for a writethrough disk.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ SIZE = 256 * MiB
 PARAMS = ModelParams(block_size=MiB, interval=1.0, decay=0.5, pinned_decay=0.95, threshold=0.2)
 
 
-def meminfo(available: int = 64 * GiB):  # type: ignore[no-untyped-def]
+def meminfo(available: int = 64 * GiB):
     return fake_meminfo(available)
 
 
@@ -59,7 +60,7 @@ def guest_read(path: Path, offset: int, length: int) -> None:
         os.close(fd)
 
 
-def engine(path: Path, budget: int = 64 * MiB, **kw) -> DiskEngine:  # type: ignore[no-untyped-def]
+def engine(path: Path, budget: int = 64 * MiB, **kw) -> DiskEngine:
     kw.setdefault("meminfo", meminfo())
     return DiskEngine(path, params=kw.pop("params", PARAMS), budget=budget, floor_bytes=GiB,
                       clock=Clock(), **kw)
@@ -117,10 +118,10 @@ def test_an_idle_pinned_region_is_released(image: Path) -> None:
 
 
 def test_written_region_outranks_read_only_region(image: Path) -> None:
-    writes = iter([])
+    writes: Iterator[list[tuple[int, int]]] = iter([])
 
     def source() -> DirtyRead:
-        rows = next(writes, [])
+        rows: list[tuple[int, int]] = next(writes, [])
         return DirtyRead(extents=np.array(rows, dtype=np.int64).reshape(-1, 2))
 
     writes = iter([[(200 * MiB, 8 * MiB)]] * 10)
@@ -170,7 +171,7 @@ def test_image_growing_and_shrinking_between_cycles(image: Path) -> None:
         assert len(e.heat) == 400
 
 
-def _written(rows: list[tuple[int, int]]):  # type: ignore[no-untyped-def]
+def _written(rows: list[tuple[int, int]]):
     return lambda: DirtyRead(extents=np.array(rows, dtype=np.int64).reshape(-1, 2))
 
 

@@ -116,7 +116,7 @@ def test_concurrent_starts_never_share_a_port(registry: CollectorRegistry) -> No
         barrier.wait()
         try:
             servers.append(serve_metrics(registry, ports=ports))
-        except Exception as err:  # collected and asserted below
+        except Exception as err:  # noqa: BLE001 - collected and asserted below
             errors.append(err)
 
     threads = [threading.Thread(target=start) for _ in range(8)]

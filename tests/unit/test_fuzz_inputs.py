@@ -37,7 +37,7 @@ from vmcache.observe.status import status_path
 from vmcache.units import MAX_SIZE, parse_size
 
 # libvirt allows any character in a name but '/' (and the hook may still be handed one).
-_names = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+_names = st.text(alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
                  min_size=1, max_size=80)
 _xml_chars = st.characters(blacklist_categories=("Cs", "Cc"))
 _hostile_values = st.one_of(

@@ -251,9 +251,13 @@ def test_heatmap_page_serves_png_and_json_of_known_disks_only() -> None:
                        resident=np.zeros(n, dtype=np.float32), written=np.zeros(n, dtype=np.float32),
                        block_size=1 << 20, image_size=n << 20, disk="vda")
     lookup = {"vda": data}.get
-    kind, body = heatmap_page("/heatmap/vda.png", lookup)
+    page = heatmap_page("/heatmap/vda.png", lookup)
+    assert page is not None
+    kind, body = page
     assert kind == "image/png" and body.startswith(b"\x89PNG")
-    kind, body = heatmap_page("/heatmap/vda.json", lookup)
+    page = heatmap_page("/heatmap/vda.json", lookup)
+    assert page is not None
+    kind, body = page
     assert kind == "application/json" and json.loads(body)["disk"] == "vda"
     for path in ("/heatmap/vdb.png", "/heatmap/vda.gif", "/heatmap/vda", "/other/vda.png", "/heatmap/"):
         assert heatmap_page(path, lookup) is None, path

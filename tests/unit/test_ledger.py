@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +27,7 @@ def test_reserve_grants_up_to_the_cap_and_counts_other_domains(tmp_path):
     assert {d: e.bytes for d, e in a.entries().items()} == {"a": 10 * MiB, "b": 90 * MiB, "c": 0}
     a.release("b")
     assert a.reserve("c", 5 * MiB) == 5 * MiB
-    on_disk = json.loads(open(path).read())["domains"]
+    on_disk = json.loads(Path(path).read_text())["domains"]
     assert on_disk["a"]["pid"] == os.getpid() and on_disk["a"]["bytes"] == 10 * MiB
 
 

@@ -234,7 +234,7 @@ def test_fuzz_any_input_gives_value_or_config_error(data):
             assert "\n" not in str(err)
 
 
-_attr = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="<&\"\x00"), max_size=8)
+_attr = st.text(alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="<&\"\x00"), max_size=8)
 
 
 @settings(max_examples=500, deadline=None)

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vmcache.errors import BitmapReadError, MonitorConnectionError, PinError, VmcacheError
 from vmcache.observe.metrics import BITMAP_RESULTS, ERROR_KINDS, AgentMetrics, error_kind
 from vmcache.model.stats import CycleStats
+from vmcache.model.extents import BitmapRead
 
 UUID = "6a1f0c3e-2b4d-4e8f-9a0b-1c2d3e4f5a6b"
 DISK = {"domain": "web1", "uuid": UUID, "target_device": "vda", "source_file": "/var/lib/libvirt/images/web1.qcow2"}
@@ -30,7 +31,7 @@ def cycle(**changes: object) -> CycleStats:
         guest_written_bytes=4 * MiB,
         guest_read_miss_bytes=9 * MiB,
         recently_evicted_pages=1234,
-        bitmap_read="ok",
+        bitmap_read=BitmapRead.OK,
         mem_available_bytes=12 * 1024 * MiB,
         backing_off=False,
     )

@@ -278,9 +278,14 @@ def test_a_scan_started_from_the_previous_one_asks_the_kernel_far_less(tmp_path:
     path = tmp_path / "big.img"
     size = 1 << 40
     _make_image(path, size, [(5 << 30, 8 * MiB + 3 * PAGE_SIZE), (700 << 30, 4 * MiB)], [])
-    calls = []
-    raw = pagecache._raw_cachestat
-    monkeypatch.setattr(pagecache, "_raw_cachestat", lambda *a: calls.append(a) or raw(*a))
+    calls: list[tuple[int, int, int]] = []
+    raw = cachestat._raw_cachestat
+
+    def counting(fd: int, offset: int, length: int) -> cachestat.CacheStat:
+        calls.append((fd, offset, length))
+        return raw(fd, offset, length)
+
+    monkeypatch.setattr(pagecache, "_raw_cachestat", counting)
     first = scan_residency(path, MiB)
     cold = len(calls)
     calls.clear()

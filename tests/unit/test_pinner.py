@@ -85,7 +85,7 @@ def test_a_new_region_is_loaded_with_large_reads(image: Path, monkeypatch: pytes
         reads.append((offset, sum(len(b) for b in buffers)))
         return real(fd, buffers, offset)
 
-    monkeypatch.setattr(pinner_mod.os, "preadv", counting)
+    monkeypatch.setattr(os, "preadv", counting)
     with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
         pinner.apply([Region(4 * MiB, 3 * MiB + 8192, 1.0)], budget=SIZE)
         assert reads == [(4 * MiB, MiB), (5 * MiB, MiB), (6 * MiB, MiB), (7 * MiB, 8192)]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakeqmp import FakeQMP, Normaliser, load_fixture
-from tests.record_fixtures import FIXTURES, validate
+from tests.fakeqmp import FIXTURES, FakeQMP, Normaliser, load_fixture
+from tests.record_fixtures import validate
 from vmcache.errors import CommandNotAllowedError, DiskNotFoundError, MonitorConnectionError, QMPCommandError
 from vmcache.host.blockdev import discover_disks, find_disk, parse_disks
 from vmcache.host.qmp import ALLOWED_COMMANDS, TEST_COMMANDS, LibvirtMonitor, SocketMonitor, check_command, hmp

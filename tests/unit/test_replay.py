@@ -267,7 +267,7 @@ def test_guard_zoned_vmcache_at_least_lru(seed: int) -> None:
     32 * MiB,
     64 * MiB,
 ])
-def test_guard_moving_vmcache_at_least_lru(seed: int, budget: int, guard_moving: dict) -> None:  # type: ignore[type-arg]
+def test_guard_moving_vmcache_at_least_lru(seed: int, budget: int, guard_moving: dict) -> None:
     vm, lru = guard_moving[seed][budget]
     assert vm >= lru, f"moving seed {seed} budget {budget >> 20} MiB: vmcache {vm:.3f} < lru {lru:.3f}"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from vmcache.cli import build_parser, main
+from vmcache.errors import PageCacheError
 from vmcache.host import cachestat
 from vmcache.host.cachestat import PAGE_SIZE, file_cachestat
 
@@ -100,7 +101,7 @@ def test_auto_falls_back_to_mincore_without_cachestat(
 
 
 def test_file_cachestat_errors(tmp_path: Path) -> None:
-    with pytest.raises(cachestat.PageCacheError) as info:
+    with pytest.raises(PageCacheError) as info:
         file_cachestat(tmp_path / "missing.img")
     assert info.value.errno == errno.ENOENT and "missing.img" in str(info.value)
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from vmcache.observe.status import (
     status_path,
     write_status,
 )
+from vmcache.model.extents import BitmapRead
 
 
 def sample(domain="web-1", pid=None) -> AgentStatus:
@@ -44,7 +46,7 @@ def test_write_then_read_round_trip(tmp_path):
     assert loaded.updated_at == 123.0
     assert loaded.pid_start_time is not None  # filled from /proc
     assert loaded.pinned_bytes == 4096 and loaded.resident_bytes == 8192
-    data = json.loads(open(path).read())
+    data = json.loads(Path(path).read_text())
     assert data["version"] == 1 and data["disks"][1]["reason"] == "cache=none bypasses the page cache"
     assert [p for p in os.listdir(tmp_path / "agents") if p.startswith(".")] == []  # no temp file left
 
@@ -67,7 +69,7 @@ def test_disk_update_from_cycle_stats():
     stats = CycleStats(
         now=5.0, duration_seconds=0.02, size_bytes=1 << 30, budget_bytes=1 << 29, pinned_bytes=1 << 20,
         pinned_regions=3, resident_bytes=1 << 21, guest_written_bytes=10 << 20, guest_read_miss_bytes=0,
-        recently_evicted_pages=None, bitmap_read="ok", mem_available_bytes=1 << 33, backing_off=False,
+        recently_evicted_pages=None, bitmap_read=BitmapRead.OK, mem_available_bytes=1 << 33, backing_off=False,
         error="BitmapReadError: x")
     disk.update(stats, elapsed=10.0, wall_time=1000.0)
     assert (disk.budget_bytes, disk.pinned_bytes, disk.resident_bytes) == (1 << 29, 1 << 20, 1 << 21)

@@ -19,7 +19,7 @@ from tests.pagecache_util import vmlck
 MiB = 1 << 20
 
 
-def vmcache(*args: str, **kw) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+def vmcache(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "vmcache", *args], capture_output=True, text=True,
                           timeout=60, **kw)
 
