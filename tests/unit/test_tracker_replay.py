@@ -152,14 +152,13 @@ def test_runtime_dir_is_given_to_the_user_qemu_runs_as(tmp_path: Path) -> None:
             pass
 
     run = tmp_path / "nbd"
-    tracker = DirtyTracker(Nodes(), "n", runtime_dir=str(run), socket_owner=(64055, 64056))
-    tracker._open_runtime_dir()
+    DirtyTracker(Nodes(), "n", runtime_dir=str(run), socket_owner=(64055, 64056)).start()
     info = run.stat()
     assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (64055, 64056, 0o700)
     # An agent started again finds it so and accepts it; anyone else's is still refused.
-    DirtyTracker(Nodes(), "n", runtime_dir=str(run), socket_owner=(64055, 64056))._open_runtime_dir()
+    DirtyTracker(Nodes(), "n", runtime_dir=str(run), socket_owner=(64055, 64056)).start()
     with pytest.raises(TrackerError, match="0700"):
-        DirtyTracker(Nodes(), "n", runtime_dir=str(run))._open_runtime_dir()
+        DirtyTracker(Nodes(), "n", runtime_dir=str(run)).start()
 
 
 # -- extents ----------------------------------------------------------------

@@ -14,8 +14,8 @@ image-file offsets. Each ``read()``:
    with libnbd ``block_status``, deletes the export, stops the server;
 4. removes the bitmaps it read.
 
-The view is a ``null-co`` node: QEMU 7.2 refuses to export a qcow2
-image's storage node (an NBD export unshares ``resize``, which qcow2 needs),
+Step 3 is vmcache.host.nbdexport's :class:`BitmapExport`: the view is a
+``null-co`` node (QEMU 7.2 refuses to export a qcow2 image's storage node),
 so the bitmaps are exported by ``{node, name}`` on a node of their own. It
 reads nothing from the image.
 
@@ -26,22 +26,15 @@ stale ones of ours from the node, ``stop()`` removes all of ours.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import secrets
-import shutil
-import socket
-import stat
-import tempfile
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-import numpy as np
-
-from ..errors import BitmapReadError, QMPCommandError, TrackerError
+from ..errors import QMPCommandError, TrackerError
 from ..logfmt import event
 from ..model.extents import BitmapRead, DirtyRead, empty_extents
 from .blockdev import node_size
+from .nbdexport import VIEW_SIZE, BitmapExport, Deferred, ExtentReader
 from .nbdreader import read_dirty_extents
 from .qmp import Monitor
 
@@ -55,30 +48,8 @@ __all__ = [
 
 DEFAULT_GRANULARITY: Final = 64 * 1024
 DEFAULT_PREFIX: Final = "vmcache-"
-#: Size of the null-co view node: larger than any image (bitmaps end before it).
-VIEW_SIZE: Final = 1 << 62
-#: QEMU's answer to nbd-server-start while a server runs (ours or libvirt's).
-NBD_ALREADY_RUNNING: Final = "NBD server already running"
-NBD_NOT_RUNNING: Final = "NBD server not running"
-_MAX_NODE_NAME: Final = 31
 
 _log = logging.getLogger(__name__)
-
-
-class ExtentReader(Protocol):
-    """Reads the union of bitmaps from an NBD export (``nbdreader.read_dirty_extents``)."""
-
-    def __call__(
-        self, socket_path: str, export: str, bitmaps: list[str], length: int, *, timeout: float
-    ) -> np.ndarray: ...
-
-
-class _Deferred(Exception):
-    pass
-
-
-def _short_id(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 class DirtyTracker:
@@ -118,29 +89,28 @@ class DirtyTracker:
         self.prefix = prefix
         self.timeout = timeout
         self._log = logger or _log
-        self._reader = reader
-        tag = _short_id(f"{prefix}\0{node_name}")
-        self.view_node = f"{prefix}v{tag}"[:_MAX_NODE_NAME]
-        self.export_name = f"{prefix}x{tag}"
-        self._runtime_dir_arg = runtime_dir
-        self._socket_owner = socket_owner
-        self._runtime_dir: str | None = None
-        self._made_runtime_dir = False
+        self._export = BitmapExport(monitor, node_name, prefix=prefix, runtime_dir=runtime_dir,
+                                    socket_owner=socket_owner, timeout=timeout, logger=self._log, reader=reader)
         self._session = secrets.token_hex(4)
         self._serial = 0
         self._active: str | None = None
         self._pending: list[str] = []
         self._read_done: list[str] = []
-        self._server_ours = False
-        self._view_ours = False
 
     # -- public -----------------------------------------------------------
 
     @property
     def socket_path(self) -> str:
-        if self._runtime_dir is None:
-            raise TrackerError("tracker not started")
-        return os.path.join(self._runtime_dir, f"nbd-{_short_id(self.node_name)}.sock")
+        """Where QEMU's NBD server listens while a read runs. Raises TrackerError before ``start``."""
+        return self._export.socket_path
+
+    @property
+    def view_node(self) -> str:
+        return self._export.view_node
+
+    @property
+    def export_name(self) -> str:
+        return self._export.export_name
 
     @property
     def session(self) -> str:
@@ -165,7 +135,7 @@ class DirtyTracker:
         """
         if self._active is not None:
             return
-        self._open_runtime_dir()
+        self._export.open_dir()
         nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
         node_size(nodes, self.node_name)  # DiskNotFoundError when absent
         self._remove_stale(nodes)
@@ -190,8 +160,8 @@ class DirtyTracker:
         self._rotate()
         self._compact()
         try:
-            extents = self._read_pending()
-        except _Deferred as why:
+            extents = self._export.read(self._pending)
+        except Deferred as why:
             self._log.info(event("tracker.deferred", node=self.node_name, pending=len(self._pending), reason=why))
             return DirtyRead(BitmapRead.DEFERRED, empty_extents(), str(why))
         read, self._pending = self._pending, []
@@ -210,9 +180,7 @@ class DirtyTracker:
         when the monitor itself fails (local state is cleared anyway).
         """
         try:
-            self._drop_export()
-            self._stop_server()
-            self._drop_view()
+            self._export.drop()
             nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
             names = self._our_bitmaps(nodes) + self._pending + self._read_done
             names = list(dict.fromkeys(names + ([self._active] if self._active else [])))
@@ -222,7 +190,7 @@ class DirtyTracker:
             self._active = None
             self._pending = []
             self._read_done = []
-            self._close_runtime_dir()
+            self._export.close_dir()
 
     def __enter__(self) -> DirtyTracker:
         self.start()
@@ -282,92 +250,7 @@ class DirtyTracker:
             return
         self._pending = [target]
 
-    def _read_pending(self) -> np.ndarray:
-        if self._server_ours:
-            self._stop_server()  # left running by a failed cleanup
-        path = self.socket_path
-        if os.path.exists(path):
-            os.unlink(path)
-        try:
-            self.monitor.execute("nbd-server-start", {"addr": {"type": "unix", "data": {"path": path}}})
-        except QMPCommandError as err:
-            if NBD_ALREADY_RUNNING in err.desc:
-                raise _Deferred(err.desc) from err
-            raise BitmapReadError(f"{self.node_name}: cannot start NBD server: {err}") from err
-        self._server_ours = True
-        try:
-            nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
-            length = node_size(nodes, self.node_name)
-            self._ensure_view(nodes)
-            try:
-                self.monitor.execute(
-                    "block-export-add",
-                    {
-                        "type": "nbd",
-                        "id": self.export_name,
-                        "node-name": self.view_node,
-                        "name": self.export_name,
-                        "writable": False,
-                        "bitmaps": [{"node": self.node_name, "name": name} for name in self._pending],
-                    },
-                )
-            except QMPCommandError as err:
-                raise BitmapReadError(f"{self.node_name}: cannot export bitmaps: {err}") from err
-            try:
-                return self._reader(path, self.export_name, list(self._pending), length, timeout=self.timeout)
-            finally:
-                self._drop_export()
-        finally:
-            self._stop_server()
-
     # -- cleanup helpers --------------------------------------------------
-
-    def _ensure_view(self, nodes: list[dict[str, Any]]) -> None:
-        if any(n.get("node-name") == self.view_node for n in nodes):
-            return
-        self.monitor.execute(
-            "blockdev-add",
-            {
-                "driver": "null-co",
-                "node-name": self.view_node,
-                "size": VIEW_SIZE,
-                "read-zeroes": True,
-                "read-only": True,
-            },
-        )
-        self._view_ours = True
-
-    def _drop_view(self) -> None:
-        try:
-            self.monitor.execute("blockdev-del", {"node-name": self.view_node})
-        except QMPCommandError as err:
-            if self._view_ours:
-                self._log.warning(event("tracker.view_del_failed", node=self.view_node, error=err))
-        self._view_ours = False
-
-    def _drop_export(self) -> None:
-        try:
-            self.monitor.execute("block-export-del", {"id": self.export_name, "mode": "hard"})
-        except QMPCommandError as err:
-            if "not found" not in err.desc:
-                self._log.warning(event("tracker.export_del_failed", export=self.export_name, error=err))
-
-    def _stop_server(self) -> None:
-        """Stop the NBD server if, and only if, we started it."""
-        if not self._server_ours:
-            return
-        try:
-            self.monitor.execute("nbd-server-stop")
-        except QMPCommandError as err:
-            if NBD_NOT_RUNNING not in err.desc:
-                self._log.warning(event("tracker.nbd_stop_failed", node=self.node_name, error=err))
-                return
-        self._server_ours = False
-        if self._runtime_dir is not None:
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
 
     def _our_bitmaps(self, nodes: list[dict[str, Any]]) -> list[str]:
         for node in nodes:
@@ -396,68 +279,8 @@ class DirtyTracker:
 
     def _remove_stale(self, nodes: list[dict[str, Any]]) -> None:
         """A crashed agent may have left bitmaps, an export, a view node and its NBD server."""
-        exports = self.monitor.execute("query-block-exports")
-        ours = [e for e in exports if e.get("id") == self.export_name]
-        foreign = [e for e in exports if not str(e.get("id", "")).startswith(self.prefix)]
-        if ours:
-            self._drop_export()
-        # Our export was on the server, or the server listens on our socket (an agent
-        # killed between nbd-server-start and block-export-add): the server is ours.
-        if (ours or self._server_on_our_socket()) and not foreign:
-            self._server_ours = True
-            self._stop_server()
-        if any(n.get("node-name") == self.view_node for n in nodes):
-            self._drop_view()
+        self._export.remove_stale(nodes)
         stale = self._our_bitmaps(nodes)
         if stale:
             self._log.info(event("tracker.stale_bitmaps", node=self.node_name, bitmaps=",".join(stale)))
             self._remove_bitmaps(stale, missing_ok=True)
-
-    def _server_on_our_socket(self) -> bool:
-        """True when something accepts connections on our socket path (QEMU's server, started by us)."""
-        path = self.socket_path
-        if not os.path.exists(path):
-            return False
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(1.0)
-            try:
-                probe.connect(path)
-            except OSError:
-                return False
-        return True
-
-    # -- runtime directory ------------------------------------------------
-
-    def _open_runtime_dir(self) -> None:
-        if self._runtime_dir is not None:
-            return
-        if self._runtime_dir_arg is None:
-            self._runtime_dir = tempfile.mkdtemp(prefix="vmcache-nbd-")
-            self._made_runtime_dir = True
-            return
-        path = self._runtime_dir_arg
-        owners = {os.geteuid()}
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            if self._socket_owner is not None and self._socket_owner[0] != os.geteuid():
-                # QEMU (e.g. libvirt-qemu on Debian) binds the socket in here.
-                os.chown(path, *self._socket_owner)
-                owners.add(self._socket_owner[0])
-            info = os.lstat(path)
-        except OSError as err:
-            raise TrackerError(f"runtime directory {path}: {err.strerror}") from err
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or info.st_mode & 0o077:
-            raise TrackerError(f"runtime directory {path}: must be a directory of ours (or QEMU's) with mode 0700")
-        self._runtime_dir = path
-
-    def _close_runtime_dir(self) -> None:
-        if self._runtime_dir is None:
-            return
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        if self._made_runtime_dir:
-            shutil.rmtree(self._runtime_dir, ignore_errors=True)
-        self._runtime_dir = None
-        self._made_runtime_dir = False

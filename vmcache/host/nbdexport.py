@@ -1,0 +1,253 @@
+"""The NBD side of a dirty-bitmap read: QEMU's NBD server on our socket, a read-only view, one export.
+
+QEMU 7.2 refuses to export a qcow2 image's storage node (an NBD export
+unshares ``resize``, which qcow2 needs), so the bitmaps are exported by
+``{node, name}`` on a ``null-co`` *view* node of our own, which reads
+nothing from the image. QEMU has one NBD server: when one runs that is not
+ours (libvirt's backups use it), the read is deferred. The socket lives in
+a 0700 runtime directory. :class:`~vmcache.host.tracker.DirtyTracker` owns
+one :class:`BitmapExport` per storage node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from typing import Any, Final, Protocol
+
+import numpy as np
+
+from ..errors import BitmapReadError, QMPCommandError, TrackerError
+from ..logfmt import event
+from .blockdev import node_size
+from .nbdreader import read_dirty_extents
+from .qmp import Monitor
+
+__all__ = [
+    "VIEW_SIZE", "NBD_ALREADY_RUNNING", "NBD_NOT_RUNNING", "BitmapExport", "Deferred", "ExtentReader", "short_id",
+]
+
+#: Size of the null-co view node: larger than any image (bitmaps end before it).
+VIEW_SIZE: Final = 1 << 62
+#: QEMU's answer to nbd-server-start while a server runs (ours or libvirt's).
+NBD_ALREADY_RUNNING: Final = "NBD server already running"
+NBD_NOT_RUNNING: Final = "NBD server not running"
+_MAX_NODE_NAME: Final = 31
+
+
+class ExtentReader(Protocol):
+    """Reads the union of bitmaps from an NBD export (``nbdreader.read_dirty_extents``)."""
+
+    def __call__(
+        self, socket_path: str, export: str, bitmaps: list[str], length: int, *, timeout: float
+    ) -> np.ndarray: ...
+
+
+class Deferred(Exception):
+    """QEMU's NBD server is busy with someone else's export: read later."""
+
+
+def short_id(text: str) -> str:
+    """Eight hex digits naming ``text`` (node and socket names have little room)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+class BitmapExport:
+    """Reads bitmaps of ``node_name`` over NBD: server, view node and export, set up and torn down per read.
+
+    ``runtime_dir``: where the socket goes (created 0700 if missing, refused
+    if group/other can enter it); a private temporary directory when None.
+    ``socket_owner`` (uid, gid): the user QEMU runs as, which must create the
+    socket there - the directory is given to it (still 0700; root connects
+    anyway); None when QEMU runs as this process's user.
+    """
+
+    def __init__(self, monitor: Monitor, node_name: str, *, prefix: str, runtime_dir: str | None,
+                 socket_owner: tuple[int, int] | None = None, timeout: float, logger: logging.Logger,
+                 reader: ExtentReader = read_dirty_extents) -> None:
+        self.monitor = monitor
+        self.node_name = node_name
+        self.prefix = prefix
+        self.timeout = timeout
+        self._log = logger
+        self._reader = reader
+        tag = short_id(f"{prefix}\0{node_name}")
+        self.view_node = f"{prefix}v{tag}"[:_MAX_NODE_NAME]
+        self.export_name = f"{prefix}x{tag}"
+        self._runtime_dir_arg = runtime_dir
+        self._socket_owner = socket_owner
+        self._runtime_dir: str | None = None
+        self._made_runtime_dir = False
+        self._server_ours = False
+        self._view_ours = False
+
+    @property
+    def socket_path(self) -> str:
+        if self._runtime_dir is None:
+            raise TrackerError("tracker not started")
+        return os.path.join(self._runtime_dir, f"nbd-{short_id(self.node_name)}.sock")
+
+    def read(self, bitmaps: list[str]) -> np.ndarray:
+        """The union of ``bitmaps`` as extents. Raises Deferred, BitmapReadError, MonitorError."""
+        if self._server_ours:
+            self._stop_server()  # left running by a failed cleanup
+        path = self.socket_path
+        if os.path.exists(path):
+            os.unlink(path)
+        try:
+            self.monitor.execute("nbd-server-start", {"addr": {"type": "unix", "data": {"path": path}}})
+        except QMPCommandError as err:
+            if NBD_ALREADY_RUNNING in err.desc:
+                raise Deferred(err.desc) from err
+            raise BitmapReadError(f"{self.node_name}: cannot start NBD server: {err}") from err
+        self._server_ours = True
+        try:
+            nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
+            length = node_size(nodes, self.node_name)
+            self._ensure_view(nodes)
+            try:
+                self.monitor.execute(
+                    "block-export-add",
+                    {
+                        "type": "nbd",
+                        "id": self.export_name,
+                        "node-name": self.view_node,
+                        "name": self.export_name,
+                        "writable": False,
+                        "bitmaps": [{"node": self.node_name, "name": name} for name in bitmaps],
+                    },
+                )
+            except QMPCommandError as err:
+                raise BitmapReadError(f"{self.node_name}: cannot export bitmaps: {err}") from err
+            try:
+                return self._reader(path, self.export_name, list(bitmaps), length, timeout=self.timeout)
+            finally:
+                self._drop_export()
+        finally:
+            self._stop_server()
+
+    def remove_stale(self, nodes: list[dict[str, Any]]) -> None:
+        """What a crashed agent may have left: our export, our NBD server, our view node."""
+        exports = self.monitor.execute("query-block-exports")
+        ours = [e for e in exports if e.get("id") == self.export_name]
+        foreign = [e for e in exports if not str(e.get("id", "")).startswith(self.prefix)]
+        if ours:
+            self._drop_export()
+        # Our export was on the server, or the server listens on our socket (an agent
+        # killed between nbd-server-start and block-export-add): the server is ours.
+        if (ours or self._server_on_our_socket()) and not foreign:
+            self._server_ours = True
+            self._stop_server()
+        if any(n.get("node-name") == self.view_node for n in nodes):
+            self._drop_view()
+
+    def drop(self) -> None:
+        """Remove our export and view node, stop our server (best effort: refusals are logged)."""
+        self._drop_export()
+        self._stop_server()
+        self._drop_view()
+
+    # -- QEMU objects -----------------------------------------------------
+
+    def _ensure_view(self, nodes: list[dict[str, Any]]) -> None:
+        if any(n.get("node-name") == self.view_node for n in nodes):
+            return
+        self.monitor.execute(
+            "blockdev-add",
+            {
+                "driver": "null-co",
+                "node-name": self.view_node,
+                "size": VIEW_SIZE,
+                "read-zeroes": True,
+                "read-only": True,
+            },
+        )
+        self._view_ours = True
+
+    def _drop_view(self) -> None:
+        try:
+            self.monitor.execute("blockdev-del", {"node-name": self.view_node})
+        except QMPCommandError as err:
+            if self._view_ours:
+                self._log.warning(event("tracker.view_del_failed", node=self.view_node, error=err))
+        self._view_ours = False
+
+    def _drop_export(self) -> None:
+        try:
+            self.monitor.execute("block-export-del", {"id": self.export_name, "mode": "hard"})
+        except QMPCommandError as err:
+            if "not found" not in err.desc:
+                self._log.warning(event("tracker.export_del_failed", export=self.export_name, error=err))
+
+    def _stop_server(self) -> None:
+        """Stop the NBD server if, and only if, we started it."""
+        if not self._server_ours:
+            return
+        try:
+            self.monitor.execute("nbd-server-stop")
+        except QMPCommandError as err:
+            if NBD_NOT_RUNNING not in err.desc:
+                self._log.warning(event("tracker.nbd_stop_failed", node=self.node_name, error=err))
+                return
+        self._server_ours = False
+        if self._runtime_dir is not None:
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+
+    def _server_on_our_socket(self) -> bool:
+        """True when something accepts connections on our socket path (QEMU's server, started by us)."""
+        path = self.socket_path
+        if not os.path.exists(path):
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(path)
+            except OSError:
+                return False
+        return True
+
+    # -- runtime directory ------------------------------------------------
+
+    def open_dir(self) -> None:
+        """Make (or check) the directory of the socket. Raises TrackerError."""
+        if self._runtime_dir is not None:
+            return
+        if self._runtime_dir_arg is None:
+            self._runtime_dir = tempfile.mkdtemp(prefix="vmcache-nbd-")
+            self._made_runtime_dir = True
+            return
+        path = self._runtime_dir_arg
+        owners = {os.geteuid()}
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            if self._socket_owner is not None and self._socket_owner[0] != os.geteuid():
+                # QEMU (e.g. libvirt-qemu on Debian) binds the socket in here.
+                os.chown(path, *self._socket_owner)
+                owners.add(self._socket_owner[0])
+            info = os.lstat(path)
+        except OSError as err:
+            raise TrackerError(f"runtime directory {path}: {err.strerror}") from err
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or info.st_mode & 0o077:
+            raise TrackerError(f"runtime directory {path}: must be a directory of ours (or QEMU's) with mode 0700")
+        self._runtime_dir = path
+
+    def close_dir(self) -> None:
+        """Remove our socket, and the directory when we made it."""
+        if self._runtime_dir is None:
+            return
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        if self._made_runtime_dir:
+            shutil.rmtree(self._runtime_dir, ignore_errors=True)
+        self._runtime_dir = None
+        self._made_runtime_dir = False
