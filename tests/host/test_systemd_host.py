@@ -31,7 +31,7 @@ if ON_CLEAN_HOST:
     from tests.live.livelib import (MiB, cache_metadata, connect, create_disk, destroy_domains, domain_xml,
                                     guest_write, leftovers, nbd_dir, read_status, scrape, start_paused, wait_for)
     from vmcache.service.launcher import systemd_escape
-    from vmcache.observe.status import file_stem
+    from vmcache.host.files import file_stem
 
 PREFIX = "vmcache-host-"
 RUN = Path("/run/vmcache")

@@ -131,7 +131,7 @@ def _written(env: Env, name: str) -> float:
     return scrape(env.status(name)["metrics_url"], "vmcache_guest_dirtied_bytes_total")
 
 
-def _follows(env: Env, name: str, image: Path, dom, offset: int, what: str) -> None:  # type: ignore[no-untyped-def]
+def _follows(env: Env, name: str, image: Path, dom, offset: int, what: str) -> None:
     """The agent manages ``image`` as vda and counts and pins a 4 MiB write at ``offset`` on it."""
     try:
         wait_for(lambda: (d := _disk(env, name)) and d["source"] == str(image) and not d["error"],
@@ -142,7 +142,8 @@ def _follows(env: Env, name: str, image: Path, dom, offset: int, what: str) -> N
         wait_for(lambda: (d := _disk(env, name)) and d["pinned_bytes"] >= 4 * MiB, f"pins on {what}", timeout=15)
     except AssertionError as err:
         from urllib.request import urlopen
-        text = [l for l in urlopen(env.status(name)["metrics_url"]).read().decode().splitlines() if "dirtied" in l]
+        text = [line for line in urlopen(env.status(name)["metrics_url"]).read().decode().splitlines()
+                if "dirtied" in line]
         raise AssertionError(f"{err}: {text}\n{env.status(name)}\n{env.agent_log(name)[-4000:]}") from None
     maps = Path(f"/proc/{env.agent_pid(name)}/maps").read_text()
     assert str(image) in maps, f"{what} is not pinned"

@@ -188,8 +188,8 @@ def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: lis
     total = 16 << 30
     budget = Budget("d", Ledger(config.ledger_path, None), cap=config.pinned_cap, psi_threshold=10.0,
                     pressure=pressure, meminfo=lambda: MemInfo(total, total, total, 0, 0, 0, 0), logger=LOG)
-    disks = DiskSet(config, make, refs=FakeRefs(), logger=LOG, discover=lambda _m: [],
-                    images=lambda _m: {os.path.realpath(d.source or '') for d in link.info.disks})  # type: ignore[arg-type]
+    disks = DiskSet(config, make, refs=FakeRefs(), logger=LOG, discover=lambda _m: [],  # type: ignore[arg-type]
+                    images=lambda _m: {os.path.realpath(d.source or '') for d in link.info.disks})
     agent = Agent("d", config, link=link, disks=disks, budget=budget,  # type: ignore[arg-type]
                   telemetry=FakeTelemetry(), wake=wake or threading.Event(), available_memory=lambda: total)  # type: ignore[arg-type]
     holder.append(agent)
@@ -375,7 +375,7 @@ def test_a_disk_whose_image_was_replaced_without_an_event_is_followed(tmp_path: 
         closed.append((worker.image, qemu_alive))
         real_close(worker, qemu_alive=qemu_alive)
 
-    FakeWorker.close = close  # type: ignore[method-assign]
+    FakeWorker.close = close  # type: ignore[method-assign,assignment]
     try:
         assert h.agent.run() == EXIT_OK
     finally:
