@@ -338,7 +338,7 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
     the stale bitmaps and server and carries on; the other agent keeps its
     pins through the restart and reconnects; both VMs run throughout.
     """
-    from vmcache.host.nbdexport import short_id
+    from vmcache.host.files import short_name
 
     crash, survivor = PREFIX + "crash", PREFIX + "survivor"
     doms = {n: start(env, cleanup, n, budget="16M") for n in (crash, survivor)}
@@ -360,7 +360,7 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
     os.kill(old_pid, signal.SIGKILL)
     wait_for(lambda: env.agent_pid(crash) is None, "the killed agent to be gone")
     node = storage_node(doms[crash])
-    sock = nbd_dir(env.run, crash) / f"nbd-{short_id(node)}.sock"
+    sock = nbd_dir(env.run, crash) / f"nbd-{short_name(node)}.sock"
     if not sock.exists():
         qmp(doms[crash], "nbd-server-start", {"addr": {"type": "unix", "data": {"path": str(sock)}}})
     assert env.pinned(survivor) >= 8 * MiB

@@ -1,4 +1,4 @@
-"""Files vmcache writes: one atomic writer, one name for a domain (or path) as a file name.
+"""Files vmcache writes: one atomic writer, one name for a domain (or path) as a file name, one short name.
 
 Cheap to import (os and re only): the libvirt hook uses it on its fast path.
 """
@@ -10,7 +10,7 @@ import re
 
 from ..errors import HostError
 
-__all__ = ["file_stem", "write_atomic"]
+__all__ = ["file_stem", "short_name", "write_atomic"]
 
 _SAFE = re.compile(r"[A-Za-z0-9_.+-]")
 _MAX_STEM = 200
@@ -31,11 +31,20 @@ def file_stem(name: str) -> str:
             out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
     stem = "".join(out) or "%00"
     if len(stem) > _MAX_STEM:
-        import hashlib
-
-        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        stem = f"{stem[:_MAX_STEM - 17]}~{digest}"
+        stem = f"{stem[:_MAX_STEM - 17]}~{short_name(name, 16)}"
     return stem
+
+
+def short_name(text: str, digits: int = 8) -> str:
+    """``digits`` hex digits of ``text``'s SHA-256: a name of fixed length, for where there is little room.
+
+    A unix socket path has 108 bytes and a QEMU node name 31 characters, so
+    the NBD socket directory of a domain and the tracker's node and socket
+    names are short hashes rather than :func:`file_stem`.
+    """
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:digits]
 
 
 def write_atomic(path: str | os.PathLike[str], payload: bytes | str, *, mode: int = 0o644, fsync: bool = True,

@@ -11,7 +11,6 @@ one :class:`BitmapExport` per storage node.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -25,11 +24,12 @@ import numpy as np
 from ..errors import BitmapReadError, QMPCommandError, TrackerError
 from ..logfmt import event
 from .blockdev import node_size
+from .files import short_name
 from .nbdreader import read_dirty_extents
 from .qmp import Monitor
 
 __all__ = [
-    "VIEW_SIZE", "NBD_ALREADY_RUNNING", "NBD_NOT_RUNNING", "BitmapExport", "Deferred", "ExtentReader", "short_id",
+    "VIEW_SIZE", "NBD_ALREADY_RUNNING", "NBD_NOT_RUNNING", "BitmapExport", "Deferred", "ExtentReader",
 ]
 
 #: Size of the null-co view node: larger than any image (bitmaps end before it).
@@ -52,11 +52,6 @@ class Deferred(Exception):
     """QEMU's NBD server is busy with someone else's export: read later."""
 
 
-def short_id(text: str) -> str:
-    """Eight hex digits naming ``text`` (node and socket names have little room)."""
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
 class BitmapExport:
     """Reads bitmaps of ``node_name`` over NBD: server, view node and export, set up and torn down per read.
 
@@ -76,7 +71,7 @@ class BitmapExport:
         self.timeout = timeout
         self._log = logger
         self._reader = reader
-        tag = short_id(f"{prefix}\0{node_name}")
+        tag = short_name(f"{prefix}\0{node_name}")
         self.view_node = f"{prefix}v{tag}"[:_MAX_NODE_NAME]
         self.export_name = f"{prefix}x{tag}"
         self._runtime_dir_arg = runtime_dir
@@ -90,7 +85,7 @@ class BitmapExport:
     def socket_path(self) -> str:
         if self._runtime_dir is None:
             raise TrackerError("tracker not started")
-        return os.path.join(self._runtime_dir, f"nbd-{short_id(self.node_name)}.sock")
+        return os.path.join(self._runtime_dir, f"nbd-{short_name(self.node_name)}.sock")
 
     def read(self, bitmaps: list[str]) -> np.ndarray:
         """The union of ``bitmaps`` as extents. Raises Deferred, BitmapReadError, MonitorError."""

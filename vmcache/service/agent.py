@@ -28,7 +28,6 @@ failure the service manager may restart it for.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import threading
@@ -37,6 +36,7 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..errors import ConfigError, DomainError, RunEndedError, VmcacheError
+from ..host.files import short_name
 from ..logfmt import domain_logger, event
 from ..observe.status import AgentStatus, status_path, write_status
 from ..settings.config import HostConfig
@@ -63,7 +63,7 @@ def nbd_dir(runtime_dir: str, domain: str) -> str:
     Per domain: libvirt names nodes alike in every domain (libvirt-1-storage), and
     the tracker names its NBD socket after the node. Short: a socket path has 108 bytes.
     """
-    return os.path.join(runtime_dir, "nbd", hashlib.sha256(domain.encode()).hexdigest()[:12])
+    return os.path.join(runtime_dir, "nbd", short_name(domain, 12))
 
 
 class Agent:
