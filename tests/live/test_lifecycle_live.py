@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -189,3 +192,43 @@ def test_external_snapshot_and_blockcommit_pivot_are_followed_and_never_fail(env
     wait_for(lambda: not dom.blockJobInfo("vda", 0), "the pull to finish", timeout=60)
     _follows(env, name, overlay2, dom, 24 * MiB, "the overlay after the pull")
     assert env.agent_pid(name) == pid
+
+
+# -- block devices ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def loop_device(backing: Path, size: int) -> Iterator[str]:
+    """A loop device over a sparse file ``backing`` of ``size`` bytes; detached afterwards."""
+    with open(backing, "wb") as f:
+        f.truncate(size)
+    dev = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def test_block_device_disk_is_scanned_tracked_and_pinned(env: Env, cleanup) -> None:
+    name = "vmcache-test-life-block"
+    with loop_device(env.tmp / "vmcache-life-loop.img", 32 * MiB) as dev:
+        disk = (f"<disk type='block' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
+                f"<source dev='{dev}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>")
+        dom = start(env, cleanup, name, budget="32M", size=32 * MiB, disks=disk)
+        running(env, name)
+        before = _written(env, name)
+        guest_write(dom, 4 * MiB, 4 * MiB, dev="ua-vdb")
+        try:
+            wait_for(lambda: _written(env, name) - before >= 4 * MiB, "writes on the device to be counted")
+            wait_for(lambda: (d := _disk(env, name, "vdb")) and d["pinned_bytes"] >= 4 * MiB,
+                     "the device to be pinned")
+        except AssertionError as err:
+            raise AssertionError(f"{err}: {_disk(env, name, 'vdb')}\n{env.agent_log(name)[-3000:]}") from None
+        assert dev in Path(f"/proc/{env.agent_pid(name)}/maps").read_text()
+        scan = subprocess.run([sys.executable, "-m", "vmcache", "scan", "--json", dev], capture_output=True,
+                              text=True, check=True)
+        report = json.loads(scan.stdout)
+        assert report["size_bytes"] == 32 * MiB and report["resident_pages"] * 4096 >= 4 * MiB, report
+        env.lookup(name).destroy()
+        wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")

@@ -14,11 +14,13 @@ from __future__ import annotations
 import ctypes
 import errno as _errno
 import os
+import stat as _stat
 from collections import namedtuple
 
 from ..errors import PageCacheError
 
 __all__ = [
+    "fd_size",
     "CacheStat",
     "PAGE_SIZE",
     "cachestat",
@@ -70,6 +72,17 @@ class CacheStat(namedtuple("CacheStat", "nr_cache nr_dirty nr_writeback nr_evict
     nr_writeback: int
     nr_evicted: int
     nr_recently_evicted: int
+
+
+def fd_size(fd: int) -> int:
+    """Bytes of the open image: a file's length, a block device's size (fstat says 0 for those).
+
+    Raises OSError.
+    """
+    st = os.fstat(fd)
+    if _stat.S_ISBLK(st.st_mode):
+        return os.lseek(fd, 0, os.SEEK_END)
+    return st.st_size
 
 
 def _error(what: str, path: str, err: OSError) -> PageCacheError:
@@ -142,7 +155,7 @@ def file_cachestat(path: str | os.PathLike[str]) -> tuple[int, CacheStat]:
         raise _error("cannot open", name, err) from err
     try:
         try:
-            size = os.fstat(fd).st_size
+            size = fd_size(fd)
         except OSError as err:
             raise _error("fstat", name, err) from err
         return size, cachestat(fd, 0, 0, path=name)

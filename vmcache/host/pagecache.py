@@ -38,6 +38,7 @@ from .cachestat import (
     _raw_cachestat,
     cachestat,
     cachestat_supported,
+    fd_size,
 )
 
 __all__ = [
@@ -347,7 +348,7 @@ def scan_residency(
 def _scan(name: str, fd: int, block_size: int, chunk: int, use_cachestat: bool | None,
           hint: tuple[tuple[int, int], ...]) -> Residency:
     try:
-        size = os.fstat(fd).st_size
+        size = fd_size(fd)
     except OSError as err:
         raise _error("fstat", name, err) from err
     scan = _Scan(fd, size, block_size)

@@ -27,6 +27,7 @@ from ..model.blocks import BlockValues, blocks_of
 from ..model.cycle import blocks_mask
 from ..model.pindiff import Span
 from ..model.region import Region
+from .cachestat import fd_size
 from .meminfo import MemInfo, read_meminfo
 from .pagerefs import PageRefs
 from .pagecache import PAGE_SIZE, _libc, map_readonly, unmap
@@ -289,7 +290,7 @@ class Pinner:
         if self._fd is None:
             raise PinError("pinner is closed", path=self.path)
         try:
-            size = os.fstat(self._fd).st_size
+            size = fd_size(self._fd)
         except OSError as err:
             raise PinError(f"fstat: {os.strerror(err.errno or 0)}", path=self.path, errno=err.errno) from err
         wanted = pindiff.clip(regions, size)
