@@ -41,8 +41,8 @@ import libvirt
 
 from bench.e2e_arms import GOALS, SCENARIOS, SETS, Arm, every_arm
 from bench.e2e_host import DEVICES, MIB, Cgroup, log, run, start_filler, stop, throttle, whole_disk
-from bench.e2e_report import arm_table, figures, goal_table
-from bench.e2e_run import Settings, destroy_ours, hook_lock, run_arm, warmup
+from bench.e2e_report import arm_table, boot_table, figures, goal_table, time_to_steady
+from bench.e2e_run import Settings, destroy_ours, hook_lock, learn_hotset, run_arm, warmup
 
 
 def parse_args() -> argparse.Namespace:
@@ -156,15 +156,21 @@ def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int) 
 
 def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> None:
     """Every arm once per round, in order; each run's row appended to ``runs`` as it ends."""
+    for device in sorted({a.device for a in arms if a.mode == "warm"}):
+        with hook_lock():
+            s.hotset = learn_hotset(device, s)   # what an earlier vmcache run of the guest saved
     for round_ in range(1, rounds + 1):
         for arm in arms:
             log(f"round {round_}/{rounds}: {arm.name}")
-            if arm.mode == "vmcache":
+            if arm.mode in ("vmcache", "warm"):
                 with hook_lock():   # no live test swaps the hook under this arm
                     res = run_arm(arm, s, round_)
             else:
                 res = run_arm(arm, s, round_)
             row = {**asdict(res), "figures": figures(res.fio), "pinned_end": None}
+            if res.steady_fio is not None:
+                row["figures"]["steady_iops"] = figures([res.steady_fio])["iops"]
+                row["figures"]["t90_seconds"] = time_to_steady(res.cgroup_samples, row["figures"]["steady_iops"])
             guest_reads = sum(j["read"]["total_ios"] for j in res.fio)
             if res.device_read_bytes and guest_reads:
                 for who, value in res.device_read_bytes.items():
@@ -184,7 +190,8 @@ def report(arms: list[Arm], runs: list[dict], meta: dict, out: Path) -> None:
                        for d, c in meta["device_checks"].items())
     text = "\n\n".join([f"`{meta['command']}`, {meta['started']} - {meta['finished']} UTC, "
                         f"commit {meta['machine']['commit']}",
-                        checks, goal_table(GOALS, runs), arm_table([a.name for a in arms], runs, references(arms))])
+                        checks, goal_table(GOALS, runs), arm_table([a.name for a in arms], runs, references(arms)),
+                        boot_table([a.name for a in arms if a.scenario.boot], runs)])
     (out / "summary.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     (out / "table.md").write_text(text + "\n")
     print("\n" + text + f"\n\nraw results: {out}")

@@ -113,3 +113,35 @@ def goal_table(goals: list, runs: list[dict]) -> str:
         lines.append(f"| {g.label} | {g.arm} / {g.reference} | {ratios.fmt(2)} | {ratios.n} "
                      f"| >= {g.target} | {verdict(ratios, g.target)} |")
     return "\n".join(lines)
+
+
+def time_to_steady(samples: list[dict], steady_iops: float, fraction: float = 0.9, window: int = 5) -> float | None:
+    """Seconds from the start of the measured run until the guest's IOPS, averaged over ``window`` s,
+    first reach ``fraction`` of ``steady_iops``; None if they never do (or there are no I/O samples).
+
+    ``samples``: the run's once-a-second rows with ``t`` (s), ``measuring`` and ``ios`` (requests so far).
+    """
+    rows = [r for r in samples if r.get("measuring") and r.get("ios") is not None]
+    if len(rows) <= window or steady_iops <= 0:
+        return None
+    start = rows[0]["t"]
+    for a, b in zip(rows, rows[window:]):
+        if b["t"] > a["t"] and (b["ios"] - a["ios"]) / (b["t"] - a["t"]) >= fraction * steady_iops:
+            return round(b["t"] - start, 1)
+    return None
+
+
+def boot_table(arm_names: list[str], runs: list[dict]) -> str:
+    """Boot scenarios: IOPS of the first run from boot, the steady IOPS after it, the time to 90% of those."""
+    lines = ["| arm | runs | IOPS, first run from boot | steady IOPS (the run after) | s to 90% of steady |",
+             "|---|---|---|---|---|"]
+    for name in arm_names:
+        ok = [r for r in runs if r["arm"] == name and r["ok"] and "steady_iops" in r["figures"]]
+        if not ok:
+            continue
+        col = lambda key: Spread.of([r["figures"][key] for r in ok if r["figures"].get(key) is not None])  # noqa: E731
+        t90 = col("t90_seconds")
+        never = sum(1 for r in ok if r["figures"].get("t90_seconds") is None)
+        lines.append(f"| {name} | {len(ok)} | {col('iops').fmt()} | {col('steady_iops').fmt()} "
+                     f"| {t90.fmt(1) if t90 else ''}{f' ({never} never)' if never else ''} |")
+    return "\n".join(lines)

@@ -15,17 +15,18 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import libvirt
 
-from bench.e2e_arms import Arm
+from bench.e2e_arms import SCENARIOS, Arm
 from bench.e2e_host import (DEVICES, MIB, Cgroup, Reclaimer, alive, busy_percent, cpu_seconds, cpu_times,
                             kib, loadavg, log, memory_stat, proc_status, read_bytes, run, start_filler,
                             start_locker, start_reuse, start_stream, stop, throttle)
@@ -63,6 +64,7 @@ class Settings:
     guest_dir: str
     memory_mib: int
     model: dict
+    hotset: str = ""           # the saved hot set element (namespaced) warm arms put in the domain XML
 
 
 @dataclass
@@ -73,6 +75,7 @@ class ArmResult:
     error: str | None = None
     fio: list = field(default_factory=list)     # the measured fio runs (jobs[0] each)
     warmup_fio: dict | None = None
+    steady_fio: dict | None = None      # boot scenarios: the run after the measured one
     limit_bytes: int = 0
     qemu_anon_bytes: int = 0
     cgroup_peak_bytes: int = 0
@@ -87,8 +90,8 @@ class ArmResult:
 
 def warmup(arm: Arm, s: Settings) -> int:
     """Seconds of the first fio run: none for evicted arms, longer where misses are slow."""
-    if arm.mode == "evicted":
-        return s.runtime   # the only run, measured
+    if arm.mode == "evicted" or arm.scenario.boot:
+        return s.runtime   # the first run, measured from boot
     return s.slow_warmup if arm.device == "hdd" else s.warmup
 
 
@@ -101,6 +104,8 @@ class Plan:
 
 
 def plan(arm: Arm) -> Plan:
+    if arm.scenario.boot:
+        return Plan(2, (0,))     # the first run from boot; the second one gives the steady state
     if arm.mode == "evicted":
         return Plan(1, (0,))
     if arm.scenario.workload == "periodic":
@@ -191,14 +196,19 @@ def boot(arm: Arm, s: Settings, res: ArmResult, console: Path) -> int:
     """Start the domain paused, move QEMU (and the agent) into the cgroups, resume; QEMU's pid."""
     name = PREFIX + arm.name
     p = plan(arm)
-    settings = DomainSettings(budget=s.budget_mib * MIB, model=s.model) if arm.mode == "vmcache" else None
+    agent = arm.mode in ("vmcache", "warm")
+    settings = DomainSettings(budget=s.budget_mib * MIB, model=s.model) if agent else None
     spec = GuestSpec(name=name, disk=str(s.disk), console_log=str(console), guest_dir=s.guest_dir,
                      workload=arm.scenario.workload, qd=arm.scenario.qd, loops=p.loops, memory_mib=s.memory_mib,
                      runtime=s.runtime, warmup=warmup(arm, s),
                      gap=s.gap if arm.scenario.workload == "periodic" else None, settings=settings)
     xml = domain_xml(spec)
+    if arm.mode == "warm":
+        if not s.hotset:
+            raise RuntimeError("no saved hot set to warm from (learn_hotset did not run or saved none)")
+        xml = xml.replace("</metadata>", s.hotset + "</metadata>", 1)
     (console.parent / "domain.xml").write_text(xml)
-    if arm.mode == "vmcache":
+    if agent:
         ensure_hook()
     conn = connection()
     try:
@@ -206,7 +216,7 @@ def boot(arm: Arm, s: Settings, res: ArmResult, console: Path) -> int:
         qpid = qemu_pid(name)
         for cg in (CGROUP, DEVICE_CGROUP):
             cg.join(qpid)
-        if arm.mode == "vmcache":
+        if agent:
             join_agent(name, res)
         dom.resume()
     finally:
@@ -250,9 +260,15 @@ def start_neighbour(arm: Arm, s: Settings) -> subprocess.Popen | None:
     return None
 
 
-def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path) -> None:
-    """Once a second until the guest is done: cgroup memory, pins, the agent's CPU, the host's load."""
+def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path,
+           on_measuring: Callable[[ArmResult], None] | None = None) -> None:
+    """Once a second until the guest is done: cgroup memory, pins, the agent's CPU, the host's load.
+
+    Boot scenarios also sample the guest's requests (QEMU's block stats) for the time to steady IOPS;
+    ``on_measuring`` runs once when the measured run begins.
+    """
     p = plan(arm)
+    ios = _io_counter(PREFIX + arm.name) if arm.scenario.boot else None
     first, last = p.measured[0] + 1, p.measured[-1] + 1
     apid = res.agent["pid"] if res.agent else None
     agent = {"cpu0": None, "cpu1": None, "peak_rss": 0, "peak_anon": 0}
@@ -267,6 +283,8 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path) -> N
         text = console.read_text(errors="replace")
         measuring = f"VMCACHE-FIO-BEGIN {first}" in text and f"VMCACHE-FIO-END {last}" not in text
         if measuring and host0 is None:
+            if on_measuring is not None:
+                on_measuring(res)
             host0, res.load["start"] = cpu_times(), loadavg()
             reads0 = {"qemu": read_bytes(qpid), "agent": read_bytes(apid)}
         if not measuring and host0 is not None and "end" not in res.load:
@@ -282,6 +300,7 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path) -> N
             "usage": int(CGROUP.read("memory.usage_in_bytes")), "cache": stat.get("cache", 0),
             "rss": stat.get("rss", 0), "unevictable": stat.get("unevictable", 0),
             "pinned": pinned_bytes(PREFIX + arm.name) if apid else None,
+            "ios": ios() if ios else None,
         })
         if "VMCACHE-GUEST-DONE" in text:
             break
@@ -292,6 +311,20 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path) -> N
             "cpu_percent": 100.0 * (c1[0] - c0[0]) / (c1[1] - c0[1]) if c0 and c1 and c1[1] > c0[1] else None,
             "peak_rss_bytes": agent["peak_rss"], "peak_anon_bytes": agent["peak_anon"],
             "status": read_status(AGENTS_DIR, PREFIX + arm.name)})
+
+
+def _io_counter(name: str) -> Callable[[], int | None]:
+    """Requests the guest made on vda so far (QEMU's block stats through libvirt); None once it is gone."""
+    conn = open_conn()
+
+    def count() -> int | None:
+        try:
+            rd_req, _, wr_req, _, _ = conn.lookupByName(name).blockStats("vda")
+        except libvirt.libvirtError:
+            return None
+        return rd_req + wr_req
+
+    return count
 
 
 def sample_agent(apid: int, agent: dict, measuring: bool) -> None:
@@ -313,6 +346,8 @@ def collect(arm: Arm, res: ArmResult, console: Path) -> None:
     res.fio = [results[i]["jobs"][0] for i in p.measured]
     if p.measured[0] > 0:
         res.warmup_fio = results[0]["jobs"][0]
+    if arm.scenario.boot:
+        res.steady_fio = results[p.measured[-1] + 1]["jobs"][0]
 
 
 def cleanup(arm: Arm, res: ArmResult, procs: list) -> None:
@@ -333,7 +368,8 @@ def cleanup(arm: Arm, res: ArmResult, procs: list) -> None:
     DEVICE_CGROUP.remove()
 
 
-def run_arm(arm: Arm, s: Settings, round_: int) -> ArmResult:
+def run_arm(arm: Arm, s: Settings, round_: int,
+            on_measuring: Callable[[ArmResult], None] | None = None) -> ArmResult:
     """Run ``arm`` once (round ``round_``); never raises for the arm's own failures."""
     res = ArmResult(arm=arm.name, round=round_)
     adir = s.out / f"r{round_}" / arm.name
@@ -350,7 +386,7 @@ def run_arm(arm: Arm, s: Settings, round_: int) -> ArmResult:
         procs.append(start_neighbour(arm, s))
         if arm.scenario.reclaim:
             reclaimer = Reclaimer(CGROUP, s.reclaim_period).start()
-        sample(arm, s, res, qpid, console)
+        sample(arm, s, res, qpid, console, on_measuring)
         res.cgroup_peak_bytes = int(CGROUP.read("memory.max_usage_in_bytes"))
         collect(arm, res, console)
         res.ok = True
@@ -365,3 +401,34 @@ def run_arm(arm: Arm, s: Settings, round_: int) -> ArmResult:
         res.wall_seconds = time.monotonic() - t0
         (adir / "result.json").write_text(json.dumps(asdict(res), indent=1))
     return res
+
+
+def learn_hotset(device: str, s: Settings) -> str:
+    """The hot set a vmcache run of the zoned workload saves, as the domain XML carries it ("" if none).
+
+    Runs zoned-DEVICE-vmcache once (round 0); when its measured run begins (warm-up done, the hot
+    range pinned) the agent is stopped while the domain runs - it saves the hot set into the live XML
+    as it stops, as at a host shutdown - and the element is read back from the XML.
+    """
+    arm = Arm(SCENARIOS["zoned"], device, "vmcache")
+    saved: list[str] = []
+
+    def grab(res: ArmResult) -> None:
+        apid = res.agent["pid"] if res.agent else 0
+        if apid and alive(apid):
+            os.kill(apid, signal.SIGTERM)
+            wait_for(lambda: not alive(apid), "the agent to save the hot set and exit", timeout=60)
+        conn = open_conn()
+        try:
+            xml = conn.lookupByName(PREFIX + arm.name).XMLDesc(0)
+        finally:
+            conn.close()
+        found = re.search(r"<vmcachehot:hotset\b.*?</vmcachehot:hotset>", xml, re.S)
+        saved.append(found.group(0) if found else "")
+
+    res = run_arm(arm, s, 0, on_measuring=grab)
+    element = saved[0] if saved else ""
+    (s.out / "hotset.xml").write_text(element + "\n")
+    log(f"learned hot set: {len(element)} characters"
+        + ("" if res.ok else f" (the learning run failed: {res.error})"))
+    return element

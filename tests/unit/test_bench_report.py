@@ -41,3 +41,21 @@ def test_every_goal_names_arms_the_bench_can_run():
         assert goal.arm in arms and goal.reference in arms
     table = goal_table(GOALS, [row("reuse-ssd-vmcache", 1, 3), row("reuse-ssd-kernel", 1, 2)])
     assert "| 1.50 (1.50-1.50) | 1 | >= 1.5 | met |" in table
+
+
+def test_time_to_steady_from_the_guests_request_counts():
+    from bench.e2e_report import boot_table, time_to_steady
+
+    # 10 s at 100 IOPS, then 1000 IOPS: the 5 s average reaches 900 five seconds after the change
+    counts, ios = [], 0
+    for t in range(30):
+        counts.append({"t": float(t + 3), "measuring": True, "ios": ios})
+        ios += 100 if t < 10 else 1000
+    samples = [{"t": 1.0, "measuring": False, "ios": 0}, {"t": 2.0, "measuring": False, "ios": 0}, *counts]
+    assert time_to_steady(samples, 1000.0) == 15.0  # from the first measuring sample (t=3) to t=18
+    assert time_to_steady(samples, 5000.0) is None
+    assert time_to_steady([{"t": 1.0, "measuring": True, "ios": None}] * 9, 10.0) is None
+    runs = [{"arm": "coldboot-hdd-warm", "ok": True, "figures": {"iops": 800.0, "steady_iops": 1000.0,
+                                                                "t90_seconds": 15.0}}]
+    assert "| coldboot-hdd-warm | 1 | 800 (800-800) | 1000 (1000-1000) | 15.0 (15.0-15.0) |" in boot_table(
+        ["coldboot-hdd-warm", "coldboot-hdd-evicted"], runs)
