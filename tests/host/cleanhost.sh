@@ -93,6 +93,7 @@ build_root() {
 
 RUN_DIR=
 NSPAWN_PID=
+CHECK_PID=
 MOUNTED_NSPAWN_RUN=0
 
 # nspawn keeps its state in /run/systemd/nspawn and refuses unless that is a
@@ -108,6 +109,7 @@ nspawn_run_dir() {
 cleanup() {
   local rc=$? i
   trap - EXIT INT TERM
+  if [ -n "$CHECK_PID" ]; then kill -TERM "$CHECK_PID" 2>/dev/null || true; fi
   if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
     say "stopping the container (nspawn pid $NSPAWN_PID)"
     kill -TERM "$NSPAWN_PID" 2>/dev/null || true   # nspawn asks its systemd to power off
@@ -201,7 +203,8 @@ esac
 mkdir -p "$CACHE"
 exec 9>"$LOCK"
 flock -n 9 || { say "another clean-host run holds $LOCK: waiting"; flock 9; }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM HUP
 nspawn_run_dir
 build_root
 case "$1" in
@@ -223,8 +226,13 @@ case "$1" in
       esac
     done
     rc=0
+    # In the background and waited for: a signal interrupts `wait` at once (the
+    # trap tears the container down), where a foreground child would delay it.
     in_unit -p RuntimeMaxSec="$RUN_TIMEOUT" --unit=vmcache-clean-host-check \
-      bash tests/host/inside.sh "${args[@]}" || rc=$?
+      bash tests/host/inside.sh "${args[@]}" &
+    CHECK_PID=$!
+    wait "$CHECK_PID" || rc=$?
+    CHECK_PID=
     in_container journalctl -b --no-pager > "$CACHE/last-run-journal.log" 2>&1 || true
     if [ "$rc" = 0 ]; then
       say "PASSED in $((SECONDS - started)) s (boot, checks, teardown follows)"
