@@ -1,10 +1,11 @@
 """Memory and CPU of N agents on one host, idle and busy (paused domains, the real agent).
 
     .venv/bin/python bench/agents.py [--n 10,30] [--modes idle,busy] [--window 60] [--interval 10s]
+                                     [--disk 1G] [--dir /var/tmp]
 
 For each N and mode: starts N transient paused TCG domains named
-``vmcache-scale-agents-PID-K`` (32 MiB, one 1 GiB sparse writethrough raw
-disk, budget 64M), starts their agents the way the launcher does (``python -m
+``vmcache-scale-agents-PID-K`` (32 MiB, one sparse writethrough raw disk
+of ``--disk`` bytes in ``--dir``, default 1 GiB, budget 64M), starts their agents the way the launcher does (``python -m
 vmcache agent --domain NAME``, own session, no hook: the installed hook is
 host-wide and belongs to the live tests), waits until every agent reports
 ``running`` and two more intervals, then measures for ``--window`` seconds.
@@ -47,14 +48,13 @@ from tests.live.livelib import (
     start_paused,
     wait_for,
 )
-from vmcache.units import parse_duration
+from vmcache.units import parse_duration, parse_size
 
 import libvirt
 
 libvirt.registerErrorHandler(lambda *_: None, None)  # undefine of a transient domain: expected, not news
 
 PREFIX = f"vmcache-scale-agents-{os.getpid()}-"
-DISK = 1 << 30
 HOT = 128 * MiB
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -122,7 +122,7 @@ def busy_second(doms: list, disks: list[Path], rng: random.Random) -> None:
             f.read(4 * MiB)
 
 
-def run(n: int, mode: str, window: float, interval: str, tmp: Path) -> dict[str, float]:
+def run(n: int, mode: str, window: float, interval: str, tmp: Path, disk_size: int) -> dict[str, float]:
     """One (N, mode) measurement; medians and maxima over the agents."""
     tmp.mkdir()
     config = write_config(tmp, interval)
@@ -130,7 +130,7 @@ def run(n: int, mode: str, window: float, interval: str, tmp: Path) -> dict[str,
     conn = connect()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        disks = [create_disk(tmp / f"{name}.raw", DISK) for name in names]
+        disks = [create_disk(tmp / f"{name}.raw", disk_size) for name in names]
         doms = [start_paused(conn, domain_xml(name, disk, metadata=cache_metadata("64M")))
                 for name, disk in zip(names, disks)]
         procs = start_agents(names, config, tmp / "out")
@@ -171,9 +171,11 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--interval", default="10s")
     ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--disk", default="1G", help="size of each domain's sparse disk (XFS for 16T and more)")
     args = ap.parse_args()
+    disk_size = parse_size(args.disk, key="--disk")
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "
-          f"interval {args.interval}, window {args.window:g} s")
+          f"interval {args.interval}, window {args.window:g} s, disks of {args.disk} in {args.dir}")
     print("| N | mode | CPU % per agent, median (max) | CPU % all agents | RssAnon MiB | Rss MiB | Pss MiB | "
           "Pss_Anon MiB | threads |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -183,7 +185,7 @@ def main() -> int:
         stack.callback(destroy_domains, PREFIX)
         for n in (int(x) for x in args.n.split(",")):
             for mode in args.modes.split(","):
-                r = run(n, mode, args.window, args.interval, tmp / f"{n}-{mode}")
+                r = run(n, mode, args.window, args.interval, tmp / f"{n}-{mode}", disk_size)
                 print(f"| {n} | {mode} | {r['cpu_pct']:.2f} ({r['cpu_pct_max']:.2f}) | {r['cpu_pct_sum']:.1f} | "
                       f"{r['RssAnon']:.1f} ({r['RssAnon_max']:.1f}) | {r['Rss']:.1f} | {r['Pss']:.1f} | "
                       f"{r['Pss_Anon']:.1f} | {r['Threads']:.0f} ({r['Threads_max']:.0f}) |", flush=True)
