@@ -50,8 +50,11 @@ def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
         f"agent_command: [{sys.executable}, -m, vmcache, agent]\n"
         "model:\n  block_size: 1M\n"
     )
+    hooked(config, PREFIX, live_tmp / "run" / "agents")
+    # connect once the hook is ours: waiting for the hook lock can take minutes (a bench arm holds it),
+    # and a connection opened before may not outlive a libvirtd restart meanwhile
     e = LiveEnv(connect(), live_tmp, config)
-    hooked(config, PREFIX, e.agents)
+    assert e.agents == live_tmp / "run" / "agents"
     try:
         yield e
     finally:
@@ -169,6 +172,29 @@ def test_the_next_agent_pins_the_saved_regions_before_the_guest_reads_them(
     dom.destroy()
     agent_gone(env, name)
     dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
+
+
+def test_a_smaller_budget_restores_the_highest_priority_regions_only(env: LiveEnv) -> None:
+    name = PREFIX + "smaller-budget"
+    dom, image, record = first_run(env, name)
+    dom.destroy()
+    agent_gone(env, name)
+    top = record.regions[0]  # highest priority first
+    budget = top.length + MiB  # room for the top region, not for the whole set
+    assert record.bytes > budget
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, f"<cache budget='{budget}'/>", "vmcache",
+                    "urn:x-vmcache:domain:1", libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+    drop(image)
+    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
+    wait_for(lambda: vmlck(pid) >= top.length, "the top saved region to be locked")
+    assert covered(mapped(pid, image), top.start, top.length)
+    status = wait_for(lambda: (s := env.status(name)) and s["disks"] and s["disks"][0]["warm_total_bytes"] and s,
+                      "the status")
+    assert status["disks"][0]["pinned_bytes"] <= budget and vmlck(pid) <= budget
+    dom.destroy()
+    agent_gone(env, name)
+    dom.undefine()
 
 
 @pytest.mark.parametrize("change", ["resize", "replace"])
