@@ -61,10 +61,11 @@ class FakeResidency:
 class FakeEngine:
     params = P
 
-    def __init__(self, regions: list[Region], size: int) -> None:
+    def __init__(self, regions: list[Region], size: int, *, backing_off: bool = False) -> None:
         self._regions = regions
         self.residency: Any = FakeResidency(size)
         self.warm: WarmStart | None = None
+        self.last: Any = type("Stats", (), {"backing_off": backing_off})()
 
     def hot_regions(self) -> list[Region]:
         return self._regions
@@ -182,6 +183,17 @@ def test_a_disk_still_warming_keeps_the_set_it_started_from(image):
     keeper.save([disk], live=True)
     (record,) = parse_hotset(dom.saved[int(Affect.LIVE)]).disks
     assert len(record.regions) == 10
+
+
+def test_a_disk_backing_off_keeps_the_set_it_had(image):
+    dom = FakeDomain()
+    keeper = _keeper(dom)
+    held = [Region(i * 4 * MiB, MiB, 2.0) for i in range(8)]
+    keeper.save([Disk("vda", image, FakeEngine(held, 64 * MiB))], live=True)
+    keeper.save([Disk("vda", image, FakeEngine(held[:1], 64 * MiB, backing_off=True))], live=True)
+    assert len(parse_hotset(dom.saved[int(Affect.LIVE)]).disks[0].regions) == 8  # pressure cut it, not the guest
+    keeper.save([Disk("vda", image, FakeEngine(held[:2], 64 * MiB))], live=True)
+    assert len(parse_hotset(dom.saved[int(Affect.LIVE)]).disks[0].regions) == 2  # the guest moved on
 
 
 def test_saves_are_due_every_interval():

@@ -8,7 +8,10 @@ every disk holds back into the domain's XML every ``hotset_interval``
 and when the agent stops: the live definition while the domain runs, and
 the persistent one of a persistent domain (so a stop/start and a host
 reboot find it too). A disk still warming keeps the record it started
-from, so an agent restarted in the middle of a warm start loses nothing.
+from, so an agent restarted in the middle of a warm start loses nothing;
+a disk backing off (free-memory floor, memory pressure: it holds less than
+it planned) keeps the record it had, so a host shutting down under
+pressure does not save a shrunken set.
 
 Saving never fails the agent: libvirt errors are logged and retried at
 the next save. Nothing is saved once vmcache is disabled or its element
@@ -74,6 +77,7 @@ class HotSetKeeper:
         self._wall = wall
         self._loaded: dict[str, DiskHotSet] = {}
         self._warming: dict[str, DiskHotSet] = {}  # by target: the record a disk started from
+        self._kept: dict[str, DiskHotSet] = {}     # by target: the record last saved (or started from)
         self._last_save: float | None = None
         self.saved_at: float | None = None
         """Wall time of the last successful save (status)."""
@@ -124,6 +128,7 @@ class HotSetKeeper:
             return
         engine.warm = WarmStart(((r, record.mean_heat(r)) for r in record.regions), engine.params)
         self._warming[disk.target] = record
+        self._kept[disk.target] = record
         self._log.info(event("hotset.warming", disk=disk.target, regions=len(record.regions), bytes=record.bytes))
 
     def due(self) -> bool:
@@ -176,6 +181,10 @@ class HotSetKeeper:
             if engine.warm is not None and not engine.warm.done and record is not None:
                 yield record  # still warming: what it started from, not a part of it
                 continue
+            kept = self._kept.get(disk.target)
+            if kept is not None and kept.image == disk.image and engine.last is not None and engine.last.backing_off:
+                yield kept  # floor or pressure cut what it holds: not a measure of what is hot
+                continue
             regions = engine.hot_regions() if engine.residency is not None else []
             if not regions:
                 continue  # nothing to warm: and an image gets an id only when it has a set
@@ -185,4 +194,6 @@ class HotSetKeeper:
             except (OSError, VmcacheError) as err:
                 self._log.warning(event("hotset.disk_not_saved", disk=disk.target, error=err))
                 continue
-            yield DiskHotSet(disk.target, disk.image, size, ident, engine.params.block_size, tuple(regions))
+            record = DiskHotSet(disk.target, disk.image, size, ident, engine.params.block_size, tuple(regions))
+            self._kept[disk.target] = record
+            yield record
