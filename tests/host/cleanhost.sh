@@ -53,7 +53,6 @@ build_root() {
     ROOT=$root
     return 0
   fi
-  command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install debootstrap systemd-container"
   started=$SECONDS
   tmp=$root.partial
   rm -rf "$tmp"
@@ -136,7 +135,7 @@ boot() {
   mkdir -p "$RUN_DIR/upper" "$RUN_DIR/work" "$RUN_DIR/merged"
   mount -t overlay overlay -o "lowerdir=$root,upperdir=$RUN_DIR/upper,workdir=$RUN_DIR/work" "$RUN_DIR/merged"
   # A clean clone of this checkout's HEAD, as a new user would have it (no .venv, nothing untracked).
-  git clone -q --no-hardlinks "$REPO" "$RUN_DIR/merged/root/vmcache"
+  git -c advice.detachedHead=false clone -q --no-hardlinks "$REPO" "$RUN_DIR/merged/root/vmcache"
   # This machine's network: TLS goes through a proxy whose CA this machine
   # trusts (/usr/local/share/ca-certificates, pip told so in /etc/pip.conf).
   # The container trusts the same, or it reaches neither PyPI nor the mirror.
@@ -200,6 +199,13 @@ case "${1:-}" in
   *) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
 esac
 [ "$(id -u)" = 0 ] || die "run as root (debootstrap, mounts, systemd-nspawn)"
+# What this needs on the machine itself, installed as scripts/setup.sh does.
+if ! command -v debootstrap >/dev/null || ! command -v systemd-nspawn >/dev/null; then
+  say "installing debootstrap and systemd-container"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap systemd-container >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap systemd-container >/dev/null; } \
+    || die "cannot install debootstrap and systemd-container"
+fi
 mkdir -p "$CACHE"
 exec 9>"$LOCK"
 flock -n 9 || { say "another clean-host run holds $LOCK: waiting"; flock 9; }
