@@ -119,9 +119,11 @@ def time_to_steady(samples: list[dict], steady_iops: float, fraction: float = 0.
     """Seconds from the start of the measured run until the guest's IOPS, averaged over ``window`` s,
     first reach ``fraction`` of ``steady_iops``; None if they never do (or there are no I/O samples).
 
-    ``samples``: the run's once-a-second rows with ``t`` (s), ``measuring`` and ``ios`` (requests so far).
+    ``samples``: the run's once-a-second rows with ``t`` (s), ``measuring`` and ``ios`` (requests so
+    far); rows after the measured run count too (a boot scenario's steady run follows it).
     """
-    rows = [r for r in samples if r.get("measuring") and r.get("ios") is not None]
+    first = next((i for i, r in enumerate(samples) if r.get("measuring")), None)
+    rows = [r for r in samples[first:] if r.get("ios") is not None] if first is not None else []
     if len(rows) <= window or steady_iops <= 0:
         return None
     start = rows[0]["t"]

@@ -53,6 +53,8 @@ def test_time_to_steady_from_the_guests_request_counts():
         ios += 100 if t < 10 else 1000
     samples = [{"t": 1.0, "measuring": False, "ios": 0}, {"t": 2.0, "measuring": False, "ios": 0}, *counts]
     assert time_to_steady(samples, 1000.0) == 15.0  # from the first measuring sample (t=3) to t=18
+    after = [*samples[:12], *({**r, "measuring": False} for r in samples[12:])]  # the steady run after
+    assert time_to_steady(after, 1000.0) == 15.0
     assert time_to_steady(samples, 5000.0) is None
     assert time_to_steady([{"t": 1.0, "measuring": True, "ios": None}] * 9, 10.0) is None
     runs = [{"arm": "coldboot-hdd-warm", "ok": True, "figures": {"iops": 800.0, "steady_iops": 1000.0,
