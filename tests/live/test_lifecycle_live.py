@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +26,7 @@ from vmcache.host.files import file_stem  # noqa: E402
 
 from tests.live.livelib import (  # noqa: E402
     MiB, cache_metadata, domain_xml, guest_write, leftovers, scrape, wait_for)
-from tests.live.test_reliability_live import Env, cleanup, env, running, start  # noqa: E402,F401 - fixtures
+from tests.live.test_reliability_live import INTERVAL, Env, cleanup, env, running, start  # noqa: E402,F401 - fixtures
 
 pytestmark = pytest.mark.live
 
@@ -232,3 +233,36 @@ def test_block_device_disk_is_scanned_tracked_and_pinned(env: Env, cleanup) -> N
         assert report["size_bytes"] == 32 * MiB and report["resident_pages"] * 4096 >= 4 * MiB, report
         env.lookup(name).destroy()
         wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
+
+
+# -- two disks on one file --------------------------------------------------------------------------
+
+
+def test_two_disks_on_one_file_are_matched_by_device_and_the_file_managed_once(env: Env, cleanup) -> None:
+    name = "vmcache-test-life-shared"
+    shared = env.tmp / "vmcache-life-shared.raw"
+    with open(shared, "wb") as f:
+        f.truncate(32 * MiB)
+    disks = "".join(
+        f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
+        f"<source file='{shared}'/><target dev='{dev}' bus='virtio'/><shareable/><alias name='ua-{dev}'/></disk>"
+        for dev in ("vdb", "vdc"))
+    dom = start(env, cleanup, name, budget="32M", size=32 * MiB, disks=disks)
+    running(env, name)
+    wait_for(lambda: _disk(env, name, "vdc") is not None, "vdc in the status")
+    managed = [d for d in env.status(name)["disks"] if d["source"] == str(shared) and d["eligible"]]
+    skipped = [d for d in env.status(name)["disks"] if d["source"] == str(shared) and not d["eligible"]]
+    assert [d["target"] for d in managed] == ["vdb"] and [d["target"] for d in skipped] == ["vdc"], env.status(name)
+    assert "vdb" in skipped[0]["reason"]
+    before = _written(env, name)
+    guest_write(dom, 0, 4 * MiB, dev="ua-vdb")
+    wait_for(lambda: _written(env, name) - before >= 4 * MiB, "vdb's writes to be counted")
+    wait_for(lambda: _disk(env, name, "vdb")["pinned_bytes"] >= 4 * MiB, "the shared file to be pinned")
+    time.sleep(3 * INTERVAL)  # cycles go by: no disk's bitmap is removed as another's stale one
+    log = env.agent_log(name)
+    assert "tracker.read_failed" not in log and "stale" not in log, log[-3000:]
+    assert all(not d["error"] for d in env.status(name)["disks"]), env.status(name)
+    bitmaps = leftovers(dom)["bitmaps"]
+    assert len(bitmaps) == 2, bitmaps  # vda's and vdb's, each on its own node
+    maps = Path(f"/proc/{env.agent_pid(name)}/maps").read_text()
+    assert maps.count(str(shared)) >= 1

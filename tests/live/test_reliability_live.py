@@ -120,6 +120,7 @@ def env(live_tmp: Path, hooked) -> Iterator[Env]:
     e = Env(connect(), live_tmp, live_tmp / "vmcache.yaml", base)
     e.write_config()
     hooked(e.config, PREFIX, e.agents)
+    e.reconnect()  # the hook lock may have been waited for while another test restarted libvirtd
     try:
         yield e
     finally:

@@ -229,3 +229,20 @@ def test_hmp_reports_errors_as_exceptions() -> None:
     assert hmp(Echo("wrote 512/512 bytes at offset 0\n"), "qemu-io ...").startswith("wrote")
     with pytest.raises(QMPCommandError, match="Device 'x' not found"):
         hmp(Echo("Error: Device 'x' not found\r\n"), "qemu-io ...")
+
+
+def test_two_disks_on_one_file_keep_their_own_node_pairs_and_devices():
+    """query-named-block-nodes / query-block of a libvirt 9.0 domain with vdb and vdc <shareable/> on one file
+    (as QEMU 7.2 answered, trimmed to the fields parse_disks reads)."""
+    cache = {"no-flush": False, "direct": False, "writeback": True}
+    nodes = [{"node-name": f"libvirt-{n}-{kind}", "drv": drv, "file": path, "cache": cache, "image": {"virtual-size": 1}}
+             for n, path in ((1, "/i/b.raw"), (2, "/i/b.raw"), (3, "/i/a.raw"))
+             for kind, drv in (("format", "raw"), ("storage", "file"))]
+    block = [{"qdev": f"/machine/peripheral/ua-{dev}/virtio-backend", "inserted": {"node-name": f"libvirt-{n}-format"}}
+             for dev, n in (("vda", 3), ("vdb", 2), ("vdc", 1))]
+    disks = {d.storage_node: d for d in parse_disks(nodes, block)}
+    assert {n: (d.format_node, d.device_id) for n, d in disks.items()} == {
+        "libvirt-1-storage": ("libvirt-1-format", "ua-vdc"),
+        "libvirt-2-storage": ("libvirt-2-format", "ua-vdb"),
+        "libvirt-3-storage": ("libvirt-3-format", "ua-vda"),
+    }

@@ -97,9 +97,11 @@ def parse_disks(nodes: Sequence[Mapping[str, Any]], block: Sequence[Mapping[str,
     matched to the storage node with the same file name.
     """
     formats: dict[str, Mapping[str, Any]] = {}
+    by_name: dict[str, Mapping[str, Any]] = {}
     for node in nodes:
         if node.get("drv") not in PROTOCOL_DRIVERS and node.get("file"):
             formats.setdefault(str(node["file"]), node)
+            by_name[str(node.get("node-name"))] = node
     qdev_of = {}
     for dev in block:
         inserted = dev.get("inserted") or {}
@@ -110,7 +112,10 @@ def parse_disks(nodes: Sequence[Mapping[str, Any]], block: Sequence[Mapping[str,
         if node.get("drv") not in PROTOCOL_DRIVERS:
             continue
         filename = str(node.get("file", ""))
-        fmt = formats.get(filename)
+        # Two disks on one file have a node pair each: pair libvirt's libvirt-N-format with
+        # libvirt-N-storage, by file name only for other names.
+        twin = by_name.get(str(node["node-name"]).removesuffix("-storage") + "-format")
+        fmt = twin if twin is not None and twin.get("file") == node.get("file") else formats.get(filename)
         direct, no_flush = _cache(node)
         image = node.get("image") or {}
         fmt_name = str(fmt["node-name"]) if fmt else None

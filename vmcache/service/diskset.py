@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import VmcacheError
 from ..host.blockdev import ImageDisk, device_images, discover_disks
@@ -72,7 +72,7 @@ class DiskSet:
         if settings is None:
             return
         params = self._config.model_params(settings.model)
-        choices = choose_disks(info.disks, settings, self._config)
+        choices = _once_per_file(choose_disks(info.disks, settings, self._config))
         wanted = {c.disk.target: c for c in choices if c.eligible}
         for target in [t for t, w in self._workers.items() if t not in wanted or w.image != wanted[t].disk.source]:
             self.drop(target, qemu_alive=qemu_alive())
@@ -89,12 +89,16 @@ class DiskSet:
 
     def _start(self, choices: list[DiskChoice], monitor: Monitor, params: ModelParams) -> None:
         try:
-            nodes = {d.filename: d for d in self._discover(monitor)}
+            found = self._discover(monitor)
         except VmcacheError as err:
             self._log.warning(event("disk.discovery_failed", error=err))
-            nodes = {}
+            found = []
+        by_device = {d.device_id: d for d in found if d.device_id}
+        by_file = {d.filename: d for d in found}
         for choice in choices:
-            target, node = choice.disk.target, nodes.get(choice.disk.source or "")
+            # By device first: two disks on one file are two node pairs with the same file name.
+            target = choice.disk.target
+            node = by_device.get(choice.disk.alias or "") or by_file.get(choice.disk.source or "")
             if node is not None and node.direct:
                 self._skipped.append(DiskStatus(target=target, source=choice.disk.source,
                                                 cache=choice.disk.cache_mode, eligible=False,
@@ -189,3 +193,19 @@ class DiskSet:
                 self.drop(target, qemu_alive=qemu_alive)
             except Exception as err:  # noqa: BLE001 - keep cleaning up the rest
                 self._log.error(event("disk.close_failed", disk=target, error=err))
+
+
+def _once_per_file(choices: list[DiskChoice]) -> list[DiskChoice]:
+    """The choices with every eligible disk on an image an earlier eligible disk uses skipped (managed once)."""
+    first: dict[str, str] = {}
+    out = []
+    for choice in choices:
+        if choice.eligible and choice.disk.source:
+            image = os.path.realpath(choice.disk.source)
+            if image in first:
+                choice = replace(choice, eligible=False, budget=0,
+                                 reason=f"same image as {first[image]}: managed once there")
+            else:
+                first[image] = choice.disk.target
+        out.append(choice)
+    return out

@@ -113,6 +113,7 @@ class DiskInfo:
     driver_type: str | None = None
     cache: str | None = None
     readonly: bool = False
+    alias: str | None = None  # libvirt's device alias (live XML): QEMU's -device id
 
     @property
     def cache_mode(self) -> str:
@@ -223,6 +224,7 @@ def _disk(element: Element) -> DiskInfo:
     if source_el is not None:
         source = {"file": source_el.get("file"), "block": source_el.get("dev")}.get(source_type)
     driver = element.find("driver")
+    alias = element.find("alias")
     return DiskInfo(
         target=dev,
         device=element.get("device") or "disk",
@@ -231,6 +233,7 @@ def _disk(element: Element) -> DiskInfo:
         driver_type=driver.get("type") if driver is not None else None,
         cache=driver.get("cache") if driver is not None else None,
         readonly=element.find("readonly") is not None,
+        alias=alias.get("name") if alias is not None else None,
     )
 
 
