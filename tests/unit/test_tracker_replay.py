@@ -201,3 +201,30 @@ def test_extents_to_blocks_matches_a_byte_map(pairs, block, nblocks) -> None:
     np.testing.assert_allclose(got, expected, atol=1e-6)
     merged = merge_extents(np.array(pairs, dtype=np.int64).reshape(-1, 2))
     assert int(merged[:, 1].sum()) == int(written.sum())
+
+
+def test_a_new_monitor_serves_the_whole_read(tmp_path: Path) -> None:
+    """After libvirtd restarts the worker hands the tracker a new monitor: bitmaps and NBD both use it."""
+    class Recording:
+        def __init__(self) -> None:
+            self.commands: list[str] = []
+
+        def execute(self, command, arguments=None):
+            self.commands.append(command)
+            if command == "query-named-block-nodes":
+                return [{"node-name": "n", "image": {"virtual-size": 1 << 20}, "dirty-bitmaps": []}]
+            return [] if command.startswith("query-") else {}
+
+        def close(self) -> None:
+            pass
+
+    old, new = Recording(), Recording()
+    tracker = DirtyTracker(old, "n", runtime_dir=str(tmp_path / "nbd"),
+                           reader=lambda *a, **kw: np.zeros((0, 2), dtype=np.int64))
+    tracker.start()
+    tracker.monitor = new
+    before = len(old.commands)
+    assert tracker.read().status is BitmapRead.OK
+    assert len(old.commands) == before
+    assert {"transaction", "nbd-server-start", "block-export-add", "block-export-del", "nbd-server-stop"} <= set(
+        new.commands)

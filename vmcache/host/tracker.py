@@ -83,7 +83,7 @@ class DirtyTracker:
             raise TrackerError(f"granularity {granularity}: must be a power of two, at least 512")
         if not prefix:
             raise TrackerError("bitmap prefix must not be empty")
-        self.monitor = monitor
+        self._monitor = monitor
         self.node_name = node_name
         self.granularity = granularity
         self.prefix = prefix
@@ -98,6 +98,16 @@ class DirtyTracker:
         self._read_done: list[str] = []
 
     # -- public -----------------------------------------------------------
+
+    @property
+    def monitor(self) -> Monitor:
+        """QEMU's monitor; replaced when libvirtd reconnects (the NBD export follows)."""
+        return self._monitor
+
+    @monitor.setter
+    def monitor(self, monitor: Monitor) -> None:
+        self._monitor = monitor
+        self._export.monitor = monitor
 
     @property
     def socket_path(self) -> str:
