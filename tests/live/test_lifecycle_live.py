@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,7 +127,7 @@ def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its
 # -- external snapshots and block jobs --------------------------------------------------------------
 
 
-def _disk(env: Env, name: str, target: str = "vda") -> dict | None:
+def _disk(env: Env, name: str, target: str = "vda") -> Any:
     status = env.status(name)
     return next((d for d in status["disks"] if d["target"] == target), None) if status else None
 
