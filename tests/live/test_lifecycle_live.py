@@ -267,3 +267,42 @@ def test_two_disks_on_one_file_are_matched_by_device_and_the_file_managed_once(e
     assert len(bitmaps) == 2, bitmaps  # vda's and vdb's, each on its own node
     maps = Path(f"/proc/{env.agent_pid(name)}/maps").read_text()
     assert maps.count(str(shared)) >= 1
+
+
+# -- the agent's HTTP server under a burst ----------------------------------------------------------
+
+
+def _get(url: str, method: str = "GET") -> int | str:
+    """The HTTP status of one request, or the name of the error that ended it (a reset connection)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method, data=b"x" if method == "POST" else None),
+                                    timeout=120) as reply:
+            reply.read()
+            return int(reply.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except OSError as err:
+        return type(err.reason if isinstance(err, urllib.error.URLError) else err).__name__
+
+
+def test_a_burst_of_heatmap_requests_resets_none_and_metrics_keep_answering(env: Env, cleanup) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    name = "vmcache-test-life-http"
+    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    running(env, name)
+    guest_write(dom, 0, 4 * MiB)
+    url = env.status(name)["metrics_url"]
+    page = url.replace("/metrics", "/heatmap/vda.png")
+    assert _get(page) == 200
+    assert _get(page, "POST") == 405
+    with ThreadPoolExecutor(max_workers=1000) as pool:
+        burst = [pool.submit(_get, page) for _ in range(1000)]
+        during = _get(url)  # a scrape in the middle of the burst
+        answers = [f.result() for f in burst]
+    assert during == 200
+    failed = [a for a in answers if a not in (200, 503)]
+    assert not failed, f"{len(failed)} of 1000 heat-map requests failed: {sorted(set(map(str, failed)))}"

@@ -307,3 +307,36 @@ def test_pages_are_served_beside_metrics_behind_the_same_auth(registry: Collecto
         assert fetch(base + "/heatmap/broken.json", auth=user)[0] == 500
         status, text = fetch(base + "/metrics", auth=user)
         assert status == 200 and "vmcache_test_value 42.0" in text
+
+
+def test_pages_refuse_post_and_shed_load_beyond_their_concurrency(registry: CollectorRegistry) -> None:
+    import threading
+    import urllib.request
+
+    from vmcache.observe.exporter import PAGE_CONCURRENCY
+
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def pages(path: str) -> tuple[str, bytes] | None:
+        entered.release()
+        release.wait(30)
+        return "application/json", b"{}"
+
+    with serve_metrics(registry, ports=[0], pages=pages) as srv:
+        base = f"http://127.0.0.1:{srv.port}"
+        request = urllib.request.Request(base + "/heatmap/vda.json", data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET, HEAD"
+        busy = [threading.Thread(target=fetch, args=(base + "/heatmap/vda.json",)) for _ in range(PAGE_CONCURRENCY)]
+        for t in busy:
+            t.start()
+        for _ in busy:
+            assert entered.acquire(timeout=10)  # every slot taken by a page still rendering
+        assert fetch(base + "/heatmap/vda.json")[0] == 503
+        status, text = fetch(base + "/metrics")
+        assert status == 200 and "vmcache_test_value 42.0" in text
+        release.set()
+        for t in busy:
+            t.join(10)

@@ -55,6 +55,7 @@ DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORTS = range(9850, 10000)
 #: Seconds a client may take for the TLS handshake or to send its request.
 CLIENT_TIMEOUT = 10.0
+LISTEN_BACKLOG = 1024
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -140,6 +141,8 @@ class _Server(ThreadingWSGIServer):
     """prometheus_client's threading server, with the TLS handshake in the request thread."""
 
     ssl_context: ssl.SSLContext | None = None
+    # listen(2) backlog (socketserver's default is 5): a burst of clients waits instead of being reset.
+    request_queue_size = LISTEN_BACKLOG
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         request.settimeout(CLIENT_TIMEOUT)
@@ -235,20 +238,33 @@ def _bind(address: str, ports: list[int], app: WSGIApp) -> _Server | None:
 #: Serves a path other than /metrics: ``(content_type, body)``, or None for 404.
 PageResolver = Callable[[str], "tuple[str, bytes] | None"]
 
+#: Pages (heat maps: a PNG costs CPU) rendered at once; more are answered 503 so /metrics stays fast.
+PAGE_CONCURRENCY = 2
+
 
 def _with_pages(metrics_app: WSGIApp, pages: PageResolver) -> WSGIApp:
     """Route ``/metrics`` (and ``/``) to Prometheus, any other GET path to ``pages``."""
 
+    busy = threading.BoundedSemaphore(PAGE_CONCURRENCY)
+
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+            return [b"only GET and HEAD\n"]
         if path in ("/", "/metrics"):
             return metrics_app(environ, start_response)
+        if not busy.acquire(blocking=False):
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain"), ("Retry-After", "1")])
+            return [b"busy: retry\n"]
         try:
             page = pages(path)
         except Exception as err:  # noqa: BLE001 - a broken page must not take the exporter down
             log.warning(event("metrics.page_failed", path=path, error=err))
             start_response("500 Internal Server Error", [("Content-Type", "text/plain")])
             return [b"page failed\n"]
+        finally:
+            busy.release()
         if page is None:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found\n"]
