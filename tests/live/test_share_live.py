@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("libvirt")
+libvirt = pytest.importorskip("libvirt")
 
 from vmcache.cli import main
 from vmcache.host.ledger import Ledger
@@ -30,6 +30,7 @@ from tests.live.livelib import (
     LiveEnv,
     agents_env,
     cache_metadata,
+    connect,
     domain_xml,
     guest_write,
     start_paused,
@@ -70,9 +71,14 @@ class Sampler(threading.Thread):
 
 
 class Writer(threading.Thread):
-    """Once a second: ``hot`` writes 20 MiB while ``hot_busy``; ``warm`` 12 MiB every ``warm_every`` seconds."""
+    """Once a second: ``hot`` writes 20 MiB while ``hot_busy``; ``warm`` 12 MiB every ``warm_every`` seconds.
 
-    def __init__(self, hot, warm) -> None:
+    Its own libvirt connection, opened again when libvirtd restarts (other
+    live tests on a shared host restart it); a second failure in a row is
+    reported as ``error``.
+    """
+
+    def __init__(self, hot: str, warm: str) -> None:
         super().__init__(daemon=True)
         self.hot, self.warm = hot, warm
         self.hot_busy, self.warm_every = True, 3
@@ -80,16 +86,20 @@ class Writer(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        tick = 0
-        try:
-            while not self.stop.wait(1.0):
-                tick += 1
+        tick, conn, failed = 0, connect(), False
+        while not self.stop.wait(1.0):
+            tick += 1
+            try:
                 if self.hot_busy:
-                    guest_write(self.hot, 0, 20 * MiB)
+                    guest_write(conn.lookupByName(self.hot), 0, 20 * MiB)
                 if tick % self.warm_every == 0:
-                    guest_write(self.warm, 0, 12 * MiB, pattern=0xCD)
-        except BaseException as err:  # noqa: BLE001 - reported by the test
-            self.error = err
+                    guest_write(conn.lookupByName(self.warm), 0, 12 * MiB, pattern=0xCD)
+                failed = False
+            except libvirt.libvirtError as err:
+                if failed:
+                    self.error = err
+                    return
+                failed, conn = True, connect()
 
 
 def grant(env: LiveEnv, name: str) -> int:
@@ -105,11 +115,12 @@ def demand(env: LiveEnv, name: str) -> int:
 def test_grants_follow_heat_never_pass_the_cap_and_an_idle_domain_gives_way(env: LiveEnv,
                                                                              capsys: pytest.CaptureFixture[str]) -> None:
     hot, warm = PREFIX + "hot", PREFIX + "warm"
-    doms = {n: start_paused(env.conn, domain_xml(n, env.disk(n, 64 * MiB), metadata=cache_metadata("20M")))
+    conn = connect()  # fresh: the module's may predate a libvirtd restart by another test
+    doms = {n: start_paused(conn, domain_xml(n, env.disk(n, 64 * MiB), metadata=cache_metadata("20M")))
             for n in (hot, warm)}
     for name in doms:
         wait_for(lambda n=name: (s := env.status(n)) and s["state"] == "running", f"the agent of {name}")
-    sampler, writer = Sampler(env, [hot, warm]), Writer(doms[hot], doms[warm])
+    sampler, writer = Sampler(env, [hot, warm]), Writer(hot, warm)
     sampler.start()
     writer.start()
     try:
@@ -139,8 +150,9 @@ def test_grants_follow_heat_never_pass_the_cap_and_an_idle_domain_gives_way(env:
     assert sampler.samples > 20
     assert sampler.max_locked <= CAP, f"locked {sampler.max_locked} > cap {CAP}"
     assert sampler.max_ledger <= CAP, f"ledger {sampler.max_ledger} > cap {CAP}"
-    for dom in doms.values():
-        dom.destroy()
+    conn = connect()
+    for name in doms:
+        conn.lookupByName(name).destroy()
     for name in doms:
         wait_for(lambda n=name: env.agent_pid(n) is None, f"the agent of {name} to stop")
     share = json.loads((env.run / "share.json").read_text())
