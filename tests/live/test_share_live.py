@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-libvirt = pytest.importorskip("libvirt")
+pytest.importorskip("libvirt")
+
+import libvirt
 
 from vmcache.cli import main
 from vmcache.host.ledger import Ledger
