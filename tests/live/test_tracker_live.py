@@ -32,7 +32,7 @@ from tests.qemu_helpers import (
     image,
     qemu_img_map,
 )
-from vmcache.errors import CommandNotAllowedError, DiskNotFoundError, QMPCommandError
+from vmcache.errors import BitmapReadError, CommandNotAllowedError, DiskNotFoundError, QMPCommandError
 from vmcache.host.blockdev import discover_disks, find_disk
 from vmcache.host.qmp import LibvirtMonitor, SocketMonitor, hmp
 from vmcache.host.tracker import DirtyTracker
@@ -197,6 +197,31 @@ def test_stale_bitmaps_of_ours_are_removed_and_others_kept(vm_factory, runtime_d
         tracker.stop()
     names = {b["name"] for n in vm.driver("query-named-block-nodes", flat=True) for b in n.get("dirty-bitmaps", [])}
     assert names == {"backup-full"}
+    assert_nothing_left(vm.driver)
+
+
+def test_a_bitmap_removed_under_the_tracker_is_replaced_and_tracking_goes_on(vm_factory, runtime_dir) -> None:
+    """Someone else removes our recording bitmap (a second agent's stale sweep, an operator):
+    that read fails and says so, a new bitmap records from then on, later reads are exact."""
+    vm = vm_factory("raw")
+    with SocketMonitor(str(vm.tool_socket)) as monitor:
+        tracker = DirtyTracker(monitor, STORAGE_NODE, runtime_dir=runtime_dir)
+        with tracker:
+            vm.hmp_write(0, 4 * KiB)
+            assert tracker.read().extents.tolist() == [[0, 65536]]
+            lost = tracker.active
+            vm.driver("block-dirty-bitmap-remove", node=STORAGE_NODE, name=lost)
+            vm.hmp_write(1 * MiB, 4 * KiB)  # recorded by nobody: the bitmap is gone
+            with pytest.raises(BitmapReadError, match="removed"):
+                tracker.read()
+            assert tracker.active not in (None, lost)
+            vm.hmp_write(2 * MiB, 4 * KiB)
+            result = tracker.read()
+            assert result.status is BitmapRead.OK
+            assert result.extents.tolist() == [[2 * MiB, 65536]]
+            vm.hmp_write(3 * MiB, 4 * KiB)
+            assert tracker.read().extents.tolist() == [[3 * MiB, 65536]]
+        assert os.listdir(runtime_dir) == []
     assert_nothing_left(vm.driver)
 
 

@@ -30,7 +30,7 @@ import logging
 import secrets
 from typing import Any, Final
 
-from ..errors import QMPCommandError, TrackerError
+from ..errors import BitmapReadError, QMPCommandError, TrackerError
 from ..logfmt import event
 from ..model.extents import BitmapRead, DirtyRead, empty_extents
 from .blockdev import node_size
@@ -167,7 +167,12 @@ class DirtyTracker:
         if self._active is None:
             raise TrackerError("tracker not started")
         self._retry_removals()
-        self._rotate()
+        try:
+            self._rotate()
+        except QMPCommandError as err:
+            if not _is_missing_bitmap(err):
+                raise
+            self._replace_lost(err)
         self._compact()
         try:
             extents = self._export.read(self._pending)
@@ -238,6 +243,30 @@ class DirtyTracker:
         assert old is not None
         self._pending.append(old)
 
+    def _replace_lost(self, err: QMPCommandError) -> None:
+        """Our recording bitmap was removed by someone else: record again from now, say what was lost.
+
+        Without this every later rotation fails on the missing name and the
+        disk's writes go unseen for the rest of the run. Only our own bitmap
+        is added back; nothing else of ours is swept (the remover may be a
+        second agent whose bitmaps are alive). Raises BitmapReadError.
+        """
+        lost = self._active
+        nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
+        present = set(self._our_bitmaps(nodes))
+        self._pending = [name for name in self._pending if name in present]
+        self._read_done = [name for name in self._read_done if name in present]
+        name = self._next_name()
+        self.monitor.execute(
+            "block-dirty-bitmap-add",
+            {"node": self.node_name, "name": name, "granularity": self.granularity, "persistent": False},
+        )
+        self._active = name
+        self._log.warning(event("tracker.bitmap_lost", node=self.node_name, bitmap=lost, new=name, error=err))
+        raise BitmapReadError(
+            f"dirty bitmap {lost} was removed by someone else: its writes are unknown, recording again as {name}"
+        ) from err
+
     def _compact(self) -> None:
         """Merge pending bitmaps into the oldest one, so a long deferral keeps one bitmap."""
         if len(self._pending) < 2:
@@ -294,3 +323,8 @@ class DirtyTracker:
         if stale:
             self._log.info(event("tracker.stale_bitmaps", node=self.node_name, bitmaps=",".join(stale)))
             self._remove_bitmaps(stale, missing_ok=True)
+
+
+def _is_missing_bitmap(err: QMPCommandError) -> bool:
+    """QEMU's answer when a bitmap named in a command does not exist (``Dirty bitmap 'X' not found``)."""
+    return err.error_class == "GenericError" and "not found" in err.desc and "itmap" in err.desc
