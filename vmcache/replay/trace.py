@@ -197,6 +197,15 @@ def read_fio_iolog(path: str | os.PathLike[str], *, filename: str | None = None,
             raise TraceFormatError(name, number, "offset must be >= 0 and length > 0")
         usec = float(stamp) if stamp is not None else clock
         rows.append((usec / 1e6, fname, _FIO_IO[action], off, ln))
+    return _fio_trace(rows, name, filename, rate if not v3 and not waits else None)
+
+
+def _fio_trace(rows: list[tuple[float, str, bool, int, int]], name: str, filename: str | None,
+               rate: float | None) -> Trace:
+    """The requests of one file as a Trace, from 0 s; ``rate``: requests per second when the log has no times.
+
+    Raises TraceFormatError when the file is ambiguous or has no requests.
+    """
     used = sorted({r[1] for r in rows})
     if filename is None and len(used) > 1:
         raise TraceFormatError(name, 1, "the log has requests for several files, choose one: " + ", ".join(used))
@@ -204,7 +213,7 @@ def read_fio_iolog(path: str | os.PathLike[str], *, filename: str | None = None,
         rows = [r for r in rows if r[1] == filename]
         if not rows:
             raise TraceFormatError(name, 1, f"no requests for {filename!r} (files: {', '.join(used) or 'none'})")
-    if not v3 and not waits:
+    if rate is not None:
         rows = [(i / rate, *r[1:]) for i, r in enumerate(rows)]
     rows.sort(key=lambda r: r[0])  # stable: equal stamps keep log order
     if rows:
