@@ -306,3 +306,25 @@ def test_a_burst_of_heatmap_requests_resets_none_and_metrics_keep_answering(env:
     assert during == 200
     failed = [a for a in answers if a not in (200, 503)]
     assert not failed, f"{len(failed)} of 1000 heat-map requests failed: {sorted(set(map(str, failed)))}"
+
+
+# -- a deleted image --------------------------------------------------------------------------------
+
+
+def test_a_deleted_image_is_reported_and_its_pins_released_once_qemu_no_longer_writes_it(env: Env, cleanup) -> None:
+    name = "vmcache-test-life-deleted"
+    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    image = env.tmp / f"{file_stem(name)}.raw"
+    running(env, name)
+    guest_write(dom, 0, 4 * MiB)
+    wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
+    image.unlink()
+    try:
+        wait_for(lambda: (d := _disk(env, name)) and d.get("image_deleted") and d["pinned_bytes"] == 0,
+                 "the deletion to be reported and the pins released")
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {_disk(env, name)}\n{env.agent_log(name)[-3000:]}") from None
+    assert scrape(env.status(name)["metrics_url"], "vmcache_image_deleted", {"target_device": "vda"}) == 1
+    assert "disk.image_deleted" in env.agent_log(name)
+    maps = Path(f"/proc/{env.agent_pid(name)}/maps").read_text()
+    assert str(image) not in maps  # nothing of the deleted file stays locked

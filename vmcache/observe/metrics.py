@@ -164,6 +164,8 @@ class AgentMetrics:
             "warm_restored_bytes", "Bytes of the saved hot set the disk started from that vmcache has pinned again.")
         self.warm_total = gauge(
             "warm_total_bytes", "Bytes of the saved hot set the disk started from (0: a cold start).")
+        self.image_deleted = gauge(
+            "image_deleted", "1 when no path names the disk's image file any more (deleted while in use).")
         self.guest_written = counter(
             "guest_dirtied_bytes",
             "Bytes of the image the guest dirtied: whole dirty-bitmap granules written into (64 KiB by default; "
@@ -239,13 +241,17 @@ class DiskMetrics:
         self._labels = (*agent._agent, target, image)
         a = agent
         self._gauges = (a.image_size, a.budget, a.pinned, a.pinned_regions, a.resident,
-                        a.backing_off, a.backoff_skipped, a.warm_restored, a.warm_total)
+                        a.backing_off, a.backoff_skipped, a.warm_restored, a.warm_total, a.image_deleted)
         self._counters = (a.guest_written, a.guest_read_miss, a.cycle_duration)
         # Create the series now so a fresh disk shows zeros, not nothing.
         for metric in (*self._gauges, *self._counters):
             metric.labels(*self._labels)
         for result in BITMAP_RESULTS:
             a.bitmap_reads.labels(*self._labels, result)
+
+    def set_deleted(self, deleted: bool) -> None:
+        """Record whether the image file was deleted (no path names it)."""
+        self.agent.image_deleted.labels(*self._labels).set(1 if deleted else 0)
 
     def observe(self, stats: CycleStats) -> None:
         """Update every series of this disk from one cycle's record.

@@ -10,6 +10,7 @@ stop the agent from serving the others.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from .engine import DiskEngine
@@ -85,6 +86,8 @@ class DiskWorker:
         self._heatmap = heatmap
         self._last_cycle: float | None = None
         self.failing = False  # the last cycle failed or could not read the writes
+        self._inode = _open_inode(self.image)  # tells, whatever its path, whether a path still names the file
+        self._qemu_writes = True  # the last cycle saw guest writes (a deleted image is kept while it does)
 
     def _writes(self) -> DirtyRead:
         assert self.tracker is not None
@@ -101,7 +104,12 @@ class DiskWorker:
         self.status.error = str(err)
 
     def cycle(self, budget: int) -> CycleStats | None:
-        """Run one engine cycle under ``budget`` bytes; None when it failed (recorded)."""
+        """Run one engine cycle under ``budget`` bytes; None when it failed (recorded).
+
+        A deleted image (no path names it) is reported, and pinned only while QEMU still writes it.
+        """
+        if self._check_deleted() and not self._qemu_writes:
+            budget = 0
         self.engine.budget = budget
         try:
             stats = self.engine.cycle()
@@ -110,12 +118,27 @@ class DiskWorker:
             self.failing = True
             return None
         self.failing = stats.error is not None
+        self._qemu_writes = stats.guest_written_bytes > 0
         now = time.monotonic()
         elapsed = now - self._last_cycle if self._last_cycle is not None else stats.duration_seconds
         self._last_cycle = now
         self._metrics.observe(stats)
         self.status.update(stats, elapsed=elapsed, wall_time=time.time())
         return stats
+
+    def _check_deleted(self) -> bool:
+        """Whether the image file was deleted from every path; reported when that changes."""
+        try:
+            deleted = self._inode is not None and os.fstat(self._inode).st_nlink == 0
+        except OSError:
+            deleted = False
+        if deleted != self.status.image_deleted:
+            self.status.image_deleted = deleted
+            self._metrics.set_deleted(deleted)
+            self._log.log(logging.WARNING if deleted else logging.INFO,
+                          event("disk.image_deleted" if deleted else "disk.image_linked", disk=self.target,
+                                image=self.image))
+        return deleted
 
     @property
     def pinned_bytes(self) -> int:
@@ -162,3 +185,14 @@ class DiskWorker:
         finally:
             self.engine.close()
             self._agent_metrics.remove_disk(self.target)
+            if self._inode is not None:
+                os.close(self._inode)
+                self._inode = None
+
+
+def _open_inode(path: str) -> int | None:
+    """An O_PATH descriptor of ``path`` (its link count says whether any path still names it); None if it cannot."""
+    try:
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
