@@ -10,6 +10,11 @@ the virtio disk) and, for ``--duration`` seconds:
   restarts libvirtd a few seconds later (its ``reconnect`` hook call is what
   brings a killed agent back where there is no systemd);
 - every ``--restart-every`` seconds restarts libvirtd on its own;
+- every ``--snapshot-every`` seconds takes an external disk-only snapshot of
+  a random domain, writes to it, then commits it back (active blockcommit +
+  pivot): the agent must follow both image changes;
+- every ``--cycle-every`` seconds destroys a random domain and starts it
+  again at once (a new run while the old agent may still be cleaning up);
 - samples each agent's RSS and open file descriptors.
 
 At the end it checks, with the domains still running, that QEMU holds no
@@ -72,6 +77,19 @@ def proc_figures(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def agent_processes(name: str) -> list[int]:
+    """Pids of every process running as the agent of domain ``name``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[:-1] if entry.isdigit() else []
+        except OSError:
+            continue
+        if argv[-2:] == [b"--domain", name.encode()]:
+            pids.append(int(entry))
+    return pids
+
+
 class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -90,7 +108,8 @@ class Soak:
         self.hook = ExitStack()
         self.samples: dict[str, list[tuple[float, int, int, int]]] = {n: [] for n in self.names}
         self.events = {"writes": 0, "written_bytes": 0, "agent_kills": 0, "libvirtd_restarts": 0,
-                       "agent_restarts_seen": 0}
+                       "agent_restarts_seen": 0, "snapshots_committed": 0, "fast_restarts": 0}
+        self.xml: dict[str, str] = {}
         self.failures: list[str] = []
 
     # -- set-up and tear-down ---------------------------------------------------------------
@@ -103,6 +122,7 @@ class Soak:
     def start_domains(self) -> None:
         for name in self.names:
             xml = domain_xml(name, self.env.disk(name, DISK), metadata=cache_metadata("64M"))
+            self.xml[name] = xml
             start_paused(self.env.conn, xml)
         for name in self.names:
             wait_for(lambda n=name: self.env.agent_pid(n), f"agent of {name}")
@@ -144,6 +164,39 @@ class Soak:
         self.env.conn = connect(timeout=60)
         self.events["libvirtd_restarts"] += 1
 
+    def snapshot_and_commit(self) -> None:
+        """An external snapshot of a random domain, writes on it, then an active commit + pivot back."""
+        name = self.rng.choice(self.names)
+        dom = self.dom(name)
+        overlay = self.env.tmp / f"{file_stem(name)}-snap{self.events['snapshots_committed']}.qcow2"
+        log(f"snapshot + blockcommit {name}")
+        try:
+            dom.snapshotCreateXML(
+                f"<domainsnapshot><disks><disk name='vda' snapshot='external'><driver type='qcow2'/>"
+                f"<source file='{overlay}'/></disk></disks></domainsnapshot>",
+                libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
+            for _ in range(4):
+                guest_write(dom, self.rng.randrange(0, 16) * MiB, MiB, pattern=0x3C)
+                time.sleep(0.5)
+            dom.blockCommit("vda", None, None, 0, libvirt.VIR_DOMAIN_BLOCK_COMMIT_ACTIVE)
+            wait_for(lambda: (i := dom.blockJobInfo("vda", 0)) and i["end"] > 0 and i["cur"] == i["end"],
+                     "the commit to be ready", 60)
+            dom.blockJobAbort("vda", libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+            self.events["snapshots_committed"] += 1
+        except (libvirt.libvirtError, AssertionError) as err:
+            self.failures.append(f"{name}: snapshot/commit failed: {err}")
+
+    def fast_restart(self) -> None:
+        """virsh destroy; virsh start of a random domain, without waiting for its agent."""
+        name = self.rng.choice(self.names)
+        log(f"destroy + start {name}")
+        try:
+            self.dom(name).destroy()
+            start_paused(self.env.conn, self.xml[name])
+            self.events["fast_restarts"] += 1
+        except libvirt.libvirtError as err:
+            self.failures.append(f"{name}: destroy/start failed: {err}")
+
     def sample(self, now: float) -> None:
         for name in self.names:
             pid = self.env.agent_pid(name)
@@ -159,6 +212,7 @@ class Soak:
         self.start_domains()
         started = time.monotonic()
         next_kill, next_restart, next_sample = a.kill_every, a.restart_every, 0.0
+        next_snapshot, next_cycle = a.snapshot_every, a.cycle_every
         pending_restart: float | None = None
         while (now := time.monotonic() - started) < a.duration:
             self.write()
@@ -174,6 +228,12 @@ class Soak:
                     self.events["agent_kills"] += 1
                 pending_restart = now + 5
                 next_kill += a.kill_every
+            if now >= next_snapshot:
+                self.snapshot_and_commit()
+                next_snapshot += a.snapshot_every
+            if now >= next_cycle:
+                self.fast_restart()
+                next_cycle += a.cycle_every
             if (pending_restart is not None and now >= pending_restart) or now >= next_restart:
                 log("restart libvirtd")
                 self.restart_libvirtd()
@@ -181,12 +241,13 @@ class Soak:
                     next_restart += a.restart_every
                 pending_restart = None
             time.sleep(a.write_every)
-        # Everything back: each domain has its agent, cycling.
+        # Everything back: each domain has exactly one agent, cycling.
         for name in self.names:
             try:
-                wait_for(lambda n=name: self.env.agent_pid(n), f"agent of {name}", 30)
+                wait_for(lambda n=name: self.env.agent_pid(n) and len(agent_processes(n)) == 1,
+                         f"one agent of {name}", 60)
             except AssertionError:
-                self.failures.append(f"{name}: no agent at the end")
+                self.failures.append(f"{name}: agents at the end: {agent_processes(name)}")
         time.sleep(3)
         self.sample(time.monotonic() - started)
         report = self.report()
@@ -258,6 +319,8 @@ def main() -> int:
     parser.add_argument("--write-every", type=float, default=0.25)
     parser.add_argument("--kill-every", type=float, default=90)
     parser.add_argument("--restart-every", type=float, default=130)
+    parser.add_argument("--snapshot-every", type=float, default=75)
+    parser.add_argument("--cycle-every", type=float, default=110)
     parser.add_argument("--sample-every", type=float, default=10)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
