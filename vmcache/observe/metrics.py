@@ -120,13 +120,21 @@ class AgentMetrics:
         self._agent = (domain, uuid)
         self._lock = threading.Lock()
         self._disks: dict[str, DiskMetrics] = {}
+        self._agent_series(version)
+        self._disk_series()
+        # Start every error kind at 0 so increase()/rate() see the first error.
+        for kind in sorted(ERROR_KINDS):
+            self.errors.labels(*self._agent, kind)
 
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = DISK_LABELS) -> Gauge:
-            return Gauge(name, doc, labels, namespace=NAMESPACE, registry=registry)
+    def _gauge(self, name: str, doc: str, labels: tuple[str, ...] = DISK_LABELS) -> Gauge:
+        return Gauge(name, doc, labels, namespace=NAMESPACE, registry=self.registry)
 
-        def counter(name: str, doc: str, labels: tuple[str, ...] = DISK_LABELS) -> Counter:
-            return Counter(name, doc, labels, namespace=NAMESPACE, registry=registry)
+    def _counter(self, name: str, doc: str, labels: tuple[str, ...] = DISK_LABELS) -> Counter:
+        return Counter(name, doc, labels, namespace=NAMESPACE, registry=self.registry)
 
+    def _agent_series(self, version: str) -> None:
+        """The series of the agent (the domain): its version, budget, share of the cap, host memory, errors."""
+        gauge, counter, registry = self._gauge, self._counter, self.registry
         self.info = Info("agent", "The vmcache agent of a domain; value 1, its version as a label.",
                          AGENT_LABELS, namespace=NAMESPACE, registry=registry)
         self.info.labels(*self._agent).info({"version": version})
@@ -147,6 +155,10 @@ class AgentMetrics:
                               AGENT_LABELS)
         self.errors = counter("errors", "Errors the agent met, by kind (a class of vmcache's error tree).",
                               (*AGENT_LABELS, "kind"))
+
+    def _disk_series(self) -> None:
+        """The series of each disk, labelled with its target device and image file."""
+        gauge, counter, registry = self._gauge, self._counter, self.registry
         self.image_size = gauge("image_size_bytes", "Size of the disk's image file.")
         self.budget = gauge("budget_bytes", "Bytes of the image vmcache may pin (the budget in force).")
         self.pinned = gauge("pinned_bytes", "Bytes of the image locked in memory by vmcache.")
@@ -178,9 +190,6 @@ class AgentMetrics:
         self.cycle_duration = Histogram(
             "cycle_duration_seconds", "Wall time of one agent cycle of a disk.", DISK_LABELS,
             namespace=NAMESPACE, registry=registry, buckets=CYCLE_BUCKETS)
-        # Start every error kind at 0 so increase()/rate() see the first error.
-        for kind in sorted(ERROR_KINDS):
-            self.errors.labels(*self._agent, kind)
 
     def disk(self, target: str, image: str) -> DiskMetrics:
         """The metrics of disk ``target`` (e.g. ``vda``) backed by ``image``.
