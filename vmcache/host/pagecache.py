@@ -261,18 +261,23 @@ def _scan_cachestat(scan: _Scan, chunk: int, hint: tuple[tuple[int, int], ...]) 
             partial.append((c0, c1))
         else:
             stack.extend(kids)
-    partial.sort()
-    merged: list[list[int]] = []
-    for c0, c1 in partial:
-        if merged and merged[-1][1] == c0 and c1 - merged[-1][0] <= window:
-            merged[-1][1] = c1
-        else:
-            merged.append([c0, c1])
+    merged = _windows(partial, window)
     for c0, c1 in merged:
         for w0 in range(c0, c1, window):
             scan.probe(w0 * chunk, min(min(w0 + window, c1) * chunk, size))
     found = sorted(_joined(sorted(full)) + [(c0, c1) for c0, c1 in merged])
     return tuple((c0 * chunk, min(c1 * chunk, size)) for c0, c1 in found)
+
+
+def _windows(partial: list[tuple[int, int]], window: int) -> list[list[int]]:
+    """The partly cached chunk ranges, adjacent ones merged up to ``window`` chunks: one mincore read each."""
+    merged: list[list[int]] = []
+    for c0, c1 in sorted(partial):
+        if merged and merged[-1][1] == c0 and c1 - merged[-1][0] <= window:
+            merged[-1][1] = c1
+        else:
+            merged.append([c0, c1])
+    return merged
 
 
 def _joined(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
