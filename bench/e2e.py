@@ -52,12 +52,12 @@ def parse_args() -> argparse.Namespace:
                    help="arms to run: default (the goals, ~40 min at the default runtimes) or long")
     p.add_argument("--arms", default="", help="comma-separated arm names instead of --set, e.g. reuse-ssd-kernel")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--runtime", type=int, default=30, help="seconds of each measured fio run (default 30)")
-    p.add_argument("--warmup", type=int, default=30,
-                   help="seconds of the warm-up fio run before the measured one (default 30; evicted arms have none)")
-    p.add_argument("--slow-warmup", type=int, default=90,
+    p.add_argument("--runtime", type=int, default=20, help="seconds of each measured fio run (default 20)")
+    p.add_argument("--warmup", type=int, default=25,
+                   help="seconds of the warm-up fio run before the measured one (default 25; evicted arms have none)")
+    p.add_argument("--slow-warmup", type=int, default=60,
                    help="warm-up on the HDD-class device, where learning and loading the hot set take longer "
-                        "(default 90)")
+                        "(default 60)")
     p.add_argument("--gap", type=int, default=60, help="periodic scenario: seconds between hot phases (default 60)")
     p.add_argument("--cache-mib", type=int, default=512,
                    help="page cache every run may use: cgroup limit = QEMU anon + this (default 512)")
@@ -112,7 +112,7 @@ def check_device(name: str, s: Settings) -> dict:
     try:
         throttle(cg, s.disk_dev, DEVICES[name])
         if DEVICES[name].read_iops:
-            filler = start_filler(cg, s.disk)
+            filler = start_filler(cg, s.disk_dev)
         hot = 64 * MIB
         for case, rw, extra in (("miss", "randread", []), ("hit", "randread", [f"--size={hot}"]),
                                 ("sync_write", "randwrite", [f"--size={hot}", "--sync=1"])):

@@ -186,7 +186,7 @@ def prepare(arm: Arm, s: Settings, res: ArmResult, procs: list) -> None:
     device = DEVICES[arm.device]
     throttle(DEVICE_CGROUP, s.disk_dev, device)
     if device.read_iops:
-        procs.append(start_filler(DEVICE_CGROUP, s.disk))
+        procs.append(start_filler(DEVICE_CGROUP, s.disk_dev))
     if arm.mode == "oracle":
         procs.append(locker := start_locker(CGROUP, s.disk, hot_range(s)))
         res.oracle_locked_bytes = kib(proc_status(locker.pid), "VmLck") * 1024
