@@ -112,7 +112,7 @@ def check_device(name: str, s: Settings) -> dict:
     try:
         throttle(cg, s.disk_dev, DEVICES[name])
         if DEVICES[name].read_iops:
-            filler = start_filler(cg, s.disk_dev)
+            filler = start_filler(cg, s.filler_file)
         hot = 64 * MIB
         for case, rw, extra in (("miss", "randread", []), ("hit", "randread", [f"--size={hot}"]),
                                 ("sync_write", "randwrite", [f"--size={hot}", "--sync=1"])):
@@ -149,6 +149,8 @@ def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int) 
         log(f"writing a fully allocated {disk_gib} GiB raw image {s.disk}")
         run(["dd", "if=/dev/zero", f"of={s.disk}", "bs=4M", f"count={s.disk_bytes // (4 * MIB)}",
              "oflag=direct", "status=none"])
+    if any(DEVICES[a.device].read_iops for a in arms) and not s.filler_file.exists():
+        run(["dd", "if=/dev/zero", f"of={s.filler_file}", "bs=4M", "count=64", "oflag=direct", "status=none"])
     if any(a.scenario.neighbour for a in arms):
         with open(s.neighbour_file, "wb") as f:
             f.truncate(neighbour_gib << 30)
@@ -207,9 +209,10 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out).resolve() / time.strftime("e2e-%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
-    s = Settings(runtime=args.runtime, warmup=args.warmup, slow_warmup=args.slow_warmup, gap=args.gap, cache_mib=args.cache_mib,
-                 budget_mib=args.budget_mib, disk=work / "disk.raw", disk_bytes=args.disk_gib << 30,
-                 disk_dev=whole_disk(work), neighbour_file=work / "neighbour.sparse", stream_rate=args.stream_rate,
+    s = Settings(runtime=args.runtime, warmup=args.warmup, slow_warmup=args.slow_warmup, gap=args.gap,
+                 cache_mib=args.cache_mib, budget_mib=args.budget_mib, disk=work / "disk.raw", disk_bytes=args.disk_gib << 30,
+                 disk_dev=whole_disk(work), neighbour_file=work / "neighbour.sparse", filler_file=work / "filler.raw",
+                 stream_rate=args.stream_rate,
                  reuse_iops=args.reuse_iops, reclaim_period=args.reclaim_period, out=out, guest_dir=args.guest_dir,
                  memory_mib=args.memory_mib, model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv))
 
@@ -235,6 +238,7 @@ def main() -> int:
     finally:
         destroy_ours()
         s.neighbour_file.unlink(missing_ok=True)
+        s.filler_file.unlink(missing_ok=True)
         if not args.keep_image:
             s.disk.unlink(missing_ok=True)
             try:

@@ -255,26 +255,22 @@ def start_reuse(cg: Cgroup, path: Path, rate_iops: int) -> subprocess.Popen:
                          f"--rate_iops={rate_iops}", "--norandommap", "--output-format=terse"])
 
 
-def start_filler(cg: Cgroup, disk: str) -> subprocess.Popen:
-    """The other tenant of a busy device: O_DIRECT 4 KiB random reads of block device ``disk`` (major:minor),
-    read-only, at QD1, as fast as ``cg``'s throttle lets them through (no page cache involved).
+def start_filler(cg: Cgroup, path: Path) -> subprocess.Popen:
+    """The other tenant of a busy device: O_DIRECT 4 KiB random reads of ``path`` (an allocated file on the
+    image's disk, not the image) at QD1, as fast as ``cg``'s throttle lets them through (no page cache).
 
-    The whole disk, not the image: an O_DIRECT read of a file holds its inode
-    lock while it waits in the throttle, and every buffered write to the
-    file waits for it (a first version read the image: guest writes took
-    7-60 ms).
+    Not the image itself: an O_DIRECT read of a file holds its inode lock
+    while it waits in the throttle, and every buffered write to the file
+    waits for it (a first version read the image: guest writes took 7-60
+    ms). The block device itself cannot be opened in this sandbox.
     """
-    return start_in(cg, ["fio", "--name=busy", f"--filename={block_device(disk)}", "--readonly", "--rw=randread",
-                         "--bs=4k", "--direct=1", "--ioengine=psync", "--time_based", "--runtime=3600",
-                         "--norandommap", "--output-format=terse"])
-
-
-def block_device(disk: str) -> str:
-    """/dev path of the block device ``major:minor``."""
-    for line in Path(f"/sys/dev/block/{disk}/uevent").read_text().splitlines():
-        if line.startswith("DEVNAME="):
-            return "/dev/" + line.split("=", 1)[1]
-    raise FileNotFoundError(f"no block device {disk}")
+    proc = start_in(cg, ["fio", "--name=busy", f"--filename={path}", "--readonly", "--rw=randread", "--bs=4k",
+                         "--direct=1", "--ioengine=psync", "--time_based", "--runtime=3600", "--norandommap",
+                         "--output-format=terse"])
+    time.sleep(0.5)
+    if proc.poll() is not None:
+        raise RuntimeError(f"the filler exited: {proc.stderr.read().decode(errors='replace')[:300]}")
+    return proc
 
 
 def stop(proc: subprocess.Popen | None) -> None:

@@ -97,7 +97,8 @@ def arm_table(arm_names: list[str], runs: list[dict], reference: dict[str, str])
         lines.append(
             f"| {name} | {len(ok)}/{len(mine)} | {col('iops').fmt()} | {col('read_lat_mean_us').fmt()} "
             f"| {misses.fmt(2) if misses else ''} | {ratio.fmt(2) if ratio else ''} | {ref if ratio else ''} "
-            f"| {cpu.fmt(1) if cpu else ''} | {agent_reads.fmt(2) if agent_reads and name.endswith('-vmcache') else ''} "
+            f"| {cpu.fmt(1) if cpu else ''} "
+            f"| {agent_reads.fmt(2) if agent_reads and name.endswith('-vmcache') else ''} "
             f"| {pinned.fmt() if pinned else ''} "
             f"| {load.fmt(1) if load else ''} | {busy.fmt() if busy else ''} |")
     return "\n".join(lines)

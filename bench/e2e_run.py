@@ -57,6 +57,7 @@ class Settings:
     disk_bytes: int
     disk_dev: str              # major:minor of the disk under the image
     neighbour_file: Path
+    filler_file: Path          # allocated, on the image's disk: what the busy device's other tenant reads
     stream_rate: str
     reuse_iops: int
     reclaim_period: float
@@ -186,7 +187,7 @@ def prepare(arm: Arm, s: Settings, res: ArmResult, procs: list) -> None:
     device = DEVICES[arm.device]
     throttle(DEVICE_CGROUP, s.disk_dev, device)
     if device.read_iops:
-        procs.append(start_filler(DEVICE_CGROUP, s.disk_dev))
+        procs.append(start_filler(DEVICE_CGROUP, s.filler_file))
     if arm.mode == "oracle":
         procs.append(locker := start_locker(CGROUP, s.disk, hot_range(s)))
         res.oracle_locked_bytes = kib(proc_status(locker.pid), "VmLck") * 1024
