@@ -210,11 +210,11 @@ def main() -> int:
     out = Path(args.out).resolve() / time.strftime("e2e-%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
     s = Settings(runtime=args.runtime, warmup=args.warmup, slow_warmup=args.slow_warmup, gap=args.gap,
-                 cache_mib=args.cache_mib, budget_mib=args.budget_mib, disk=work / "disk.raw", disk_bytes=args.disk_gib << 30,
-                 disk_dev=whole_disk(work), neighbour_file=work / "neighbour.sparse", filler_file=work / "filler.raw",
-                 stream_rate=args.stream_rate,
-                 reuse_iops=args.reuse_iops, reclaim_period=args.reclaim_period, out=out, guest_dir=args.guest_dir,
-                 memory_mib=args.memory_mib, model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv))
+                 cache_mib=args.cache_mib, budget_mib=args.budget_mib, disk=work / "disk.raw",
+                 disk_bytes=args.disk_gib << 30, disk_dev=whole_disk(work), neighbour_file=work / "neighbour.sparse",
+                 filler_file=work / "filler.raw", stream_rate=args.stream_rate, reuse_iops=args.reuse_iops,
+                 reclaim_period=args.reclaim_period, out=out, guest_dir=args.guest_dir, memory_mib=args.memory_mib,
+                 model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv))
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
