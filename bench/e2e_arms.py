@@ -119,16 +119,17 @@ class Goal:
     target: float
 
 
-# Goals of issue 11: medians of per-round ratios of total IOPS.
+# Goals of issue 11: medians of per-round ratios of total IOPS. The issue states the first three for a
+# busy SSD; the `ssd` setting is what they are measured on (docs/benchmarks.md says what a miss costs there).
 GOALS = [
-    Goal("neighbour with reuse, busy SSD: vmcache vs kernel", "reuse-ssd-vmcache", "reuse-ssd-kernel", 1.5),
-    Goal("proactive reclaim, busy SSD: vmcache vs kernel", "reclaim-ssd-vmcache", "reclaim-ssd-kernel", 1.3),
-    Goal("periodic hot set, busy SSD: vmcache vs kernel", "periodic-ssd-vmcache", "periodic-ssd-kernel", 1.3),
-    Goal("HDD class, zoned QD1: vmcache vs cold (paper: 2.73x preloaded)",
+    Goal("neighbour with reuse, ssd setting: vmcache vs kernel", "reuse-ssd-vmcache", "reuse-ssd-kernel", 1.5),
+    Goal("proactive reclaim, ssd setting: vmcache vs kernel", "reclaim-ssd-vmcache", "reclaim-ssd-kernel", 1.3),
+    Goal("periodic hot set, ssd setting: vmcache vs kernel", "periodic-ssd-vmcache", "periodic-ssd-kernel", 1.3),
+    Goal("hdd setting, zoned QD1: vmcache vs cold (paper, preloaded vs empty: 2.36x SSD, 2.73x HDD)",
          "zoned-hdd-vmcache", "zoned-hdd-evicted", 2.36),
-    Goal("streaming neighbour, busy SSD: vmcache vs kernel (no harm)", "stream-ssd-vmcache", "stream-ssd-kernel",
+    Goal("streaming neighbour, ssd setting: vmcache vs kernel (no harm)", "stream-ssd-vmcache", "stream-ssd-kernel",
          0.97),
-    Goal("QD32 zoned, busy SSD: vmcache vs kernel (no harm)", "qd32-ssd-vmcache", "qd32-ssd-kernel", 0.97),
+    Goal("QD32 zoned, ssd setting: vmcache vs kernel (no harm)", "qd32-ssd-vmcache", "qd32-ssd-kernel", 0.97),
     # issue 13: the first minute after a cold boot, warm-started from the hot set an earlier run saved
     Goal("cold boot, HDD class: vmcache warm start vs kernel cold", "coldboot-hdd-warm", "coldboot-hdd-evicted", 1.25),
     Goal("cold boot, HDD class: vmcache warm start vs oracle (within 10%)", "coldboot-hdd-warm",

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# make bench: the end-to-end benchmark (docs/benchmarks.md, "End to end").
+# make bench: the end-to-end benchmark (docs/benchmarks.md, "End to end: goals").
 #
 # Installs vmcache the way operators do (make install: /opt/vmcache, the
 # libvirt hook, /etc/vmcache/vmcache.yaml), starts libvirtd if needed, builds
 # (or reuses) the tiny test guest, then runs bench/e2e.py: every arm boots a
 # TCG guest running fio on a 2 GiB writethrough raw image inside a memory
 # cgroup, with its device throttled (blkio) to a device class, vmcache arms
-# opted in through the domain metadata; 3 interleaved rounds. About 40
-# minutes with the defaults; prints the goals and a table of medians at the
-# end, raw results in .bench/.
+# opted in through the domain metadata; 3 interleaved rounds. About 35
+# minutes with the defaults when no live test holds the hook lock (longer
+# when they do: vmcache arms wait for it); prints the goals and a table of
+# medians at the end, raw results in .bench/.
 #
 #   scripts/bench.sh [E2E ARGS]      e.g. --set long, --rounds 5, --arms reuse-ssd-kernel,reuse-ssd-vmcache
 #   VMCACHE_BENCH_ARGS="--set long" make bench
