@@ -67,6 +67,7 @@ def env(live_tmp: Path, hooked) -> Iterator[Env]:
                       f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n")
     e = Env(connect(), live_tmp, config, markers)
     print(hooked(config, PREFIX, e.agents))
+    e.conn = connect()  # the hook lock may have been waited for while another test restarted libvirtd
     try:
         yield e
     finally:
