@@ -407,8 +407,8 @@ def run_arm(arm: Arm, s: Settings, round_: int,
 def learn_hotset(device: str, s: Settings) -> str:
     """The hot set a vmcache run of the zoned workload saves, as the domain XML carries it ("" if none).
 
-    Runs zoned-DEVICE-vmcache once (round 0); when its measured run begins (warm-up done, the hot
-    range pinned) the agent is stopped while the domain runs - it saves the hot set into the live XML
+    Runs zoned-DEVICE-vmcache once (round 0, ``--warmup`` s); when its measured run begins (warm-up
+    done, the hot range pinned) the agent is stopped while the domain runs - it saves the hot set into the live XML
     as it stops, as at a host shutdown - and the element is read back from the XML.
     """
     arm = Arm(SCENARIOS["zoned"], device, "vmcache")
