@@ -188,7 +188,7 @@ else
   install -D -m 644 hooks/vmcache.yaml "$CONFIG"
   say "config: $CONFIG (defaults)"
 fi
-"$PREFIX/venv/bin/python" -c 'import sys; from vmcache.settings.config import load_host_config; load_host_config(sys.argv[1])' "$CONFIG" \
+"$PREFIX/venv/bin/python" -c 'import sys; from vmcache.host.configfile import load_host_config; load_host_config(sys.argv[1])' "$CONFIG" \
   || say "WARNING: $CONFIG is not valid (see above): agents will refuse to start until it is fixed"
 
 if have_systemd; then

@@ -73,3 +73,28 @@ def test_hook_left_behind_without_vmcache_stays_out_of_the_way(tmp_path):
         done = subprocess.run([str(tmp_path / "qemu"), "d", op, "begin", "-"], input=b"<x/>", capture_output=True,
                               timeout=30)
         assert (done.returncode, done.stdout) == (0, expect)
+
+
+def _validation_commands() -> list[tuple[str, str]]:
+    """The ``python -c '...'`` config checks that install.sh and the package's postinst run."""
+    found = []
+    for path in (REPO / "scripts" / "install.sh", REPO / "debian" / "vmcache.postinst"):
+        for line in path.read_text().splitlines():
+            if "load_host_config" in line and " -c '" in line:
+                found.append((path.name, line.split(" -c '", 1)[1].split("'", 1)[0]))
+    return found
+
+
+def test_the_config_checks_of_install_and_postinst_accept_a_good_config_and_refuse_a_bad_one(tmp_path):
+    """Both run on every install/upgrade; an import they name that no longer exists made every
+    upgrade warn that a good config was invalid."""
+    commands = _validation_commands()
+    assert {name for name, _ in commands} == {"install.sh", "vmcache.postinst"}
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text((REPO / "hooks" / "vmcache.yaml").read_text())
+    bad.write_text("interval: -3\n")
+    for name, code in commands:
+        ok = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, (name, ok.stderr)
+        refused = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "ImportError" not in refused.stderr, (name, refused.stderr)
