@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ..errors import VmcacheError
+from ..host.cachestat import fd_size
 from ..host.imageid import image_id
 from ..host.virtdomain import Affect
 from ..logfmt import event
@@ -56,10 +57,10 @@ class ManagedDisk(Protocol):
 
 
 def _image_size(path: str) -> int:
-    """Bytes of the image file or block device (fstat says 0 for devices)."""
+    """Bytes of the image file or block device. Raises OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return os.lseek(fd, 0, os.SEEK_END)
+        return fd_size(fd)
     finally:
         os.close(fd)
 
