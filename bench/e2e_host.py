@@ -152,16 +152,18 @@ def mount_delay(device: Device, backing: Path, mountpoint: Path, stats: Path) ->
     """
     unmount_delay(None, mountpoint)   # a leftover of an interrupted run
     mountpoint.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, str(DELAYDEV), str(backing), str(mountpoint),
-                             "--read-ms", str(device.read_ms), "--write-ms", str(device.write_ms),
-                             "--stats", str(stats)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stats.unlink(missing_ok=True)
+    errors = stats.with_suffix(".log")   # a file, not a pipe nobody reads while the arm runs
+    with open(errors, "ab") as err:
+        proc = subprocess.Popen([sys.executable, str(DELAYDEV), str(backing), str(mountpoint),
+                                 "--read-ms", str(device.read_ms), "--write-ms", str(device.write_ms),
+                                 "--stats", str(stats)],
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err)
     deadline = time.monotonic() + 30
     while not (os.path.ismount(mountpoint) and stats.exists()):
         if proc.poll() is not None or time.monotonic() > deadline:
             unmount_delay(proc, mountpoint)
-            err = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
-            raise RuntimeError(f"the delay device did not mount: {err}")
+            raise RuntimeError(f"the delay device did not mount: {errors.read_text(errors='replace')[-500:]}")
         time.sleep(0.1)
     return proc
 
