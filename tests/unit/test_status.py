@@ -75,6 +75,9 @@ def test_disk_update_from_cycle_stats():
     assert (disk.budget_bytes, disk.pinned_bytes, disk.resident_bytes) == (1 << 29, 1 << 20, 1 << 21)
     assert disk.dirtied_bytes_per_second == 1 << 20
     assert (disk.last_cycle_seconds, disk.last_cycle_at, disk.error) == (0.02, 1000.0, "BitmapReadError: x")
+    assert disk.cycles == 1
+    disk.update(stats, elapsed=10.0, wall_time=1010.0)
+    assert disk.cycles == 2
 
 
 def test_read_statuses_marks_dead_agents_and_bad_files(tmp_path):
