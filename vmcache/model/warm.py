@@ -56,7 +56,8 @@ class WarmStart:
         pending.sort(key=lambda p: (-p[4], p[0]))
         self._pending = [(first, end, heat, region) for first, end, heat, region, _ in pending]
         self.total_bytes = sum(p[3].length for p in self._pending)
-        self.restored_bytes = 0
+        self._whole_bytes = 0  # of the regions restored whole
+        self._partial: dict[tuple[int, int], int] = {}  # span -> bytes pinned of a region restored in part
         self.given_up_bytes = 0
         self._started: float | None = None
 
@@ -64,6 +65,11 @@ class WarmStart:
     def done(self) -> bool:
         """Every saved region was restored or given up."""
         return not self._pending
+
+    @property
+    def restored_bytes(self) -> int:
+        """Bytes of the saved set pinned: whole regions, and the pinned part of those restored piecewise."""
+        return self._whole_bytes + sum(self._partial.values())
 
     @property
     def pending_bytes(self) -> int:
@@ -83,24 +89,36 @@ class WarmStart:
         for first, end, heat, region in self._pending:
             held = heat * factor
             if held * p.keep_factor <= p.threshold:
-                self.given_up_bytes += region.length
+                part = self._partial.pop(region.span, 0)  # what was pinned of it stays counted as restored
+                self._whole_bytes += part
+                self.given_up_bytes += region.length - part
                 continue
             model.seed(first, end, held)
             kept.append((first, end, heat, region))
         self._pending = kept
 
     def update(self, pinned: NDArray[np.int64]) -> int:
-        """Mark the regions the ``pinned`` blocks (sorted) cover as restored; bytes restored now."""
+        """Mark the regions the ``pinned`` blocks (sorted) cover as restored, those they cover in part as partly.
+
+        A region is restored once all its blocks were pinned together (then
+        it is left to the model); until then the bytes of its blocks pinned
+        now count as restored in part. Returns the bytes of the regions
+        restored whole now.
+        """
         kept = []
         restored = 0
+        bs = self._params.block_size
         for first, end, heat, region in self._pending:
             covered = int(np.searchsorted(pinned, end) - np.searchsorted(pinned, first))
+            self._partial.pop(region.span, None)
             if covered == end - first:
                 restored += region.length
-            else:
-                kept.append((first, end, heat, region))
+                continue
+            if covered:
+                self._partial[region.span] = min(region.length, covered * bs)
+            kept.append((first, end, heat, region))
         self._pending = kept
-        self.restored_bytes += restored
+        self._whole_bytes += restored
         return restored
 
 
