@@ -299,9 +299,9 @@ def test_the_replay_warm_start_honours_the_prefetch_rate() -> None:
     trace = generate.zoned(256 * MiB, 20_000, seed=4, rate=100.0)
     interval = ModelParams().interval
 
-    def head(**rates: int | None) -> float:
+    def head(prefetch_rate: int | None = None, warm_rate: int | None = None) -> float:
         run = sim.replay(trace, [64 * MiB], block_size=BS, pin_share=0.5, policies=("vmcache", "warm"), head=60.0,
-                         **rates)
+                         prefetch_rate=prefetch_rate, warm_rate=warm_rate)
         cold, warm = run
         return float(warm.extra["head_hit_ratio"] - cold.extra["head_hit_ratio"])
 

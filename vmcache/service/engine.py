@@ -218,11 +218,17 @@ class DiskEngine:
     def _settle(self, pinned: Sequence[Region]) -> None:
         """Tell the cycle what is pinned now; log when that completed a warm start."""
         warm = self.warm
-        restoring = warm is not None and not warm.done
+        if warm is None or warm.done:
+            self._cycle.pinned(pinned)
+            return
+        before = warm.restored_bytes
         self._cycle.pinned(pinned)
-        if warm is not None and restoring and warm.done:
+        if warm.done:
             self._log.info(event("warm.done", image=self.image, restored=warm.restored_bytes,
                                  given_up=warm.given_up_bytes, total=warm.total_bytes))
+        elif warm.restored_bytes != before:  # restored piecewise: one line a step
+            self._log.info(event("warm.progress", image=self.image, restored=warm.restored_bytes,
+                                 total=warm.total_bytes))
 
     def close(self) -> None:
         """Unpin everything and close the image."""

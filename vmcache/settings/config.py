@@ -300,8 +300,8 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     return config
 
 
-_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "warm_rate", "psi_threshold", "interval", "hotset_interval", "cache_modes",
-             "pinned_cap", "model",
+_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "warm_rate", "psi_threshold", "interval", "hotset_interval",
+             "cache_modes", "pinned_cap", "model",
              "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap")
 _METRICS_KEYS = ("listen", "ports", "tls", "basic_auth")
 _TLS_KEYS = ("certfile", "keyfile", "client_cafile", "client_auth_required")
