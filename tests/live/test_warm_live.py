@@ -23,6 +23,7 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
+from vmcache.host.pagecache import scan_residency  # noqa: E402
 from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
 from vmcache.model.region import Region  # noqa: E402
 from vmcache.settings.hotset import HOTSET_NAMESPACE, MAX_TEXT, DiskHotSet, HotSet  # noqa: E402
@@ -186,6 +187,9 @@ def union_bytes(ranges: list[tuple[int, int]]) -> int:
     return total
 
 
+START = 48 * MiB
+
+
 def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEnv) -> None:
     """14 MiB saved, 2 MiB a cycle (prefetch_rate = warm_rate = 2M, 1 s cycles): the new agent locks it
     in steps from its first cycle, one pin grown from the start, the status shows it partly restored."""
@@ -193,9 +197,13 @@ def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEn
     dom, image, record = first_run(env, name)
     dom.destroy()
     agent_gone(env, name)
-    big = replace(record, regions=(Region(0, 14 * MiB, 14.0),))  # mean heat 1.0 a block: well above threshold
+    # away from what the first run pinned (8-12 and 40-42 MiB and their margins), so none of it is cached
+    # (a chunk pays for uncached bytes only); mean heat 1.0 a block: well above the threshold
+    big = replace(record, regions=(Region(START, 14 * MiB, 14.0),))
     VirtDomain(env.conn, name).set_hotset(HotSet(int(time.time()), (big,)), Affect.CONFIG)
     drop(image)
+    cached = scan_residency(image, MiB).blocks.index
+    assert not ((cached >= START // MiB) & (cached < START // MiB + 14)).any(), "the region should not be cached"
     before = len(env.agent_log(name))  # the first agent's lines
     dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
     pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
@@ -204,12 +212,12 @@ def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEn
     def restored() -> bool:
         ranges = mapped(pid, image)
         held.append(union_bytes(ranges))
-        return covered(ranges, 0, 14 * MiB)
+        return covered(ranges, START, 14 * MiB)
 
     wait_for(restored, "the saved region to be locked whole", timeout=60, step=0.05)
     assert max(held) <= BUDGET, held  # pages locked at any moment, each counted once
     log = env.agent_log(name)[before:]
-    grown = [int(m) for m in re.findall(r"pin\.add start=0 length=(\d+)", log)]
+    grown = [int(m) for m in re.findall(rf"pin\.add start={START} length=(\d+)", log)]
     assert len(grown) >= 7 and grown == sorted(grown) and grown[-1] == 14 * MiB, grown
     steps = [b - a for a, b in zip([0, *grown], grown)]
     assert max(steps) <= 2 * MiB, steps  # never more than one cycle's tokens at once
