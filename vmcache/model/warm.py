@@ -2,21 +2,24 @@
 
 A new agent that finds a saved hot set for a disk does not pin it at once:
 it seeds the heat of the saved regions, and the planner, the prefetch
-token bucket (``prefetch_rate``, highest priority first) and the pinner do
+token bucket (``warm_rate`` while restoring, highest priority first) and the pinner do
 the rest under the budget, the host cap and the free-memory floor, exactly
 as for heat the guest built.
 
 The seed is held while a region waits for its turn: until a region has
-been pinned once, its heat is kept at least at its saved heat decayed at
+been pinned whole, its heat is kept at least at its saved heat decayed at
 ``pinned_decay`` since the start (the rate a pinned region with no
 evidence fades at), so that a large set restored at a low prefetch rate is
 not forgotten before it is read in. A saved region was *held*, so the
 planner treats it as held (:meth:`WarmStart.held`, given to ``plan`` with
 the pinned regions): its hysteresis applies, and a region kept at a heat
 between ``threshold / keep_factor`` and ``threshold`` is restored too.
-Once pinned, a region is "restored" and left to the model: if the guest
-does not read it again, its heat decays and it is released normally. A
-region whose held seed falls under ``threshold / keep_factor`` is given up
+A large region comes back in chunks (the token bucket pays for one
+interval's worth a cycle, vmcache.model.cycle): its pinned part counts as
+restored in part (``restored_bytes``) and its seed is held until the
+whole region has been pinned. Once pinned whole, a region is "restored"
+and left to the model: if the guest does not read it again, its heat
+decays and it is released normally. A region whose held seed falls under ``threshold / keep_factor`` is given up
 (the guest has had the time to show it is not hot any more). Time is a
 parameter, as everywhere in the model.
 """
