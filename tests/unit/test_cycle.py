@@ -169,6 +169,24 @@ def test_a_warm_rate_applies_only_while_the_saved_set_is_restored() -> None:
     history, warm = restore([(Region(0, 248 * MiB), 1.0)], budget=256 * MiB, warm_rate=16 * MiB, cycles=3)
     assert [total(p) // MiB for p in history] == [160, 248, 248]
     assert warm.done
+    # once restored, new heat is paid for at prefetch_rate again: 80 MiB a cycle, not 160
+    c = Cycle(WARM_P, DISK, prefetch_rate=8 * MiB, warm_rate=16 * MiB)
+    c.warm = WarmStart([(Region(0, 8 * MiB), 1.0)], WARM_P)
+    nothing = np.zeros(DISK, np.float32)
+    pins = c.step(nothing, nothing, [], size_bytes=DISK * MiB, budget=512 * MiB, now=0.0).regions
+    c.pinned(pins)
+    assert c.warm.done
+    written = nothing.copy()
+    written[1024:1224] = 1.0  # 200 MiB the guest wrote, not cached
+    resident = blocks_mask(pins, MiB, DISK).astype(np.float32)
+    for k in (1, 2, 3):
+        pins = c.step(resident, written, pins, size_bytes=DISK * MiB, budget=512 * MiB, now=10.0 * k).regions
+        c.pinned(pins)
+        resident = blocks_mask(pins, MiB, DISK).astype(np.float32)
+        new = sum(r.length for r in pins if r.start >= 1024 * MiB)
+        if new:
+            break
+    assert new == 80 * MiB, new
     # lower than prefetch_rate: the higher of the two applies
     history, _ = restore([(Region(0, 248 * MiB), 1.0)], budget=256 * MiB, warm_rate=1 * MiB, cycles=1)
     assert total(history[0]) == 80 * MiB
