@@ -173,7 +173,8 @@ class AgentMetrics:
         self.backoff_skipped = gauge(
             "backoff_skipped_bytes", "Bytes planned for pinning but left unpinned because of the memory floor.")
         self.warm_restored = gauge(
-            "warm_restored_bytes", "Bytes of the saved hot set the disk started from that vmcache has pinned again.")
+            "warm_restored_bytes", "Bytes of the saved hot set the disk started from that vmcache has pinned again "
+            "(a region restored in chunks counts its pinned part).")
         self.warm_total = gauge(
             "warm_total_bytes", "Bytes of the saved hot set the disk started from (0: a cold start).")
         self.image_deleted = gauge(

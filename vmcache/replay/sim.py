@@ -297,7 +297,8 @@ def _check_fits(bt: BlockTrace, capacity: int, params: ModelParams, pin_budget: 
 
 
 def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
-            size_bytes: int | None = None, warm: WarmStart | None = None) -> VmcacheRun:
+            size_bytes: int | None = None, warm: WarmStart | None = None, prefetch_rate: int | None = None,
+            warm_rate: int | None = None) -> VmcacheRun:
     """Hit or miss per access for vmcache's pinning over an LRU, ``capacity`` blocks in all.
 
     ``params``: the model parameters (its ``block_size`` must be the trace's,
@@ -305,7 +306,9 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     ``pin_budget``: bytes ``plan`` may pin, at most ``capacity`` blocks;
     ``warm``: a saved hot set to start from - as the agent does, a first
     cycle at the start of the trace seeds the heat and pins (its loads
-    count as prefetched; the prefetch rate is not simulated). Raises
+    count as prefetched, not as misses); ``prefetch_rate``, ``warm_rate``:
+    bytes per trace second the cycle's token bucket lets new regions load,
+    as the agent's (vmcache.model.cycle), None for no limit. Raises
     ValueError when they do not fit.
     """
     bs = bt.block_size
@@ -316,7 +319,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     if n == 0:
         return run
     hits = bytearray(n)
-    cycle = Cycle(params, nb)
+    cycle = Cycle(params, nb, prefetch_rate=prefetch_rate, warm_rate=warm_rate)
     cycle.warm = warm
     pinned = np.zeros(nb, dtype=bool)
     pinset: set[int] = set()
@@ -368,6 +371,8 @@ def replay(
     size_bytes: int | None = None,
     policies: tuple[str, ...] = POLICIES,
     head: float | None = None,
+    prefetch_rate: int | None = None,
+    warm_rate: int | None = None,
 ) -> list[PolicyResult]:
     """Every policy at every budget (bytes of memory); results in budget order, then policy order.
 
@@ -376,7 +381,9 @@ def replay(
     of each budget vmcache's planner may pin (0..1]. Policy ``warm`` is
     vmcache restarted with the hot set a first replay of the same trace
     saved at its end (a VM's second boot). ``head``: also report the hit
-    ratio over the first ``head`` seconds (``head_hit_ratio``). Raises
+    ratio over the first ``head`` seconds (``head_hit_ratio``).
+    ``prefetch_rate``, ``warm_rate``: the vmcache arms' prefetch limit
+    (bytes per trace second; None: none, the loads are free). Raises
     ValueError for an unknown policy, a bad share or parameters ModelParams
     refuses.
     """
@@ -404,12 +411,14 @@ def replay(
                 results.append(_result(name, budget, bt, static_topk(bt, capacity), head))
             else:
                 if cold is None:
-                    cold = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes)
+                    cold = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes,
+                                   prefetch_rate=prefetch_rate)
                 run = cold
                 extra: dict[str, Any] = {}
                 if name == WARM:
                     warm = saved_hotset(cold, p, size)
-                    run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm)
+                    run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm,
+                                  prefetch_rate=prefetch_rate, warm_rate=warm_rate)
                     extra = {"warm_saved_blocks": warm.total_bytes // block_size,
                              "warm_restored_blocks": warm.restored_bytes // block_size}
                 results.append(_result(name, budget, bt, run.hits, head, cycles=run.cycles,

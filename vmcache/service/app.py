@@ -67,7 +67,8 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
 
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams) -> DiskWorker:
         return DiskWorker(choice, node=node, monitor=monitor, params=params, floor_bytes=config.min_free,
-                          prefetch_rate=config.prefetch_rate, refs=refs, runtime_dir=runtime_dir,
+                          prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate,
+                          refs=refs, runtime_dir=runtime_dir,
                           socket_owner=qemu_user(),
                           granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,
                           heatmap=_heatmap_writer(domain, choice.disk.target, config))

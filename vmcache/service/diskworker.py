@@ -48,6 +48,7 @@ class DiskWorker:
         params: ModelParams,
         floor_bytes: int,
         prefetch_rate: int | None = None,
+        warm_rate: int | None = None,
         refs: PageRefs | None = None,
         runtime_dir: str,
         socket_owner: tuple[int, int] | None = None,
@@ -81,7 +82,8 @@ class DiskWorker:
             except VmcacheError as err:
                 self._record_error(err, "tracker.start_failed")
         self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
-                                     prefetch_rate=prefetch_rate, refs=refs, clear_refs=False,
+                                     prefetch_rate=prefetch_rate, warm_rate=warm_rate, refs=refs,
+                                     clear_refs=False,
                                      writes=self._writes if self.tracker else None, logger=logger)
         self._heatmap = heatmap
         self._last_cycle: float | None = None
