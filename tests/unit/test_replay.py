@@ -334,12 +334,15 @@ def test_cli_generate_then_replay(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["replay", str(out), "--budget", "8M", "--model", "keep_factor=1.5"]) == 0
     table = capsys.readouterr().out
     assert "vmcache" in table and "8MiB" in table
+    assert main(["replay", str(out), "--budget", "8M", "--block-size", "1M", "--cache-unit", "4K"]) == 0
+    assert "cache unit 4KiB" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
     (["--budget", "8M", "--model", "decay=2"], "--model decay: 2: must be in (0, 1)"),
     (["--budget", "8M", "--block-size", "5000"], "--block-size: 5000: must be a multiple of 4096"),
     (["--budget", "8M", "--pin-share", "0"], "--pin-share: 0.0: must be in (0, 1]"),
+    (["--budget", "8M", "--cache-unit", "48K"], "--cache-unit: 49152: must divide --block-size (65536)"),
 ])
 def test_cli_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     path = tmp_path / "t.csv"

@@ -12,7 +12,10 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
    model's residency input, otherwise pinned regions feed themselves and
    creep over the disk;
 2. counts the read-miss bytes: residency that appeared since the previous
-   cycle, not by vmcache's hand nor by writes;
+   cycle, not by vmcache's hand nor by writes; a block that took many times
+   its fair share of the cycle's reads (``miss_contrast``) counts as
+   resident for the model, so a slow guest's hot set shows before its
+   pages fill the blocks;
 3. steps the :class:`~vmcache.model.heat.HeatModel` at ``now`` and, while a
    saved hot set is being restored (``warm``), holds its seeded heat;
 4. plans the regions to pin (:func:`~vmcache.model.planner.plan`, the
@@ -162,7 +165,8 @@ class Cycle:
         evidence = None if seen is None else _listed(seen, n, "seen", nan_is_none=True)
         kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
         self._ours = union(kept, blocks_of(pinned, self.params.block_size, n))
-        read_miss = self._read_miss(res, wr, size_bytes)
+        read_miss, grown = self._read_miss(res, wr, size_bytes)
+        res = self._relative_reads(res, grown, evidence)
         self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
         if self.warm is not None:
             self.warm.seed(self.model, now)
@@ -183,16 +187,53 @@ class Cycle:
         """The blocks the model must not take residency from (ours; sorted)."""
         return self._ours
 
-    def _read_miss(self, resident: BlockValues, written: BlockValues, size: int) -> int:
-        """Bytes that appeared in the cache since the last step, not by our hand nor by writes."""
+    def _read_miss(self, resident: BlockValues, written: BlockValues, size: int
+                   ) -> tuple[int, NDArray[np.float32] | None]:
+        """Bytes that appeared in the cache since the last step, not by our hand nor by writes.
+
+        Also the growth per block of ``resident`` (fractions, 0 where ours),
+        None on the first step: there is nothing to compare with (the
+        residency found then may be old: a restarted agent finds the cache
+        its predecessor saw, a finished backup's pages included).
+        """
         prev, self._prev = self._prev, resident
         if prev is None:
-            return 0
+            return 0, None
         blocks = resident.index  # only a resident block can have grown
         grown = resident.value - prev.at(blocks) - written.at(blocks)
         grown[member(blocks, self._ours)] = 0.0
         np.maximum(grown, 0.0, out=grown)
-        return min(size, int(float(grown.sum(dtype=np.float64)) * self.params.block_size))
+        return min(size, int(float(grown.sum(dtype=np.float64)) * self.params.block_size)), grown
+
+    def _relative_reads(self, resident: BlockValues, grown: NDArray[np.float32] | None,
+                        seen: BlockValues | None) -> BlockValues:
+        """The residency the model sees: each block's read misses also judged against the guest's read rate.
+
+        The level of residency alone says little about a slow guest: one
+        that reads 20 pages a second fills a hot 1 MiB block by a page or
+        two per cycle, and its hot set would need many minutes to look
+        resident. How the cycle's reads are spread says it at once: a block
+        taking many times its fair share of them (the cycle's reads - read
+        misses of the blocks not ours and read evidence of the pinned ones,
+        in blocks' worth - spread evenly over the disk) is where the guest
+        reads, whatever its rate. At ``miss_contrast`` times its share a
+        block counts as fully resident: ``max(R, min(1, misses /
+        (miss_contrast * fair share)))``. Reads spread evenly give ``1 /
+        miss_contrast``, under the threshold; a one-pass read counts in one
+        cycle only; where the level is higher (a fast guest) nothing changes.
+        The evidence of pinned blocks is left absolute: scaled the same way
+        it made pinned blocks stickier and cost fast guests in the replay.
+        """
+        contrast = self.params.miss_contrast
+        if contrast == 0 or grown is None:
+            return resident
+        total = float(grown.sum(dtype=np.float64))
+        if total <= 0.0:
+            return resident
+        if seen is not None:
+            total += float(np.nansum(seen.value, dtype=np.float64))
+        share = np.minimum(np.float32(1.0), grown * np.float32(self.nblocks / (contrast * total)))
+        return BlockValues(resident.index, np.maximum(resident.value, share).astype(np.float32))
 
     def _rate(self) -> float | None:
         """Bytes per second the bucket fills at now: ``warm_rate`` while a saved set is restored; None: no limit."""
