@@ -134,7 +134,8 @@ def test_a_base_shared_by_two_domains_is_pinned_once_and_taken_over_when_its_hol
     assert not list((env.run / "layers").glob("*")), "a layer lock was left behind"
 
 
-def test_after_an_external_snapshot_the_old_top_stays_pinned_as_a_layer(env: Env, cleanup) -> None:
+def test_after_an_external_snapshot_the_old_top_stays_pinned_as_a_layer_and_a_commit_pivot_keeps_it(
+        env: Env, cleanup) -> None:
     name = "h12-chain-snap"
     base = golden_base(env.tmp / "h12-snap-base.raw", 32 * MiB)
     dom = start(env, cleanup, name, budget="64M", size=16 * MiB,
@@ -153,9 +154,23 @@ def test_after_an_external_snapshot_the_old_top_stays_pinned_as_a_layer(env: Env
     layer = read_until_pinned(env, name, dom, base)
     assert layer["layer_of"] == "vdb", layer
     log = env.agent_log(name)
-    assert "disk.demoted" in log, log[-3000:]
-    assert locked(env, name, base) and locked(env, name, top) or entry(env, name, top)["pinned_bytes"] == 0
+    assert "disk.demoted" in log and "kept=True" in log, log[-3000:]  # the same engine: heat and pins kept
+    assert "disk.dropped disk=vdb" not in log, log[-3000:]
+    assert locked(env, name, base)
     assert len(leftovers(dom)["bitmaps"]) == 2, leftovers(dom)  # vda's and the new top's; the old one removed
+    assert len(list((env.run / "layers").glob("*.lock"))) == 1
+
+    # Active commit of the overlay into the base, then pivot: the base is the top again, its pins kept.
+    dom.blockCommit("vdb", None, None, 0, libvirt.VIR_DOMAIN_BLOCK_COMMIT_ACTIVE)
+    wait_for(lambda: (info := dom.blockJobInfo("vdb", 0)) and info["end"] > 0 and info["cur"] == info["end"],
+             "the commit to be ready")
+    dom.blockJobAbort("vdb", libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+    wait_for(lambda: (d := entry(env, name, base)) and d["layer_of"] is None and d["dirty_granule_bytes"],
+             "the agent to follow the pivot")
+    assert "disk.promoted" in env.agent_log(name)
+    read_until_pinned(env, name, dom, base)
+    assert not locked(env, name, top) and entry(env, name, top) is None
+    assert not list((env.run / "layers").glob("*.lock")), "the base is a top again: no layer lock"
+    assert len(leftovers(dom)["bitmaps"]) == 2 and leftovers(dom)["exports"] == [], leftovers(dom)
     dom.destroy()
     wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
-    assert not list((env.run / "layers").glob("*")), "a layer lock was left behind"

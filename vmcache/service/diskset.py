@@ -127,7 +127,10 @@ class DiskSet:
             except VmcacheError as err:
                 self._log.warning(event("disk.start_failed", disk=target, error=err))
                 continue
+            layer = self._layers.held(worker.image)
             with self._lock:
+                if layer is not None:  # the pivot of a commit onto a layer: its heat and pins go on
+                    worker.take_over(layer)
                 self._workers[target] = worker
             self._log.info(event("disk.managed", disk=target, image=choice.disk.source, budget=choice.budget,
                                  node=node.storage_node if node else None))

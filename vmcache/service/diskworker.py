@@ -163,6 +163,17 @@ class DiskWorker:
         self.status.dirty_granule_bytes = None
         self._log.info(event("disk.demoted", disk=self.target, image=self.image))
 
+    def take_over(self, layer: DiskWorker) -> None:
+        """Carry on ``layer``'s heat and pins: its file is this disk's top now (a commit's pivot onto it).
+
+        ``layer`` gets this worker's fresh engine in exchange; closing it then unpins nothing of ours.
+        """
+        fresh, self.engine = self.engine, layer.engine
+        layer.engine = fresh
+        self.engine.track(self._writes if self.tracker else None)
+        self.engine.budget = self.budget
+        self._log.info(event("disk.promoted", disk=self.target, image=self.image))
+
     @property
     def pinned_bytes(self) -> int:
         """Bytes pinned after the last cycle (0 before the first)."""

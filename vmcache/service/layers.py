@@ -139,6 +139,14 @@ class Layers:
         """The layers managed here (under ``target``'s top only, when given)."""
         return [h.worker for h in self._held.values() if target is None or h.worker.target == target]
 
+    def held(self, path: str) -> DiskWorker | None:
+        """The layer worker of the file at ``path`` when this agent manages it as a layer."""
+        try:
+            held = self._held.get(lock_key(path))
+        except VmcacheError:
+            return None
+        return held.worker if held is not None else None
+
     def paths(self) -> Mapping[str, str]:
         """Every layer file this agent manages or waits for, by real path: the target whose chain has it."""
         items = [(h.worker.image, h.worker.target) for h in self._held.values()]
