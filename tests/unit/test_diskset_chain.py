@@ -95,3 +95,17 @@ def test_an_o_direct_base_is_listed_and_left_alone(tmp_path: Path) -> None:
     assert skipped.reason == "QEMU opened it with O_DIRECT"
     disks.drop_all(qemu_alive=True)
     assert made[str(chain.top)].closed
+
+
+def test_a_failed_discovery_keeps_the_layers(tmp_path: Path) -> None:
+    from vmcache.errors import MonitorError
+
+    chain = _chain(tmp_path)
+    disks, made, info = _set(tmp_path, chain)
+    disks.sync(info, lambda: None, qemu_alive=lambda: True)  # type: ignore[arg-type,return-value]
+
+    def broken(_monitor: Any) -> list[ImageDisk]:
+        raise MonitorError("QEMU went quiet")
+    disks._discover = broken
+    disks.sync(info, lambda: None, qemu_alive=lambda: True)  # type: ignore[arg-type,return-value]
+    assert not made[str(chain.base)].closed and len(disks.statuses()) == 2

@@ -102,12 +102,13 @@ class DiskSet:
             return
         qmp = monitor()
         try:
-            found = self._discover(qmp)
+            found: list[ImageDisk] | None = self._discover(qmp)
         except VmcacheError as err:
             self._log.warning(event("disk.discovery_failed", error=err))
-            found = []
-        self._start(new, found, qmp, params)
-        self._sync_layers(found, wanted, qmp, params, qemu_alive=qemu_alive())
+            found = None
+        self._start(new, found or [], qmp, params)
+        if found is not None:  # the chains are unknown: the layers stay as they are until the next sync
+            self._sync_layers(found, wanted, qmp, params, qemu_alive=qemu_alive())
 
     def _start(self, choices: list[DiskChoice], found: list[ImageDisk], monitor: Monitor,
                params: ModelParams) -> None:
