@@ -10,8 +10,10 @@ top pinned as a layer. "Guest" reads and writes are HMP ``qemu-io``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,14 @@ def test_overlay_base_is_scanned_and_pinned_as_a_layer_while_writes_are_tracked_
     layer = read_until_pinned(env, name, dom, base)
     assert layer["layer_of"] == "vdb" and layer["dirty_granule_bytes"] is None, layer
     assert locked(env, name, base)
+    shown = subprocess.run([sys.executable, "-m", "vmcache", "status", name, "--json", "--host-config",
+                            str(env.config)], capture_output=True, text=True, check=True).stdout
+    [row] = json.loads(shown)
+    assert [(d["source"], d["layer_of"]) for d in row["disks"] if d["target"] == "vdb"] == [
+        (str(top), None), (str(base), "vdb")], row
+    table = subprocess.run([sys.executable, "-m", "vmcache", "status", name, "--host-config", str(env.config)],
+                           capture_output=True, text=True, check=True).stdout
+    assert f"(layer: {base})" in table, table
     url = env.status(name)["metrics_url"]
     assert scrape(url, "vmcache_pinned_bytes", {"target_device": "vdb", "source_file": str(base)}) >= 4 * MiB
 
