@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmcache.host.layerlock import LayerLock, holder, lock_key
+from vmcache.host.layerlock import LayerLock, holder, lock_key, sweep
 from vmcache.observe.status import DiskStatus
 from vmcache.service.layers import Layers, Wanted
 from vmcache.settings.metadata import DiskInfo
@@ -81,7 +81,20 @@ def test_the_kernel_releases_a_killed_holders_lock(tmp_path: Path) -> None:
     lock = LayerLock.take(str(tmp_path), "k", "dom-b")
     assert lock is not None  # the dead holder's file is reused, its name replaced
     assert holder(str(tmp_path), "k") == "dom-b"
+    assert sweep(str(tmp_path)) == 0  # held: kept
     lock.release()
+
+
+def test_sweep_removes_the_files_of_killed_holders_only(tmp_path: Path) -> None:
+    code = ("import sys; from vmcache.host.layerlock import LayerLock; "
+            "assert LayerLock.take(sys.argv[1], 'dead', 'dom-a'); import os; os._exit(0)")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)
+    held = LayerLock.take(str(tmp_path), "live", "dom-b")
+    assert held is not None and sorted(p.name for p in tmp_path.iterdir()) == ["dead.lock", "live.lock"]
+    assert sweep(str(tmp_path)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["live.lock"] and holder(str(tmp_path), "live") == "dom-b"
+    held.release()
+    assert sweep(str(tmp_path / "absent")) == 0
 
 
 def test_a_shared_base_is_managed_by_one_agent_and_taken_over_when_it_goes(tmp_path: Path) -> None:

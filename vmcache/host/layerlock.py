@@ -21,7 +21,7 @@ import os
 
 from ..errors import PageCacheError
 
-__all__ = ["LayerLock", "lock_key", "holder"]
+__all__ = ["LayerLock", "lock_key", "holder", "sweep"]
 
 
 def lock_key(path: str) -> str:
@@ -40,6 +40,28 @@ def holder(directory: str, key: str) -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
+
+
+def sweep(directory: str) -> int:
+    """Remove the lock files nobody holds (left by a holder killed before it could); how many.
+
+    Safe beside agents taking locks: a file is removed only while locked here,
+    and a taker that locked it meanwhile sees another inode at the path.
+    """
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".lock")]
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        try:
+            lock = LayerLock.take(directory, name.removesuffix(".lock"), "")
+        except OSError:
+            continue
+        if lock is not None:
+            lock.release()
+            removed += 1
+    return removed
 
 
 class LayerLock:

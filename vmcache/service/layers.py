@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from ..errors import VmcacheError
-from ..host.layerlock import LayerLock, holder, lock_key
+from ..host.layerlock import LayerLock, holder, lock_key, sweep
 from ..logfmt import event
 from ..observe.status import DiskStatus
 from ..settings.policy import DiskChoice
@@ -174,3 +174,6 @@ class Layers:
             worker.close(qemu_alive=qemu_alive)
         self._parked.clear()
         self._waiting.clear()
+        swept = sweep(self._dir)  # files of holders killed before they could remove theirs
+        if swept:
+            self._log.info(event("layer.locks_swept", count=swept))
