@@ -101,6 +101,17 @@ def test_overlay_base_is_scanned_and_pinned_as_a_layer_while_writes_are_tracked_
     assert entry(env, name, top)["layer_of"] is None
     assert len(leftovers(dom)["bitmaps"]) == 2  # vda's and vdb's top: none on the read-only base
 
+    # A block pull copies the base's data into the overlay: the base leaves the chain, its pins go.
+    dom.blockPull("vdb", 0, 0)
+    wait_for(lambda: not dom.blockJobInfo("vdb", 0), "the pull to finish", timeout=60)
+    try:
+        wait_for(lambda: entry(env, name, base) is None and not locked(env, name, base), "the base to be dropped")
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {env.status(name)}\n{env.agent_log(name)[-3000:]}") from None
+    assert "layer.dropped" in env.agent_log(name)  # on the block-job event, or the per-cycle chain check
+    assert not list((env.run / "layers").glob("*")), "the pulled base's lock was left behind"
+    assert entry(env, name, top)["pinned_bytes"] > 0 and len(leftovers(dom)["bitmaps"]) == 2
+
     dom.destroy()
     wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
     assert not list((env.run / "layers").glob("*")), "a layer lock was left behind"
