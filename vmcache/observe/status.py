@@ -89,6 +89,7 @@ class DiskStatus:
     warm_restored_bytes: int = 0   # of the saved hot set this disk started from, pinned so far
     warm_total_bytes: int = 0      # bytes of that saved set (0: the disk started cold)
     image_deleted: bool = False    # no path names the image file any more
+    layer_of: str | None = None    # a read-only backing layer of this target's top image (None: the top)
 
     def update(self, stats: CycleStats, *, elapsed: float, wall_time: float) -> None:
         """Take the figures of one engine cycle; ``elapsed`` seconds since the previous one."""

@@ -101,6 +101,10 @@ class DiskEngine:
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
 
+    def track(self, writes: WriteSource | None) -> None:
+        """Read the guest's writes from ``writes`` from the next cycle on (None: the file is read-only now)."""
+        self._writes = writes
+
     @property
     def warm(self) -> WarmStart | None:
         """A saved hot set being restored (set before the first cycle), None without one."""
