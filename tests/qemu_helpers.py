@@ -47,6 +47,8 @@ QEMU_IMG = shutil.which("qemu-img") or "/usr/bin/qemu-img"
 STORAGE_NODE = "disk0-storage"
 FORMAT_NODE = "disk0-format"
 DEVICE_ID = "disk0"
+BASE_STORAGE_NODE = "base0-storage"
+BASE_FORMAT_NODE = "base0-format"
 QDEV = f"/machine/peripheral/{DEVICE_ID}/virtio-backend"
 
 
@@ -172,10 +174,19 @@ class QemuVM(_Process):
 
     kind = "vm"
 
-    def __init__(self, workdir: Path, image_path: Path, fmt: str) -> None:
+    def __init__(self, workdir: Path, image_path: Path, fmt: str, *, backing: Path | None = None) -> None:
+        """``backing``: a raw image under a qcow2 ``image_path``, opened read-only as its own node pair
+        (the way libvirt's -blockdev opens a backing chain)."""
         super().__init__(workdir)
         self.image = image_path
         self.fmt = fmt
+        chain = [] if backing is None else [
+            "-blockdev",
+            f"driver=file,node-name={BASE_STORAGE_NODE},filename={backing},cache.direct=off,cache.no-flush=off,"
+            "read-only=on",
+            "-blockdev", f"driver=raw,node-name={BASE_FORMAT_NODE},file={BASE_STORAGE_NODE},read-only=on",
+        ]
+        top_backing = f",backing={BASE_FORMAT_NODE}" if backing is not None else ""
         self._spawn(
             [
                 QEMU,
@@ -187,10 +198,11 @@ class QemuVM(_Process):
                 "pc,accel=tcg",
                 "-m",
                 "32",
+                *chain,
                 "-blockdev",
                 f"driver=file,node-name={STORAGE_NODE},filename={image_path},cache.direct=off,cache.no-flush=off",
                 "-blockdev",
-                f"driver={fmt},node-name={FORMAT_NODE},file={STORAGE_NODE},cache.direct=off",
+                f"driver={fmt},node-name={FORMAT_NODE},file={STORAGE_NODE},cache.direct=off{top_backing}",
                 "-device",
                 f"virtio-blk-pci,drive={FORMAT_NODE},id={DEVICE_ID},write-cache=off",
                 "-qmp",

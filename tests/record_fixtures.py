@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fakeqmp import FIXTURES, Normaliser
-from tests.qemu_helpers import FORMAT_NODE, STORAGE_NODE, QemuVM, StorageDaemon, image
+from tests.qemu_helpers import FORMAT_NODE, QEMU_IMG, STORAGE_NODE, QemuVM, StorageDaemon, image
 from vmcache.errors import BitmapReadError, QMPCommandError
 from vmcache.host.blockdev import discover_disks
 from vmcache.host.nbdreader import read_dirty_extents
@@ -176,6 +177,8 @@ def qsd_writes(proc: StorageDaemon, rec: Recorder, workdir: Path) -> str | None:
 SCENARIOS: dict[str, tuple[str, str, str, Callable[..., str | None]]] = {
     "discovery-vm-raw": ("discover_disks on a paused VM, raw writethrough disk", "vm", "raw", discovery),
     "discovery-vm-qcow2": ("discover_disks on a paused VM, qcow2 writethrough disk", "vm", "qcow2", discovery),
+    "discovery-vm-chain": ("discover_disks on a paused VM, qcow2 writethrough overlay over a read-only raw base",
+                           "vm", "chain", discovery),
     "tracker-cycles-raw": (tracker_cycles.__doc__ or "", "vm", "raw", tracker_cycles),
     "tracker-cycles-qcow2": (tracker_cycles.__doc__ or "", "vm", "qcow2", tracker_cycles),
     "tracker-deferred": (tracker_deferred.__doc__ or "", "vm", "raw", tracker_deferred),
@@ -191,9 +194,11 @@ def record(name: str) -> dict[str, Any]:
     description, kind, fmt, body = SCENARIOS[name]
     with tempfile.TemporaryDirectory(prefix="vmcache-rec-") as tmp:
         workdir = Path(tmp)
-        img = image(workdir / f"disk.{fmt}", fmt)
-        cls = QemuVM if kind == "vm" else StorageDaemon
-        with cls(workdir, img, fmt) as proc:
+        base = image(workdir / "base.raw", "raw") if fmt == "chain" else None
+        img = _image(workdir, fmt, base)
+        proc_ = QemuVM(workdir, img, "qcow2", backing=base) if base else (
+            QemuVM if kind == "vm" else StorageDaemon)(workdir, img, fmt)
+        with proc_ as proc:
             assert proc.driver._client.greeting is not None
             greeting = proc.driver._client.greeting._asdict()
             version = proc.driver("query-version")
@@ -217,6 +222,15 @@ def record(name: str) -> dict[str, Any]:
             "greeting": greeting,
             "exchanges": norm.normalise(rec.steps),
         }
+
+
+def _image(workdir: Path, fmt: str, base: Path | None) -> Path:
+    """The scenario's image: ``fmt`` itself, or a qcow2 overlay over ``base`` for a chain."""
+    if base is None:
+        return image(workdir / f"disk.{fmt}", fmt)
+    path = workdir / "disk.qcow2"
+    subprocess.run([QEMU_IMG, "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "raw", str(path)], check=True)
+    return path
 
 
 _RAW_TMP = re.compile(r"/tmp/vmcache-rec-|/tmp/tmp")

@@ -35,7 +35,7 @@ from vmcache.host.files import file_stem
 
 __all__ = [
     "GiB", "HOOK_LOCK", "HOOK_PATHS", "MiB", "REPO", "URI", "LiveEnv", "QMPError", "cache_metadata", "connect",
-    "create_disk", "destroy_domains", "domain_xml", "guest_write", "installed_hook", "is_our_hook", "leftovers",
+    "create_disk", "destroy_domains", "domain_xml", "guest_read", "guest_write", "installed_hook", "is_our_hook", "leftovers",
     "libvirtd_pid", "nbd_dir", "open_conn", "qemu_pid", "qmp", "read_status", "restart_libvirtd", "scrape",
     "start_paused", "stop_agents", "wait_for",
 ]
@@ -191,6 +191,14 @@ def guest_write(dom: Any, offset: int, length: int, dev: str = "ua-vda", pattern
         dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "write -P {pattern:#x} {offset} {length}"',
         libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
     assert "wrote" in out or not out.strip(), out  # HMP qemu-io prints nothing on success here
+
+
+def guest_read(dom: Any, offset: int, length: int, dev: str = "ua-vda") -> None:
+    """Read ``length`` bytes at ``offset`` through virtio device ``dev`` as the guest would (HMP qemu-io)."""
+    out = libvirt_qemu.qemuMonitorCommand(
+        dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "read {offset} {length}"',
+        libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
+    assert "read" in out or not out.strip(), out
 
 
 def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:

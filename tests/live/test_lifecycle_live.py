@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -311,13 +312,18 @@ def test_a_burst_of_heatmap_requests_resets_none_and_metrics_keep_answering(env:
 # -- a deleted image --------------------------------------------------------------------------------
 
 
-def test_a_deleted_image_is_reported_and_its_pins_released_once_qemu_no_longer_writes_it(env: Env, cleanup) -> None:
-    name = "vmcache-test-life-deleted"
+def _pinned_image(env: Env, cleanup: list[str], name: str) -> tuple[Any, Path]:
+    """A running domain ``name`` whose agent pins 4 MiB its guest wrote, and the image's path."""
     dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
-    image = env.tmp / f"{file_stem(name)}.raw"
     running(env, name)
     guest_write(dom, 0, 4 * MiB)
     wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
+    return dom, env.tmp / f"{file_stem(name)}.raw"
+
+
+def test_a_deleted_image_is_reported_and_its_pins_released_once_qemu_no_longer_writes_it(env: Env, cleanup) -> None:
+    name = "vmcache-test-life-deleted"
+    _, image = _pinned_image(env, cleanup, name)
     image.unlink()
     try:
         wait_for(lambda: (d := _disk(env, name)) and d.get("image_deleted") and d["pinned_bytes"] == 0,
@@ -328,3 +334,30 @@ def test_a_deleted_image_is_reported_and_its_pins_released_once_qemu_no_longer_w
     assert "disk.image_deleted" in env.agent_log(name)
     maps = Path(f"/proc/{env.agent_pid(name)}/maps").read_text()
     assert str(image) not in maps  # nothing of the deleted file stays locked
+
+
+def test_a_deleted_image_stays_pinned_while_qemu_still_writes_it(env: Env, cleanup) -> None:
+    """An image unlinked under a running guest is QEMU's only copy while it writes: its pins stay, reported."""
+    name = "vmcache-test-life-deleted-writing"
+    dom, image = _pinned_image(env, cleanup, name)
+    stop = threading.Event()
+
+    def keep_writing() -> None:  # several writes in every 1 s cycle
+        while not stop.wait(0.2):
+            guest_write(dom, 0, 64 * 1024, pattern=0xCD)
+
+    writer = threading.Thread(target=keep_writing, daemon=True)
+    writer.start()
+    try:
+        image.unlink()
+        wait_for(lambda: (d := _disk(env, name)) and d.get("image_deleted"), "the deletion to be reported")
+        seen = _disk(env, name)["cycles"]
+        while (d := _disk(env, name))["cycles"] < seen + 4:
+            assert d["image_deleted"] and d["pinned_bytes"] >= 4 * MiB, (d, env.agent_log(name)[-2000:])
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        writer.join(timeout=10)
+    wait_for(lambda: (d := _disk(env, name)) and d["pinned_bytes"] == 0,
+             "the pins to go once QEMU stopped writing the deleted image")
+    assert _disk(env, name)["image_deleted"]

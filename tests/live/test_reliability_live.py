@@ -228,12 +228,14 @@ def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_r
     if mem_available() < floor + 256 * MiB:
         pytest.skip("host memory moved too much under the test to squeeze it precisely")
     with memory_eater(eat, eat + 256 * MiB):
-        squeezed = time.monotonic()
+        squeezed = env.status(name)["disks"][0]["cycles"]
         assert mem_available() < floor
         guest_write(dom, 0, 16 * MiB)  # the guest keeps the regions hot
-        wait_for(lambda: env.pinned(name) == 0, "pins to be released under pressure", timeout=3 * INTERVAL + 1)
-        took = time.monotonic() - squeezed
-        assert took <= 2 * INTERVAL + 1.0, f"released after {took:.1f}s"
+        wait_for(lambda: env.pinned(name) == 0, "pins to be released under pressure", timeout=10 * INTERVAL + 10)
+        # Counted in the agent's cycles, not seconds (a loaded host stretches seconds): the cycle
+        # running at the squeeze may have read MemAvailable before it, the next two must release.
+        took = env.status(name)["disks"][0]["cycles"] - squeezed
+        assert took <= 3, f"released after {took} cycles"
         assert env.status(name)["state"] == "backing-off"
         removals = _pressure_removals(env.agent_log(name))
         assert removals, env.agent_log(name)[-3000:]

@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 import sys
+import time
+from dataclasses import replace
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,10 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
+from vmcache.host.pagecache import scan_residency  # noqa: E402
 from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
-from vmcache.settings.hotset import HOTSET_NAMESPACE, MAX_TEXT, DiskHotSet  # noqa: E402
+from vmcache.model.region import Region  # noqa: E402
+from vmcache.settings.hotset import HOTSET_NAMESPACE, MAX_TEXT, DiskHotSet, HotSet  # noqa: E402
 
 from tests.live.livelib import (  # noqa: E402
     MiB,
@@ -46,7 +50,7 @@ def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
     config = live_tmp / "vmcache.yaml"
     config.write_text(
         f"runtime_dir: {live_tmp}/run\nlog_dir: {live_tmp}/log\ninterval: 1s\nmin_free: 256M\n"
-        "hotset_interval: 2s\n"
+        "hotset_interval: 2s\nprefetch_rate: 2M\nwarm_rate: 2M\n"  # 2 MiB a cycle: a set > 2 MiB takes steps
         f"agent_command: [{sys.executable}, -m, vmcache, agent]\n"
         "model:\n  block_size: 1M\n"
     )
@@ -172,6 +176,60 @@ def test_the_next_agent_pins_the_saved_regions_before_the_guest_reads_them(
     dom.destroy()
     agent_gone(env, name)
     dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
+
+
+def union_bytes(ranges: list[tuple[int, int]]) -> int:
+    """Bytes of the image the ``ranges`` map, each counted once (a reshape maps the old and the new pin)."""
+    total, end = 0, 0
+    for start, length in sorted(ranges):
+        total += max(0, start + length - max(start, end))
+        end = max(end, start + length)
+    return total
+
+
+START = 48 * MiB
+
+
+def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEnv) -> None:
+    """14 MiB saved, 2 MiB a cycle (prefetch_rate = warm_rate = 2M, 1 s cycles): the new agent locks it
+    in steps from its first cycle, one pin grown from the start, the status shows it partly restored."""
+    name = PREFIX + "chunked"
+    dom, image, record = first_run(env, name)
+    dom.destroy()
+    agent_gone(env, name)
+    # away from what the first run pinned (8-12 and 40-42 MiB and their margins), so none of it is cached
+    # (a chunk pays for uncached bytes only); mean heat 1.0 a block: well above the threshold
+    big = replace(record, regions=(Region(START, 14 * MiB, 14.0),))
+    VirtDomain(env.conn, name).set_hotset(HotSet(int(time.time()), (big,)), Affect.CONFIG)
+    drop(image)
+    cached = scan_residency(image, MiB).blocks.index
+    assert not ((cached >= START // MiB) & (cached < START // MiB + 14)).any(), "the region should not be cached"
+    before = len(env.agent_log(name))  # the first agent's lines
+    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
+    held: list[int] = []
+
+    def restored() -> bool:
+        ranges = mapped(pid, image)
+        held.append(union_bytes(ranges))
+        return covered(ranges, START, 14 * MiB)
+
+    wait_for(restored, "the saved region to be locked whole", timeout=60, step=0.05)
+    assert max(held) <= BUDGET, held  # pages locked at any moment, each counted once
+    log = env.agent_log(name)[before:]
+    grown = [int(m) for m in re.findall(rf"pin\.add start={START} length=(\d+)", log)]
+    assert len(grown) >= 7 and grown == sorted(grown) and grown[-1] == 14 * MiB, grown
+    steps = [b - a for a, b in zip([0, *grown], grown)]
+    assert max(steps) <= 2 * MiB, steps  # never more than one cycle's tokens at once
+    partial = [int(m) for m in re.findall(r"warm\.progress image=\S+ restored=(\d+) total=14680064", log)]
+    assert partial and 0 < partial[0] <= 2 * MiB and partial == sorted(partial), partial
+    assert re.search(r"warm\.done image=\S+ restored=14680064 ", log), log[-2000:]
+    status = wait_for(lambda: (s := env.status(name)) and s["disks"][0]["warm_restored_bytes"] == 14 * MiB and s,
+                      "the status to show the set restored")
+    assert status["disks"][0]["pinned_bytes"] <= BUDGET and vmlck(pid) <= BUDGET
+    dom.destroy()
+    agent_gone(env, name)
+    dom.undefine()
 
 
 def test_a_smaller_budget_restores_the_highest_priority_regions_only(env: LiveEnv) -> None:

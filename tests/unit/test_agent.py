@@ -174,7 +174,7 @@ def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: lis
     link = FakeLink(info, events, holder)
     workers: dict[str, FakeWorker] = {}
 
-    def make(choice: Any, node: Any, monitor: Any, params: Any) -> FakeWorker:
+    def make(choice: Any, node: Any, monitor: Any, params: Any, layer_of: Any = None) -> FakeWorker:
         worker = FakeWorker(choice.disk.target, choice.disk.source, choice.budget, monitor,
                             fail=choice.disk.target in failing)
         workers[worker.target] = worker

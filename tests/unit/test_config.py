@@ -375,6 +375,16 @@ def test_prefetch_rate_is_a_size_or_unlimited() -> None:
     assert str(err.value).startswith("prefetch_rate: 'fast'")
 
 
+def test_warm_rate_is_a_size_above_zero() -> None:
+    assert parse_host_config("").warm_rate == 32 << 20
+    assert parse_host_config("warm_rate: 64M").warm_rate == 64 << 20
+    for bad, why in (("0", "must be more than 0"), ("unlimited", "never unlimited"), ("fast", "size"),
+                     ("-1M", "not a size"), ("-1", "negative")):
+        with pytest.raises(ConfigError) as err:
+            parse_host_config(f"warm_rate: {bad}")
+        assert str(err.value).startswith("warm_rate: ") and why in str(err.value), str(err.value)
+
+
 def test_settings_package_does_no_io() -> None:
     """settings/ parses what operators say; reading files and caching are vmcache.host.configfile's."""
     import ast

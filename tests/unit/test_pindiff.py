@@ -50,3 +50,10 @@ def test_budget_keeps_the_highest_priority_and_releases_the_rest() -> None:
 def test_pressure_gives_back_the_lowest_priority_first() -> None:
     order = pindiff.pressure_order([Region(0, MB, 2.0), Region(MB, MB, 1.0), Region(2 * MB, MB, 1.0)])
     assert order == [(2 * MB, MB), (MB, MB), (0, MB)]
+
+
+def test_uncovered_is_what_a_grown_region_must_still_read() -> None:
+    assert pindiff.uncovered(Region(0, 100), [(0, 40)]) == [(40, 60)]  # a chunk grown from its start
+    assert pindiff.uncovered(Region(0, 100), []) == [(0, 100)]
+    assert pindiff.uncovered(Region(10, 100), [(50, 10), (0, 20), (100, 50)]) == [(20, 30), (60, 40)]
+    assert pindiff.uncovered(Region(10, 20), [(0, 100)]) == []

@@ -13,7 +13,7 @@ import pytest
 from tests.fakeqmp import FIXTURES, FakeQMP, Normaliser, load_fixture
 from tests.record_fixtures import validate
 from vmcache.errors import CommandNotAllowedError, DiskNotFoundError, MonitorConnectionError, QMPCommandError
-from vmcache.host.blockdev import discover_disks, find_disk, parse_disks
+from vmcache.host.blockdev import backing_files, chain_layers, discover_disks, find_disk, parse_disks
 from vmcache.host.qmp import ALLOWED_COMMANDS, TEST_COMMANDS, LibvirtMonitor, SocketMonitor, check_command, hmp
 
 
@@ -151,6 +151,38 @@ def test_discovery_from_recorded_vm(replay, tmp_path: Path, name: str, fmt: str,
     assert find_disk(disks, node="disk0-format") is disk
     with pytest.raises(DiskNotFoundError, match="disk0-storage="):
         find_disk(disks, node="libvirt-9-storage")
+
+
+def test_discovery_of_a_backing_chain_from_recorded_vm(replay, tmp_path: Path) -> None:
+    fake, monitor = replay("discovery-vm-chain")
+    with monitor:
+        disks = discover_disks(monitor)
+    top = find_disk(disks, node="disk0-format")
+    base = find_disk(disks, node="base0-format")
+    assert top.filename == str(tmp_path / "disk.qcow2") and top.format == "qcow2"
+    assert top.backing == (str(tmp_path / "base.raw"),) and top.device_id == "disk0"
+    assert base.storage_node == "base0-storage" and base.format == "raw" and base.qdev is None
+    assert base.backing == () and base.eligible
+    assert chain_layers(disks, top) == [base]
+    assert chain_layers(disks, base) == []
+
+
+def test_backing_files_stop_at_a_json_filename_and_chains_shrink_with_a_pull() -> None:
+    fixture = load_fixture("discovery-vm-chain")
+    block = fixture["exchanges"][1]["reply"]["return"]
+    inserted = block[0]["inserted"]
+    assert backing_files(inserted) == ("@WORKDIR@/base.raw",)
+    inserted["image"]["backing-image"]["backing-image"] = {"filename": "json:{\"driver\": \"nbd\"}"}
+    assert backing_files(inserted) == ("@WORKDIR@/base.raw",)
+    del inserted["image"]["backing-image"]
+    assert backing_files(inserted) == ()
+    nodes = fixture["exchanges"][0]["reply"]["return"]
+    for node in nodes:
+        if node["node-name"] == "base0-storage":
+            node["cache"]["direct"] = True
+    disks = parse_disks(nodes, load_fixture("discovery-vm-chain")["exchanges"][1]["reply"]["return"])
+    top = find_disk(disks, node="disk0-format")
+    assert [d.eligible for d in chain_layers(disks, top)] == [False]  # O_DIRECT base: the caller skips it
 
 
 def test_discovery_direct_io_disks_are_not_eligible() -> None:

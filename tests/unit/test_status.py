@@ -75,6 +75,9 @@ def test_disk_update_from_cycle_stats():
     assert (disk.budget_bytes, disk.pinned_bytes, disk.resident_bytes) == (1 << 29, 1 << 20, 1 << 21)
     assert disk.dirtied_bytes_per_second == 1 << 20
     assert (disk.last_cycle_seconds, disk.last_cycle_at, disk.error) == (0.02, 1000.0, "BitmapReadError: x")
+    assert disk.cycles == 1
+    disk.update(stats, elapsed=10.0, wall_time=1010.0)
+    assert disk.cycles == 2
 
 
 def test_read_statuses_marks_dead_agents_and_bad_files(tmp_path):
@@ -113,3 +116,19 @@ def test_an_older_agents_write_rate_is_read_as_dirtied():
     data = {"version": 1, "domain": "d", "pid": 1, "disks": [
         {"target": "vda", "source": "/i", "cache": "writethrough", "eligible": True, "write_bytes_per_second": 64.0}]}
     assert AgentStatus.from_json(data).disks[0].dirtied_bytes_per_second == 64.0
+
+
+def test_layers_are_named_in_the_human_table_and_round_trip():
+    from vmcache.commands.status import render
+
+    status = AgentStatus(domain="d", pid=1, disks=[
+        DiskStatus(target="vdb", source="/top.qcow2", cache="writethrough", eligible=True, pinned_bytes=1 << 20),
+        DiskStatus(target="vdb", source="/base.raw", cache="writethrough", eligible=True, pinned_bytes=4 << 20,
+                   layer_of="vdb"),
+        DiskStatus(target="vdc", source="/gold.raw", cache="writethrough", eligible=False,
+                   reason="managed by domain web-2", layer_of="vdc")])
+    assert AgentStatus.from_json(status.to_json()).disks[1].layer_of == "vdb"
+    text = render([{**status.to_json(), "running": True}], now=0.0)
+    lines = text.splitlines()
+    assert lines[-3].endswith("(/top.qcow2)") and lines[-2].endswith("(layer: /base.raw)")
+    assert lines[-1].endswith("skipped: managed by domain web-2  (layer: /gold.raw)")

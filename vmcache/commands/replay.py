@@ -31,6 +31,11 @@ DEFAULT_FRACTIONS = (64, 32, 16, 8, 4)
 GENERATE_KINDS = ("zoned", "zipf", "moving", "stream")
 
 
+def _rate(text: str) -> int | None:
+    """``--prefetch-rate``: a size, or ``unlimited`` (None)."""
+    return None if text == "unlimited" else size_arg(text)
+
+
 def _budgets(text: str) -> list[int]:
     try:
         return [parse_size(part.strip(), key="--budget", allow_zero=False) for part in text.split(",") if part.strip()]
@@ -45,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rounded up to a power of 2, / 64, 32, 16, 8, 4)")
     parser.add_argument("--block-size", type=size_arg, default=DEFAULT_BLOCK,
                         help="cache and model granularity, a multiple of 4096 (default 64KiB)")
+    parser.add_argument("--cache-unit", type=size_arg, default=None, metavar="SIZE",
+                        help="what the simulated caches hold, a divisor of --block-size (default: the block); "
+                             "4KiB shows the model each block's resident share, as on a host")
     parser.add_argument("--interval", type=duration_arg, default=None,
                         help="vmcache re-plans every INTERVAL of trace time (default: the model's, 10s)")
     parser.add_argument("--pin-share", type=float, default=DEFAULT_PIN_SHARE,
@@ -57,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also show the hit ratio over the first DURATION of the trace (e.g. 60s)")
     parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
                         help="a model parameter, e.g. --model keep_factor=1.5 (see docs/configuration.md)")
+    parser.add_argument("--prefetch-rate", type=_rate, default=None, metavar="SIZE",
+                        help="bytes per trace second vmcache may load into regions it starts pinning, as the "
+                             "agent's prefetch_rate (default: unlimited, loads are free)")
+    parser.add_argument("--warm-rate", type=size_arg, default=None, metavar="SIZE",
+                        help="the rate while a warm start restores its saved set, as the agent's warm_rate "
+                             "(the higher of the two applies; default: --prefetch-rate)")
     parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of hit ratio against memory")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
@@ -202,6 +216,13 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
     return 0
 
 
+def _rates(prefetch: int | None, warm: int | None) -> str:
+    """The prefetch limit as the table's header line says it (nothing when there is none)."""
+    if prefetch is None:
+        return ""
+    return f", prefetch {format_size(prefetch)}/s" + (f", warm {format_size(warm)}/s" if warm else "")
+
+
 def _write_plot(path: str, png: bytes) -> None:
     try:
         with open(path, "wb") as out:
@@ -222,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 < args.pin_share <= 1.0:
         raise ConfigError("--pin-share", args.pin_share, "must be in (0, 1]")
     params = _model_params(args.model, args.block_size, args.interval)
+    unit = args.block_size if args.cache_unit is None else args.cache_unit
+    if unit < 1 or args.block_size % unit:
+        raise ConfigError("--cache-unit", args.cache_unit, f"must divide --block-size ({args.block_size})")
 
     from ..replay import report, sim  # numpy only once the arguments are good
 
@@ -237,14 +261,17 @@ def run(args: argparse.Namespace) -> int:
                           for f in DEFAULT_FRACTIONS})
     policies = tuple(dict.fromkeys(args.policy)) if args.policy else sim.POLICIES
     results = sim.replay(trace, budgets, block_size=args.block_size, params=params, pin_share=args.pin_share,
-                         size_bytes=size, policies=policies, head=args.head)
+                         size_bytes=size, policies=policies, head=args.head, prefetch_rate=args.prefetch_rate,
+                         warm_rate=args.warm_rate, cache_unit=unit)
     if args.json:
         print(json.dumps(report.rows_json(results), indent=1))
     else:
+        paged = unit != args.block_size
         print(f"{os.path.basename(args.trace)}: {len(trace)} requests, {trace.duration:.0f}s, image "
               f"{format_size(size)}, blocks {format_size(args.block_size)}, interval {params.interval:g}s, "
-              f"pin share {args.pin_share:g}")
-        print("hit ratio (block accesses, reads and writes):")
+              f"pin share {args.pin_share:g}" + _rates(args.prefetch_rate, args.warm_rate)
+              + (f", cache unit {format_size(unit)}" if paged else ""))
+        print(f"hit ratio ({'unit' if paged else 'block'} accesses, reads and writes):")
         print(report.table(results))
         if args.head is not None:
             print(f"hit ratio over the first {args.head:g}s:")

@@ -106,7 +106,8 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
             lines.append(f"  host cap: {row['share_error']}")
         for disk in row.get("disks", []):
             if not disk.get("eligible"):
-                lines.append(f"  {disk['target']:6s} cache={disk['cache']:12s} skipped: {disk.get('reason')}")
+                lines.append(f"  {disk['target']:6s} cache={disk['cache']:12s} skipped: {disk.get('reason')}"
+                             + (f"  (layer: {disk['source']})" if disk.get("layer_of") else ""))
                 continue
             cycle = disk.get("last_cycle_seconds")
             granule = disk.get("dirty_granule_bytes")
@@ -120,7 +121,7 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
                 + (f" warm {_size(disk.get('warm_restored_bytes'))}/{_size(disk.get('warm_total_bytes'))}"
                    if disk.get("warm_total_bytes") else "")
                 + (f" error: {disk['error']}" if disk.get("error") else "")
-                + (f"  ({disk['source']})" if disk.get("source") else ""))
+                + (f"  ({'layer: ' if disk.get('layer_of') else ''}{disk['source']})" if disk.get("source") else ""))
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from ..errors import DiskNotFoundError, QMPCommandError
 from .qmp import Monitor
 
 __all__ = ["PROTOCOL_DRIVERS", "BitmapInfo", "ImageDisk", "parse_disks", "discover_disks", "device_images",
-           "find_disk", "node_size"]
+           "device_chains", "backing_files", "chain_layers", "find_disk", "node_size"]
 
 #: Drivers of storage (protocol) nodes that name a host file or device.
 PROTOCOL_DRIVERS: Final = frozenset({"file", "host_device", "host_cdrom"})
@@ -71,6 +71,7 @@ class ImageDisk:
     format: str | None = None
     qdev: str | None = None
     bitmaps: tuple[BitmapInfo, ...] = field(default_factory=tuple)
+    backing: tuple[str, ...] = ()  # a device's top image only: the files of its backing chain, nearest first
 
     @property
     def eligible(self) -> bool:
@@ -102,11 +103,12 @@ def parse_disks(nodes: Sequence[Mapping[str, Any]], block: Sequence[Mapping[str,
         if node.get("drv") not in PROTOCOL_DRIVERS and node.get("file"):
             formats.setdefault(str(node["file"]), node)
             by_name[str(node.get("node-name"))] = node
-    qdev_of = {}
+    qdev_of, chain_of = {}, {}
     for dev in block:
         inserted = dev.get("inserted") or {}
         if inserted.get("node-name") and dev.get("qdev"):
             qdev_of[str(inserted["node-name"])] = str(dev["qdev"])
+            chain_of[str(inserted["node-name"])] = backing_files(inserted)
     disks = []
     for node in nodes:
         if node.get("drv") not in PROTOCOL_DRIVERS:
@@ -131,9 +133,41 @@ def parse_disks(nodes: Sequence[Mapping[str, Any]], block: Sequence[Mapping[str,
                 format=str(fmt["drv"]) if fmt else None,
                 qdev=qdev_of.get(fmt_name or "") or qdev_of.get(str(node["node-name"])),
                 bitmaps=tuple(BitmapInfo.from_qmp(b) for b in node.get("dirty-bitmaps") or ()),
+                backing=chain_of.get(fmt_name or "") or chain_of.get(str(node["node-name"]), ()),
             )
         )
     return disks
+
+
+def backing_files(inserted: Mapping[str, Any]) -> tuple[str, ...]:
+    """The files under a device's top image (``query-block``'s ``inserted``), nearest first.
+
+    QEMU nests them as ``image.backing-image.backing-image...``; the
+    ``filename`` of each is the file QEMU opened. A layer QEMU names by a
+    ``json:`` description (no plain file under it) ends the chain.
+    """
+    files: list[str] = []
+    image = (inserted.get("image") or {}).get("backing-image")
+    while image:
+        filename = str(image.get("filename", ""))
+        if not filename or filename.startswith("json:"):
+            break
+        files.append(filename)
+        image = image.get("backing-image")
+    return tuple(files)
+
+
+def chain_layers(disks: Sequence[ImageDisk], top: ImageDisk) -> list[ImageDisk]:
+    """The backing layers of ``top`` as storage nodes (a file QEMU opened), nearest first.
+
+    A file of the chain without a storage node of its own (a layer over a
+    protocol vmcache does not read) is left out.
+    """
+    by_file: dict[str, ImageDisk] = {}
+    for disk in disks:
+        if disk.storage_node != top.storage_node:
+            by_file.setdefault(os.path.realpath(disk.filename), disk)
+    return [by_file[path] for path in map(os.path.realpath, top.backing) if path in by_file]
 
 
 def discover_disks(monitor: Monitor) -> list[ImageDisk]:
@@ -144,6 +178,19 @@ def discover_disks(monitor: Monitor) -> list[ImageDisk]:
     except QMPCommandError:  # a daemon without devices may not know it
         block = []
     return parse_disks(nodes, block)
+
+
+def device_chains(monitor: Monitor) -> dict[str, tuple[str, ...]]:
+    """Each guest device's top image and the files of its backing chain, as real paths. Raises MonitorError.
+
+    One ``query-block``; a block pull or commit changes a chain under an unchanged top.
+    """
+    chains = {}
+    for dev in monitor.execute("query-block") or ():
+        inserted = dev.get("inserted") or {}
+        if inserted.get("file"):
+            chains[os.path.realpath(str(inserted["file"]))] = tuple(map(os.path.realpath, backing_files(inserted)))
+    return chains
 
 
 def device_images(monitor: Monitor) -> set[str]:

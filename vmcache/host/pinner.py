@@ -222,7 +222,8 @@ class Pinner:
 
     # -- changes ---------------------------------------------------------
 
-    def _pin(self, region: Region) -> PinFailure | None:
+    def _pin(self, region: Region, held: Sequence[Span] = ()) -> PinFailure | None:
+        """mmap, load and mlock ``region``; ``held``: pins still locked inside it (not read again)."""
         assert self._fd is not None
         op = "mmap"
         try:
@@ -233,7 +234,8 @@ class Pinner:
                 # would load pages beside the region, which the next scan
                 # would take for guest reads (pinning feeding itself).
                 _libc.madvise(ctypes.c_void_p(addr), region.length, _MADV_RANDOM)
-                _load(self._fd, region.start, region.length)
+                for start, length in pindiff.uncovered(region, held):
+                    _load(self._fd, start, length)
                 _mlock(addr, region.length)
             except OSError:
                 unmap(addr, region.length)
@@ -328,7 +330,7 @@ class Pinner:
         region, old = addition.region, addition.replaces
         for span in old:
             self._unlock_outside(span, region)
-        failure = self._pin(region)
+        failure = self._pin(region, old)
         if failure:
             run.failures.append(failure)
             for span in old:

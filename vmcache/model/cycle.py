@@ -12,13 +12,17 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
    model's residency input, otherwise pinned regions feed themselves and
    creep over the disk;
 2. counts the read-miss bytes: residency that appeared since the previous
-   cycle, not by vmcache's hand nor by writes;
+   cycle, not by vmcache's hand nor by writes; a block that took many times
+   its fair share of the cycle's reads (``miss_contrast``) counts as
+   resident for the model, so a slow guest's hot set shows before its
+   pages fill the blocks;
 3. steps the :class:`~vmcache.model.heat.HeatModel` at ``now`` and, while a
    saved hot set is being restored (``warm``), holds its seeded heat;
 4. plans the regions to pin (:func:`~vmcache.model.planner.plan`, the
    pinned regions as ``current`` for hysteresis, own heat for trimming);
-5. holds back new regions whose uncached bytes the prefetch token bucket
-   cannot pay for yet (``prefetch_rate``).
+5. cuts new regions to the chunks whose uncached bytes the prefetch token
+   bucket can pay for (``prefetch_rate``, ``warm_rate`` while restoring),
+   highest priority first; the rest waits for the next cycles.
 
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
@@ -85,13 +89,17 @@ class Cycle:
     """The per-disk state between cycles: heat model, ours mask, previous residency, prefetch tokens.
 
     ``prefetch_rate``: bytes per second of uncached data new regions may
-    pull in (a token bucket holding at most the budget); None for no limit.
+    pull in (a token bucket holding one interval's worth); None for no
+    limit. ``warm_rate``: the rate instead while a saved hot set is being
+    restored (the higher of the two applies; None: ``prefetch_rate``).
     Raises ValueError (from HeatModel) for a negative ``nblocks``.
     """
 
-    def __init__(self, params: ModelParams, nblocks: int = 0, *, prefetch_rate: int | None = None) -> None:
+    def __init__(self, params: ModelParams, nblocks: int = 0, *, prefetch_rate: int | None = None,
+                 warm_rate: int | None = None) -> None:
         self.params = params
         self.prefetch_rate = prefetch_rate
+        self.warm_rate = warm_rate
         self.model = HeatModel(params, nblocks)
         self._ours = np.zeros(0, dtype=np.int64)  # sorted blocks
         self._prev: BlockValues | None = None
@@ -157,7 +165,8 @@ class Cycle:
         evidence = None if seen is None else _listed(seen, n, "seen", nan_is_none=True)
         kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
         self._ours = union(kept, blocks_of(pinned, self.params.block_size, n))
-        read_miss = self._read_miss(res, wr, size_bytes)
+        read_miss, grown = self._read_miss(res, wr, size_bytes)
+        res = self._relative_reads(res, grown, evidence)
         self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
         if self.warm is not None:
             self.warm.seed(self.model, now)
@@ -178,36 +187,87 @@ class Cycle:
         """The blocks the model must not take residency from (ours; sorted)."""
         return self._ours
 
-    def _read_miss(self, resident: BlockValues, written: BlockValues, size: int) -> int:
-        """Bytes that appeared in the cache since the last step, not by our hand nor by writes."""
+    def _read_miss(self, resident: BlockValues, written: BlockValues, size: int
+                   ) -> tuple[int, NDArray[np.float32] | None]:
+        """Bytes that appeared in the cache since the last step, not by our hand nor by writes.
+
+        Also the growth per block of ``resident`` (fractions, 0 where ours),
+        None on the first step: there is nothing to compare with (the
+        residency found then may be old: a restarted agent finds the cache
+        its predecessor saw, a finished backup's pages included).
+        """
         prev, self._prev = self._prev, resident
         if prev is None:
-            return 0
+            return 0, None
         blocks = resident.index  # only a resident block can have grown
         grown = resident.value - prev.at(blocks) - written.at(blocks)
         grown[member(blocks, self._ours)] = 0.0
         np.maximum(grown, 0.0, out=grown)
-        return min(size, int(float(grown.sum(dtype=np.float64)) * self.params.block_size))
+        return min(size, int(float(grown.sum(dtype=np.float64)) * self.params.block_size)), grown
+
+    def _relative_reads(self, resident: BlockValues, grown: NDArray[np.float32] | None,
+                        seen: BlockValues | None) -> BlockValues:
+        """The residency the model sees: each block's read misses also judged against the guest's read rate.
+
+        The level of residency alone says little about a slow guest: one
+        that reads 20 pages a second fills a hot 1 MiB block by a page or
+        two per cycle, and its hot set would need many minutes to look
+        resident. How the cycle's reads are spread says it at once: a block
+        taking many times its fair share of them (the cycle's reads - read
+        misses of the blocks not ours and read evidence of the pinned ones,
+        in blocks' worth - spread evenly over the disk) is where the guest
+        reads, whatever its rate. At ``miss_contrast`` times its share a
+        block counts as fully resident: ``max(R, min(1, misses /
+        (miss_contrast * fair share)))``. Reads spread evenly give ``1 /
+        miss_contrast``, under the threshold; a one-pass read counts in one
+        cycle only; where the level is higher (a fast guest) nothing changes.
+        The evidence of pinned blocks is left absolute: scaled the same way
+        it made pinned blocks stickier and cost fast guests in the replay.
+        """
+        contrast = self.params.miss_contrast
+        if contrast == 0 or grown is None:
+            return resident
+        total = float(grown.sum(dtype=np.float64))
+        if total <= 0.0:
+            return resident
+        if seen is not None:
+            total += float(np.nansum(seen.value, dtype=np.float64))
+        share = np.minimum(np.float32(1.0), grown * np.float32(self.nblocks / (contrast * total)))
+        return BlockValues(resident.index, np.maximum(resident.value, share).astype(np.float32))
+
+    def _rate(self) -> float | None:
+        """Bytes per second the bucket fills at now: ``warm_rate`` while a saved set is restored; None: no limit."""
+        if self.prefetch_rate is None:
+            return None
+        if self.warm_rate is not None and self.warm is not None and not self.warm.done:
+            return float(max(self.prefetch_rate, self.warm_rate))
+        return float(self.prefetch_rate)
 
     def _limit_prefetch(self, regions: list[Region], resident: BlockValues, pinned: Sequence[Region],
                         budget: int, now: float) -> tuple[list[Region], int]:
-        """Keep the device reads that pinning new regions causes under ``prefetch_rate``.
+        """Keep the device reads that pinning new regions causes under the prefetch rate.
 
         mlock reads every page of a new region that is not cached yet: the
         hot part of a disk is mostly cached already, but a large or cold
         region would be read at once, competing with the guest's own I/O.
-        A token bucket (filled at ``prefetch_rate``, holding at most the
-        budget) pays for the uncached bytes of new regions, highest priority
-        first; once one must wait, lower ones wait too (no starving a large
-        region with small ones). The pinned regions a waiting one overlaps
-        stay, so a region that grows never loses what it had.
+        A token bucket (filled at :meth:`_rate`, holding at most one
+        interval's worth: a quiet start never saves up a burst) pays for the
+        uncached bytes of new regions, highest priority first. A region the
+        tokens cannot pay for whole gets a chunk: its first blocks, as many
+        as the tokens pay for (:meth:`_chunk`); the next cycles grow that
+        pin until the region is whole, so a large region is loaded piece by
+        piece from the first cycle. Regions below it wait (no starving a
+        large region with small ones). The pinned regions a waiting region
+        overlaps and its chunk does not replace stay, so a region that grows
+        never loses what it had.
         """
-        if self.prefetch_rate is None:
+        rate = self._rate()
+        if rate is None:
             return regions, 0
         elapsed = self.params.interval if self._last_plan is None else max(0.0, now - self._last_plan)
         self._last_plan = now
-        self._tokens = min(float(budget), self._tokens + self.prefetch_rate * elapsed)
-        bs = self.params.block_size
+        cap = max(float(self.params.block_size), min(float(budget), rate * self.params.interval))
+        self._tokens = min(cap, self._tokens + rate * elapsed)
         current = {r.span: r for r in pinned}
         kept: dict[tuple[int, int], Region] = {}
         waiting = 0
@@ -215,18 +275,42 @@ class Cycle:
             if region.span in current:
                 kept[region.span] = region
                 continue
-            first, end = region.start // bs, -(-region.end // bs)
-            lo, hi = np.searchsorted(resident.index, [first, end])
-            cold = (end - first - float(resident.value[lo:hi].sum(dtype=np.float64))) * bs
-            if not waiting and cold <= self._tokens:
-                self._tokens -= cold
-                kept[region.span] = region
-                continue
-            waiting += 1
-            for old in current.values():
-                if old.overlap(region):
-                    kept.setdefault(old.span, old)
+            part = None if waiting else self._chunk(region, resident, current.values())
+            if part is not None:
+                kept[part.span] = part
+            if part is None or part.span != region.span:
+                waiting += 1
+                for old in current.values():
+                    if old.overlap(region) and (part is None or not old.overlap(part)):
+                        kept.setdefault(old.span, old)
         return sorted(kept.values(), key=lambda r: -r.priority), waiting
+
+    def _chunk(self, region: Region, resident: BlockValues, pins: Iterable[Region]) -> Region | None:
+        """The part of ``region`` from its start the tokens pay for (all of it if they can); None: not a block.
+
+        The cost of a block is its uncached bytes (none for a block of a
+        pin overlapping the region); a chunk that would end
+        inside a pin overlapping the region reaches the pin's end (its bytes
+        are cached), so the chunk replaces whole pins, never cuts one.
+        """
+        bs = self.params.block_size
+        first, end = region.start // bs, -(-region.end // bs)
+        lo, hi = np.searchsorted(resident.index, [first, end])
+        cold = np.full(end - first, float(bs))
+        cold[resident.index[lo:hi] - first] -= resident.value[lo:hi].astype(np.float64) * bs
+        overlapping = sorted((pin for pin in pins if pin.overlap(region)), key=lambda r: r.start)
+        for pin in overlapping:  # locked: cached, whatever the residency sample says
+            cold[max(pin.start // bs, first) - first : min(-(-pin.end // bs), end) - first] = 0.0
+        paid = np.cumsum(np.maximum(cold, 0.0))
+        stop = min(region.end, (first + int(np.searchsorted(paid, self._tokens, side="right"))) * bs)
+        for pin in overlapping:
+            if pin.start < stop < pin.end:
+                stop = min(region.end, pin.end)
+        if stop <= region.start:
+            return None
+        blocks = -(-stop // bs) - first
+        self._tokens = max(0.0, self._tokens - float(paid[blocks - 1]))
+        return region if stop >= region.end else Region(region.start, stop - region.start, region.priority)
 
 
 def _listed(values: BlockValues | ArrayLike, nblocks: int, name: str, *, nan_is_none: bool = False) -> BlockValues:

@@ -91,6 +91,22 @@ class ModelParams:
       counts as residency ``min(1, seen_scale * e)``, so by default a block
       of which a quarter of the pages were read in one interval is fully
       hot. Default 4.0.
+    - ``miss_contrast`` [ratio, 0 or >= 1]: how the read misses of one cycle
+      count, relative to the guest's own read rate. A block's read misses
+      (residency that appeared in it since the previous cycle, not by
+      vmcache's hand nor by writes) are compared with its fair share of all
+      the cycle's reads (its read misses plus the read evidence of pinned
+      blocks, spread evenly over the disk's blocks); a block taking
+      ``miss_contrast`` times its fair share counts as fully resident for
+      that cycle: its residency input is ``max(R, min(1, misses /
+      (miss_contrast * fair share)))``. So a slow guest,
+      whose hot blocks fill a few pages per cycle, shows its hot set as
+      clearly as a fast one (a hot zone of 10% of the disk taking 90% of the
+      reads inputs ``9 / miss_contrast``), while reads spread evenly over
+      the disk input ``1 / miss_contrast`` on average, under the threshold,
+      and a one-pass read counts in one cycle only (one cycle of full input
+      heats a block to ``1 - decay``, under the threshold). 0 disables it
+      (residency level only). Default 12.0.
     """
 
     block_size: int = 1 << 20
@@ -107,6 +123,7 @@ class ModelParams:
     merge_gap: int = 4
     min_region: int = 1
     seen_scale: float = 4.0
+    miss_contrast: float = 12.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -121,6 +138,8 @@ class ModelParams:
         if self.read_amplitude == 0 and self.write_amplitude == 0:
             raise ConfigError(prefix + "write_amplitude", self.write_amplitude,
                               "read_amplitude and write_amplitude cannot both be 0")
+        if 0 < self.miss_contrast < 1:
+            raise ConfigError(prefix + "miss_contrast", self.miss_contrast, "must be 0 (off) or at least 1")
         if self.pinned_decay < self.decay:
             raise ConfigError(prefix + "pinned_decay", self.pinned_decay,
                               f"must be at least decay ({self.decay:g})")
@@ -175,6 +194,7 @@ _RANGES: dict[str, tuple[type, float, float, bool, bool]] = {
     "merge_gap": (int, 0, 1 << 30, False, False),
     "min_region": (int, 1, 1 << 30, False, False),
     "seen_scale": (float, 0.0, 1e6, True, False),
+    "miss_contrast": (float, 0.0, 1e6, False, False),
 }
 
 

@@ -16,6 +16,9 @@ they only compute, on spans ``(start, length)`` of image bytes:
   fit the headroom stays, at the new priority, within the budget.
 - :func:`pressure_order`: the order pins are given back in while memory is
   under the floor (lowest priority first).
+- :func:`uncovered`: the parts of a new region its replaced pins do not
+  hold (what must be read from the device; a region grown chunk by chunk
+  reads only its new chunk).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from .params import PAGE_SIZE
 from .region import Region
 
-__all__ = ["Span", "Addition", "PinDiff", "clip", "unplanned", "diff", "pressure_order"]
+__all__ = ["Span", "Addition", "PinDiff", "clip", "unplanned", "diff", "pressure_order", "uncovered"]
 
 Span = tuple[int, int]
 """(start, length) in image-file bytes."""
@@ -127,3 +130,18 @@ def diff(pins: Mapping[Span, Region], wanted: Sequence[Region], overlapping: Map
 def pressure_order(pins: Iterable[Region]) -> list[Span]:
     """Spans in the order they are given back under memory pressure: lowest priority, then highest offset."""
     return [r.span for r in sorted(pins, key=lambda r: (r.priority, -r.start))]
+
+
+def uncovered(region: Region, held: Iterable[Span]) -> list[Span]:
+    """The spans of ``region`` that none of ``held`` covers, in offset order."""
+    out: list[Span] = []
+    pos = region.start
+    for start, length in sorted(held):
+        if start > pos:
+            out.append((pos, min(start, region.end) - pos))
+        pos = max(pos, start + length)
+        if pos >= region.end:
+            break
+    if pos < region.end:
+        out.append((pos, region.end - pos))
+    return [span for span in out if span[1] > 0]

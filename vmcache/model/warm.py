@@ -2,21 +2,24 @@
 
 A new agent that finds a saved hot set for a disk does not pin it at once:
 it seeds the heat of the saved regions, and the planner, the prefetch
-token bucket (``prefetch_rate``, highest priority first) and the pinner do
+token bucket (``warm_rate`` while restoring, highest priority first) and the pinner do
 the rest under the budget, the host cap and the free-memory floor, exactly
 as for heat the guest built.
 
 The seed is held while a region waits for its turn: until a region has
-been pinned once, its heat is kept at least at its saved heat decayed at
+been pinned whole, its heat is kept at least at its saved heat decayed at
 ``pinned_decay`` since the start (the rate a pinned region with no
 evidence fades at), so that a large set restored at a low prefetch rate is
 not forgotten before it is read in. A saved region was *held*, so the
 planner treats it as held (:meth:`WarmStart.held`, given to ``plan`` with
 the pinned regions): its hysteresis applies, and a region kept at a heat
 between ``threshold / keep_factor`` and ``threshold`` is restored too.
-Once pinned, a region is "restored" and left to the model: if the guest
-does not read it again, its heat decays and it is released normally. A
-region whose held seed falls under ``threshold / keep_factor`` is given up
+A large region comes back in chunks (the token bucket pays for one
+interval's worth a cycle, vmcache.model.cycle): its pinned part counts as
+restored in part (``restored_bytes``) and its seed is held until the
+whole region has been pinned. Once pinned whole, a region is "restored"
+and left to the model: if the guest does not read it again, its heat
+decays and it is released normally. A region whose held seed falls under ``threshold / keep_factor`` is given up
 (the guest has had the time to show it is not hot any more). Time is a
 parameter, as everywhere in the model.
 """
@@ -56,7 +59,8 @@ class WarmStart:
         pending.sort(key=lambda p: (-p[4], p[0]))
         self._pending = [(first, end, heat, region) for first, end, heat, region, _ in pending]
         self.total_bytes = sum(p[3].length for p in self._pending)
-        self.restored_bytes = 0
+        self._whole_bytes = 0  # of the regions restored whole
+        self._partial: dict[tuple[int, int], int] = {}  # span -> bytes pinned of a region restored in part
         self.given_up_bytes = 0
         self._started: float | None = None
 
@@ -64,6 +68,11 @@ class WarmStart:
     def done(self) -> bool:
         """Every saved region was restored or given up."""
         return not self._pending
+
+    @property
+    def restored_bytes(self) -> int:
+        """Bytes of the saved set pinned: whole regions, and the pinned part of those restored piecewise."""
+        return self._whole_bytes + sum(self._partial.values())
 
     @property
     def pending_bytes(self) -> int:
@@ -83,24 +92,36 @@ class WarmStart:
         for first, end, heat, region in self._pending:
             held = heat * factor
             if held * p.keep_factor <= p.threshold:
-                self.given_up_bytes += region.length
+                part = self._partial.pop(region.span, 0)  # what was pinned of it stays counted as restored
+                self._whole_bytes += part
+                self.given_up_bytes += region.length - part
                 continue
             model.seed(first, end, held)
             kept.append((first, end, heat, region))
         self._pending = kept
 
     def update(self, pinned: NDArray[np.int64]) -> int:
-        """Mark the regions the ``pinned`` blocks (sorted) cover as restored; bytes restored now."""
+        """Mark the regions the ``pinned`` blocks (sorted) cover as restored, those they cover in part as partly.
+
+        A region is restored once all its blocks were pinned together (then
+        it is left to the model); until then the bytes of its blocks pinned
+        now count as restored in part. Returns the bytes of the regions
+        restored whole now.
+        """
         kept = []
         restored = 0
+        bs = self._params.block_size
         for first, end, heat, region in self._pending:
             covered = int(np.searchsorted(pinned, end) - np.searchsorted(pinned, first))
+            self._partial.pop(region.span, None)
             if covered == end - first:
                 restored += region.length
-            else:
-                kept.append((first, end, heat, region))
+                continue
+            if covered:
+                self._partial[region.span] = min(region.length, covered * bs)
+            kept.append((first, end, heat, region))
         self._pending = kept
-        self.restored_bytes += restored
+        self._whole_bytes += restored
         return restored
 
 

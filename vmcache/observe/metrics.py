@@ -173,7 +173,8 @@ class AgentMetrics:
         self.backoff_skipped = gauge(
             "backoff_skipped_bytes", "Bytes planned for pinning but left unpinned because of the memory floor.")
         self.warm_restored = gauge(
-            "warm_restored_bytes", "Bytes of the saved hot set the disk started from that vmcache has pinned again.")
+            "warm_restored_bytes", "Bytes of the saved hot set the disk started from that vmcache has pinned again "
+            "(a region restored in chunks counts its pinned part).")
         self.warm_total = gauge(
             "warm_total_bytes", "Bytes of the saved hot set the disk started from (0: a cold start).")
         self.image_deleted = gauge(
@@ -191,27 +192,35 @@ class AgentMetrics:
             "cycle_duration_seconds", "Wall time of one agent cycle of a disk.", DISK_LABELS,
             namespace=NAMESPACE, registry=registry, buckets=CYCLE_BUCKETS)
 
-    def disk(self, target: str, image: str) -> DiskMetrics:
+    def disk(self, target: str, image: str, *, layer: bool = False) -> DiskMetrics:
         """The metrics of disk ``target`` (e.g. ``vda``) backed by ``image``.
 
         Asking again for the same target and image returns the same object;
         a new image at a known target (media change) drops the old series.
+        ``layer``: ``image`` is a backing layer under ``target``'s top image
+        (its series have the same labels, ``source_file`` naming the layer).
         """
+        key = _key(target, image, layer)
         with self._lock:
-            known = self._disks.get(target)
+            known = self._disks.get(key)
             if known is not None and known.image == image:
                 return known
             if known is not None:
                 known._remove()
             metrics = DiskMetrics(self, target, image)
-            self._disks[target] = metrics
+            self._disks[key] = metrics
             return metrics
 
-    def remove_disk(self, target: str) -> None:
-        """Drop every series of disk ``target`` (hot-unplugged); unknown targets are ignored."""
+    def remove_disk(self, target: str, image: str | None = None, *, layer: bool = False) -> None:
+        """Drop every series of disk ``target`` (hot-unplugged), or of its layer ``image``.
+
+        With ``image``, only when the series are still that image's; unknown targets are ignored.
+        """
         with self._lock:
-            known = self._disks.pop(target, None)
-            if known is not None:
+            key = _key(target, image or "", layer)
+            known = self._disks.get(key)
+            if known is not None and image in (None, known.image):
+                del self._disks[key]
                 known._remove()
 
     @property
@@ -238,6 +247,11 @@ class AgentMetrics:
     def set_host_memory(self, available_bytes: int) -> None:
         """Record the host's MemAvailable."""
         self.host_memory_available.labels(*self._agent).set(available_bytes)
+
+
+def _key(target: str, image: str, layer: bool) -> str:
+    """The key of a disk's series: its target, or for a backing layer its target and file."""
+    return f"{target}\0{image}" if layer else target
 
 
 class DiskMetrics:

@@ -84,10 +84,12 @@ class DiskStatus:
     dirty_granule_bytes: int | None = None
     last_cycle_seconds: float | None = None
     last_cycle_at: float | None = None
+    cycles: int = 0                # engine cycles run: tests and operators count cycles, not seconds
     error: str | None = None
     warm_restored_bytes: int = 0   # of the saved hot set this disk started from, pinned so far
     warm_total_bytes: int = 0      # bytes of that saved set (0: the disk started cold)
     image_deleted: bool = False    # no path names the image file any more
+    layer_of: str | None = None    # a read-only backing layer of this target's top image (None: the top)
 
     def update(self, stats: CycleStats, *, elapsed: float, wall_time: float) -> None:
         """Take the figures of one engine cycle; ``elapsed`` seconds since the previous one."""
@@ -97,6 +99,7 @@ class DiskStatus:
         self.dirtied_bytes_per_second = stats.guest_written_bytes / elapsed if elapsed > 0 else 0.0
         self.last_cycle_seconds = stats.duration_seconds
         self.last_cycle_at = wall_time
+        self.cycles += 1
         self.error = stats.error
         self.warm_restored_bytes = stats.warm_restored_bytes
         self.warm_total_bytes = stats.warm_total_bytes

@@ -233,27 +233,45 @@ def serve(blocks: list[int], begin: int, end: int, hits: bytearray, pinned: set[
 
 
 def interval_inputs(block: NDArray[np.int64], write: NDArray[np.bool_], pinned: NDArray[np.bool_],
-                    block_size: int) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+                    block_size: int, *, unit: int | None = None) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
     """What the engine samples at the end of an interval with these accesses: the written map, read evidence.
 
-    Written: 1.0 on every block written (the dirty bitmap). Read evidence
-    of pinned blocks, as the engine gets it from the pages' referenced
-    bits: the share of the block's pages read (4 KiB reads); NaN elsewhere.
+    ``block`` holds cache units of ``unit`` bytes (default: ``block_size``,
+    one unit per model block); ``pinned`` is per model block. Written: the
+    share of each model block's dirty-bitmap granules (64 KiB, or the block
+    when smaller) written, 1.0 when the unit is the block. Read evidence of
+    pinned blocks, as the engine gets it from the pages' referenced bits:
+    the share of the block's pages read (4 KiB reads); NaN elsewhere.
     """
     nb = len(pinned)
-    written = np.zeros(nb, dtype=np.float32)
-    written[block[write]] = 1.0
-    read = block[~write]
+    per = 1 if unit is None else block_size // unit
+    granule = max(1, min(DIRTY_GRANULE, block_size) // (unit or block_size))  # units per dirty granule
+    dirty = np.unique(block[write] // granule)
+    written = np.minimum(1.0, np.bincount(dirty * granule // per, minlength=nb) * (granule / per)).astype(np.float32)
+    read = block[~write] // per
     read = read[pinned[read]]
     seen = np.full(nb, np.nan, dtype=np.float32)
     seen[pinned] = np.minimum(1.0, np.bincount(read, minlength=nb)[pinned] * (PAGE_SIZE / block_size))
     return written, seen
 
 
-def _sampled(bt: BlockTrace, begin: int, end: int, pinned: NDArray[np.bool_]
+DIRTY_GRANULE = 64 * 1024
+"""Granularity of the dirty bitmap the engine reads (vmcache.service.app's default)."""
+
+
+def _sampled(bt: BlockTrace, begin: int, end: int, pinned: NDArray[np.bool_], block_size: int
              ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
     """What the engine samples after accesses ``begin:end`` of ``bt`` (see :func:`interval_inputs`)."""
-    return interval_inputs(bt.block[begin:end], bt.write[begin:end], pinned, bt.block_size)
+    return interval_inputs(bt.block[begin:end], bt.write[begin:end], pinned, block_size, unit=bt.block_size)
+
+
+def _residency(units: NDArray[np.int64], per: int, nblocks: int) -> NDArray[np.float32]:
+    """Resident share of each model block of ``per`` cache units, from the resident units."""
+    if per == 1:
+        resident = np.zeros(nblocks, dtype=np.float32)
+        resident[units] = 1.0
+        return resident
+    return (np.bincount(units // per, minlength=nblocks) / per).astype(np.float32)
 
 
 def _repin(cache: OrderedDict[int, None], pinned: NDArray[np.bool_], wanted: NDArray[np.bool_]) -> int:
@@ -288,40 +306,49 @@ class VmcacheRun:
 
 
 def _check_fits(bt: BlockTrace, capacity: int, params: ModelParams, pin_budget: int) -> None:
-    """Raises ValueError when the model's block size is not the trace's or the pin budget exceeds the cache."""
+    """Raises ValueError when the model's block size is not a multiple of the trace's or the pin budget exceeds
+    the cache."""
     bs = bt.block_size
-    if params.block_size != bs:
-        raise ValueError(f"model block_size {params.block_size} differs from the trace's {bs}")
+    if params.block_size % bs:
+        raise ValueError(f"model block_size {params.block_size} is not a multiple of the trace's {bs}")
     if pin_budget > capacity * bs:
         raise ValueError(f"pin budget {pin_budget} is more than the cache ({capacity} blocks of {bs})")
 
 
 def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
-            size_bytes: int | None = None, warm: WarmStart | None = None) -> VmcacheRun:
+            size_bytes: int | None = None, warm: WarmStart | None = None, prefetch_rate: int | None = None,
+            warm_rate: int | None = None) -> VmcacheRun:
     """Hit or miss per access for vmcache's pinning over an LRU, ``capacity`` blocks in all.
 
-    ``params``: the model parameters (its ``block_size`` must be the trace's,
-    its ``interval`` is the re-planning period in trace seconds);
+    ``params``: the model parameters (its ``block_size`` must be a multiple
+    of the trace's, whose blocks are then the cache's units: the model sees
+    the resident share of each of its blocks; its ``interval`` is the
+    re-planning period in trace seconds);
     ``pin_budget``: bytes ``plan`` may pin, at most ``capacity`` blocks;
     ``warm``: a saved hot set to start from - as the agent does, a first
     cycle at the start of the trace seeds the heat and pins (its loads
-    count as prefetched; the prefetch rate is not simulated). Raises
+    count as prefetched, not as misses); ``prefetch_rate``, ``warm_rate``:
+    bytes per trace second the cycle's token bucket lets new regions load,
+    as the agent's (vmcache.model.cycle), None for no limit. Raises
     ValueError when they do not fit.
     """
-    bs = bt.block_size
+    bs, mbs = bt.block_size, params.block_size
     _check_fits(bt, capacity, params, pin_budget)
     n, nb = len(bt), bt.nblocks
+    per = mbs // bs  # cache units per model block
+    nmb = -(-nb // per)
     size = nb * bs if size_bytes is None else size_bytes
     run = VmcacheRun(hits=np.zeros(n, dtype=bool))
     if n == 0:
         return run
     hits = bytearray(n)
-    cycle = Cycle(params, nb)
+    cycle = Cycle(params, nmb, prefetch_rate=prefetch_rate, warm_rate=warm_rate)
     cycle.warm = warm
-    pinned = np.zeros(nb, dtype=bool)
+    pinned = np.zeros(nmb, dtype=bool)  # model blocks
+    units = np.zeros(nb, dtype=bool)  # the cache units of the pinned blocks
     pinset: set[int] = set()
     current: list[Region] = []
-    cache: OrderedDict[int, None] = OrderedDict()  # the unpinned resident blocks
+    cache: OrderedDict[int, None] = OrderedDict()  # the unpinned resident units
     room = capacity
     blocks = bt.block.tolist()
     t0 = float(bt.time[0])
@@ -333,17 +360,18 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         end = bounds[k] if k >= 0 else 0
         serve(blocks, begin, end, hits, pinset, cache, room)
         # one engine cycle at the end of the interval, on what the host would have sampled
-        written, seen = _sampled(bt, begin, end, pinned)
+        written, seen = _sampled(bt, begin, end, pinned, mbs)
         begin = end
-        resident = pinned.copy()
+        resident = np.flatnonzero(units)
         if cache:
-            resident[np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))] = True
-        current = cycle.step(resident.astype(np.float32), written, current, size_bytes=size, budget=pin_budget,
+            resident = np.concatenate([resident, np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))])
+        current = cycle.step(_residency(resident, per, nmb), written, current, size_bytes=size, budget=pin_budget,
                              now=t0 + params.interval * (k + 1), seen=seen).regions
-        wanted = blocks_mask(current, bs, nb)
-        run.prefetched += _repin(cache, pinned, wanted)
-        pinned = wanted
-        pinset = set(np.flatnonzero(pinned).tolist())
+        pinned = blocks_mask(current, mbs, nmb)
+        wanted = np.repeat(pinned, per)[:nb]
+        run.prefetched += _repin(cache, units, wanted)
+        units = wanted
+        pinset = set(np.flatnonzero(units).tolist())
         room = capacity - len(pinset)
         while len(cache) > room:
             cache.popitem(last=False)
@@ -351,7 +379,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         pinned_total += len(pinset)
         run.pinned_blocks_max = max(run.pinned_blocks_max, len(pinset))
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
-    run.hot = heat_of(current, cycle.model.active, bs)
+    run.hot = heat_of(current, cycle.model.active, mbs)
     run.cycles = ncycles
     run.pinned_blocks_mean = pinned_total / (ncycles + (warm is not None))  # the warm start's first cycle too
     return run
@@ -368,6 +396,9 @@ def replay(
     size_bytes: int | None = None,
     policies: tuple[str, ...] = POLICIES,
     head: float | None = None,
+    prefetch_rate: int | None = None,
+    warm_rate: int | None = None,
+    cache_unit: int | None = None,
 ) -> list[PolicyResult]:
     """Every policy at every budget (bytes of memory); results in budget order, then policy order.
 
@@ -376,9 +407,14 @@ def replay(
     of each budget vmcache's planner may pin (0..1]. Policy ``warm`` is
     vmcache restarted with the hot set a first replay of the same trace
     saved at its end (a VM's second boot). ``head``: also report the hit
-    ratio over the first ``head`` seconds (``head_hit_ratio``). Raises
-    ValueError for an unknown policy, a bad share or parameters ModelParams
-    refuses.
+    ratio over the first ``head`` seconds (``head_hit_ratio``).
+    ``prefetch_rate``, ``warm_rate``: the vmcache arms' prefetch limit
+    (bytes per trace second; None: none, the loads are free).
+    ``cache_unit``: bytes the simulated caches hold and count accesses in
+    (default ``block_size``); a smaller unit (a 4 KiB page) makes the model
+    see how much of each block is resident, as on a host. Raises ValueError
+    for an unknown policy, a bad share, a block size that is not a multiple
+    of the unit or parameters ModelParams refuses.
     """
     unknown = set(policies) - {*POLICIES, WARM}
     if unknown:
@@ -388,12 +424,15 @@ def replay(
         raise ValueError(f"pin_share must be in (0, 1], got {pin_share}")
     p = params or ModelParams()
     p = replace(p, block_size=block_size, interval=p.interval if interval is None else interval)
-    bt = to_blocks(trace, block_size, size_bytes)
+    unit = block_size if cache_unit is None else cache_unit
+    if unit < 1 or block_size % unit:
+        raise ValueError(f"block_size {block_size} is not a multiple of the cache unit {unit}")
+    bt = to_blocks(trace, unit, size_bytes)
     results: list[PolicyResult] = []
-    size = bt.nblocks * block_size if size_bytes is None else size_bytes
+    size = bt.nblocks * unit if size_bytes is None else size_bytes
     for budget in budgets:
-        capacity = budget // block_size
-        pin_budget = int(capacity * pin_share) * block_size
+        capacity = budget // unit
+        pin_budget = int(capacity * pin_share) * unit
         cold: VmcacheRun | None = None
         for name in policies:
             if name == "lru":
@@ -404,12 +443,14 @@ def replay(
                 results.append(_result(name, budget, bt, static_topk(bt, capacity), head))
             else:
                 if cold is None:
-                    cold = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes)
+                    cold = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes,
+                                   prefetch_rate=prefetch_rate)
                 run = cold
                 extra: dict[str, Any] = {}
                 if name == WARM:
                     warm = saved_hotset(cold, p, size)
-                    run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm)
+                    run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm,
+                                  prefetch_rate=prefetch_rate, warm_rate=warm_rate)
                     extra = {"warm_saved_blocks": warm.total_bytes // block_size,
                              "warm_restored_blocks": warm.restored_bytes // block_size}
                 results.append(_result(name, budget, bt, run.hits, head, cycles=run.cycles,

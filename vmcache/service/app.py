@@ -29,6 +29,7 @@ from .diskset import DiskSet, WorkerFactory
 from .diskworker import DiskWorker
 from .domainlink import DomainLink
 from .hotsets import HotSetKeeper
+from .layers import Layers
 from .telemetry import Telemetry
 
 __all__ = ["build_agent"]
@@ -50,8 +51,9 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
     refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
     uuid = lambda: link.uuid  # noqa: E731 - known once the link attached, before the first worker
     qemu_user = lambda: link.qemu_user  # noqa: E731 - likewise; QEMU binds the NBD socket as this user
+    layers = Layers(domain, os.path.join(config.runtime_dir, "layers"), logger=logger)
     disks = DiskSet(config, _worker_factory(domain, config, telemetry, uuid, qemu_user, refs, granularity, logger),
-                    refs=refs, logger=logger)
+                    refs=refs, logger=logger, layers=layers)
     budget = Budget(domain, Ledger(config.ledger_path, None), cap=config.pinned_cap,
                     psi_threshold=config.psi_threshold, pressure=pressure or read_pressure,
                     meminfo=read_meminfo, logger=logger)
@@ -65,12 +67,15 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
                     logger: Any) -> WorkerFactory:
     runtime_dir = nbd_dir(config.runtime_dir, domain)
 
-    def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams) -> DiskWorker:
+    def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams,
+             layer_of: str | None) -> DiskWorker:
         return DiskWorker(choice, node=node, monitor=monitor, params=params, floor_bytes=config.min_free,
-                          prefetch_rate=config.prefetch_rate, refs=refs, runtime_dir=runtime_dir,
+                          prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate,
+                          refs=refs, runtime_dir=runtime_dir,
                           socket_owner=qemu_user(),
                           granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,
-                          heatmap=_heatmap_writer(domain, choice.disk.target, config))
+                          heatmap=None if layer_of else _heatmap_writer(domain, choice.disk.target, config),
+                          layer_of=layer_of)
 
     return make
 

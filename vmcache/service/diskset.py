@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from ..errors import VmcacheError
-from ..host.blockdev import ImageDisk, device_images, discover_disks
+from ..host.blockdev import ImageDisk, chain_layers, device_chains, device_images, discover_disks
 from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
 from ..logfmt import event
 from ..model.params import ModelParams
+from ..model.budget import divide_disks, domain_curve
 from ..model.share import Curve
 from ..observe.heatmap.data import HeatmapData
 from ..observe.status import DiskStatus
@@ -29,11 +30,13 @@ from ..settings.config import HostConfig
 from ..settings.metadata import DomainInfo
 from ..settings.policy import DiskChoice, choose_disks
 from .diskworker import DiskWorker
+from .layers import Layers, Wanted
 
 __all__ = ["DiskSet", "SetCycle", "WorkerFactory"]
 
-#: Builds the worker of one disk: (choice, its storage node or None, monitor, model parameters) -> worker.
-WorkerFactory = Callable[[DiskChoice, "str | None", Monitor, ModelParams], DiskWorker]
+#: Builds the worker of one disk: (choice, its storage node or None, monitor, model parameters, and for a
+#: read-only backing layer the target whose top it is under) -> worker.
+WorkerFactory = Callable[[DiskChoice, "str | None", Monitor, ModelParams, "str | None"], DiskWorker]
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,20 @@ class DiskSet:
 
     def __init__(self, config: HostConfig, make_worker: WorkerFactory, *, refs: PageRefs, logger: logging.Logger,
                  discover: Callable[[Monitor], list[ImageDisk]] = discover_disks,
-                 images: Callable[[Monitor], set[str]] = device_images) -> None:
+                 images: Callable[[Monitor], set[str]] = device_images,
+                 chains: Callable[[Monitor], dict[str, tuple[str, ...]]] = device_chains,
+                 layers: Layers | None = None) -> None:
         """``refs``: the referenced bits of pinned pages, shared by the workers and cleared after each cycle;
-        ``discover`` finds QEMU's image nodes, ``images`` the files its devices use now."""
+        ``discover`` finds QEMU's image nodes, ``images`` the files its devices use now, ``chains`` their
+        backing files; ``layers`` manages those (default: locks under the runtime dir)."""
         self._config = config
         self._make_worker = make_worker
         self._refs = refs
         self._discover = discover
         self._images = images
+        self._chains = chains
+        self._layers = layers or Layers("", os.path.join(config.runtime_dir, "layers"), logger=logger)
+        self._curves: dict[str, dict[str, Curve]] = {}  # each disk's top and layers' curves, by target
         self._log = logger
         self._workers: dict[str, DiskWorker] = {}
         self._skipped: list[DiskStatus] = []
@@ -75,7 +84,11 @@ class DiskSet:
         choices = _once_per_file(choose_disks(info.disks, settings, self._config))
         wanted = {c.disk.target: c for c in choices if c.eligible}
         for target in [t for t, w in self._workers.items() if t not in wanted or w.image != wanted[t].disk.source]:
-            self.drop(target, qemu_alive=qemu_alive())
+            if target in wanted:  # a new top over it (snapshot) or a pivot: kept if it is a layer now
+                with self._lock:
+                    self._layers.park(self._workers.pop(target), qemu_alive=qemu_alive())
+            else:
+                self.drop(target, qemu_alive=qemu_alive())
         self._skipped = [DiskStatus(target=c.disk.target, source=c.disk.source, cache=c.disk.cache_mode,
                                     eligible=False, reason=c.reason) for c in choices if not c.eligible]
         for skipped in self._skipped:
@@ -84,15 +97,21 @@ class DiskSet:
             if target in self._workers:
                 self._workers[target].budget = choice.budget
         new = [c for t, c in wanted.items() if t not in self._workers]
-        if new:
-            self._start(new, monitor(), params)
-
-    def _start(self, choices: list[DiskChoice], monitor: Monitor, params: ModelParams) -> None:
+        if not new and not self._workers:
+            self._layers.close_all(qemu_alive=qemu_alive())
+            return
+        qmp = monitor()
         try:
-            found = self._discover(monitor)
+            found: list[ImageDisk] | None = self._discover(qmp)
         except VmcacheError as err:
             self._log.warning(event("disk.discovery_failed", error=err))
-            found = []
+            found = None
+        self._start(new, found or [], qmp, params)
+        if found is not None:  # the chains are unknown: the layers stay as they are until the next sync
+            self._sync_layers(found, wanted, qmp, params, qemu_alive=qemu_alive())
+
+    def _start(self, choices: list[DiskChoice], found: list[ImageDisk], monitor: Monitor,
+               params: ModelParams) -> None:
         by_device = {d.device_id: d for d in found if d.device_id}
         by_file = {d.filename: d for d in found}
         for choice in choices:
@@ -105,14 +124,36 @@ class DiskSet:
                                                 reason="QEMU opened it with O_DIRECT"))
                 continue
             try:
-                worker = self._make_worker(choice, node.storage_node if node else None, monitor, params)
+                worker = self._make_worker(choice, node.storage_node if node else None, monitor, params, None)
             except VmcacheError as err:
                 self._log.warning(event("disk.start_failed", disk=target, error=err))
                 continue
+            layer = self._layers.held(worker.image)
             with self._lock:
+                if layer is not None:  # the pivot of a commit onto a layer: its heat and pins go on
+                    worker.take_over(layer)
                 self._workers[target] = worker
             self._log.info(event("disk.managed", disk=target, image=choice.disk.source, budget=choice.budget,
                                  node=node.storage_node if node else None))
+
+    def _sync_layers(self, found: list[ImageDisk], choices: Mapping[str, DiskChoice], monitor: Monitor,
+                     params: ModelParams, *, qemu_alive: bool) -> None:
+        """Manage the backing files of every managed top that go through the page cache."""
+        tops = {os.path.realpath(d.filename): d for d in found if d.qdev}
+        wanted = []
+        self._skipped = [s for s in self._skipped if s.layer_of is None]
+        for target, worker in self._workers.items():
+            top = tops.get(os.path.realpath(worker.image))
+            for layer in chain_layers(found, top) if top else []:
+                if layer.direct:
+                    self._skipped.append(DiskStatus(target=target, source=layer.filename, cache="none",
+                                                    eligible=False, reason="QEMU opened it with O_DIRECT",
+                                                    layer_of=target))
+                else:
+                    wanted.append(Wanted(layer.filename, target, choices[target]))
+        with self._lock:
+            self._layers.sync(wanted, lambda c, t: self._make_worker(c, None, monitor, params, t),
+                              qemu_alive=qemu_alive)
 
     def replaced(self, monitor: Monitor) -> list[str]:
         """Managed disks whose image no device uses any more (snapshot, pivot, media change): resync them.
@@ -129,7 +170,22 @@ class DiskSet:
         replaced = [t for t, w in self._workers.items() if os.path.realpath(w.image) not in images]
         for target in replaced:
             self._log.info(event("disk.image_changed", disk=target, image=self._workers[target].image))
-        return replaced
+        return replaced or self._chain_changed(monitor)
+
+    def _chain_changed(self, monitor: Monitor) -> list[str]:
+        """Disks with a managed layer no chain has any more (block pull, commit): resync them."""
+        layers = self._layers.paths()
+        if not layers:
+            return []
+        try:
+            files = {f for chain in self._chains(monitor).values() for f in chain}
+        except VmcacheError as err:
+            self._log.debug(event("disk.chains_unknown", error=err))
+            return []
+        changed = sorted({target for path, target in layers.items() if path not in files})
+        for target in changed:
+            self._log.info(event("disk.chain_changed", disk=target))
+        return changed
 
     def workers(self) -> list[DiskWorker]:
         """The workers of the managed disks (the saved hot set reads their engines)."""
@@ -142,27 +198,49 @@ class DiskSet:
     def cycle(self, budgets: Mapping[str, int], *, title: str) -> SetCycle:
         """One cycle of every disk under its granted bytes; heat-map files written after."""
         backing_off = resync = False
+        with self._lock:
+            self._layers.retry()
         for target, worker in list(self._workers.items()):
             was_failing = worker.failing
-            with self._lock:
-                stats = worker.cycle(budgets.get(target, 0))
+            for member, part in self._members(target, worker, budgets.get(target, 0)):
+                with self._lock:
+                    stats = member.cycle(part)
+                if stats is None:
+                    continue
+                backing_off |= stats.backing_off
+                member.write_heatmap(title)
             resync |= worker.failing and not was_failing
-            if stats is None:
-                continue
-            backing_off |= stats.backing_off
-            worker.write_heatmap(title)
         self._refs.clear()  # once for all disks: each engine read its pages' bits since the last clear
-        error = next((w.status.error for w in self._workers.values() if w.status.error), None)
+        every = [*self._workers.values(), *self._layers.workers()]
+        error = next((w.status.error for w in every if w.status.error), None)
         return SetCycle(backing_off=backing_off, resync=resync, error=error)
 
+    def _members(self, target: str, top: DiskWorker, granted: int) -> list[tuple[DiskWorker, int]]:
+        """The top and the layers of disk ``target``, each with its part of the disk's ``granted`` bytes.
+
+        Each may take up to the disk's budget; the grant goes to the densest bytes of all of them
+        (model/budget.py divide_disks, by their curves of the last cycle).
+        """
+        members = {target: top, **{w.image: w for w in self._layers.workers(target)}}
+        if len(members) == 1:
+            return [(top, granted)]
+        parts = divide_disks({k: top.budget for k in members}, 1.0, granted, self._curves.get(target, {}))
+        return [(w, parts.get(k, 0)) for k, w in members.items()]
+
     def demands(self, share: float) -> dict[str, Curve]:
-        """Each disk's demand curve after its last cycle, at its budget times ``share``."""
+        """Each disk's demand curve after its last cycle, at its budget times ``share`` (its layers' merged in)."""
+        out = {}
         with self._lock:
-            return {target: w.demand(share) for target, w in self._workers.items()}
+            for target, top in self._workers.items():
+                members = {target: top, **{w.image: w for w in self._layers.workers(target)}}
+                curves = {k: w.demand(share) for k, w in members.items()}
+                self._curves[target] = curves
+                out[target] = domain_curve({k: top.budget for k in members}, share, curves)
+        return out
 
     def pinned_bytes(self) -> int:
-        """Bytes the disks hold pinned after their last cycle."""
-        return sum(w.pinned_bytes for w in self._workers.values())
+        """Bytes the disks (and the layers this agent manages) hold pinned after their last cycle."""
+        return sum(w.pinned_bytes for w in self._workers.values()) + self._layers.pinned_bytes()
 
     def rebind(self, monitor: Monitor) -> None:
         """Give every worker a new monitor (libvirtd reconnected)."""
@@ -171,7 +249,7 @@ class DiskSet:
 
     def statuses(self) -> list[DiskStatus]:
         """Every disk's status: managed ones, then the ones left alone."""
-        return [w.status for w in self._workers.values()] + self._skipped
+        return [w.status for w in self._workers.values()] + self._layers.statuses() + self._skipped
 
     def heatmap_data(self, disk: str, *, title: str) -> HeatmapData | None:
         """A managed disk's heat map as of its last cycle; None for an unknown or not yet scanned disk."""
@@ -187,7 +265,8 @@ class DiskSet:
         self._log.info(event("disk.dropped", disk=target))
 
     def drop_all(self, *, qemu_alive: bool) -> None:
-        """Drop every disk (model change, shutdown); one failing close does not stop the others."""
+        """Drop every disk and layer (model change, shutdown); one failing close does not stop the others."""
+        self._layers.close_all(qemu_alive=qemu_alive)
         for target in list(self._workers):
             try:
                 self.drop(target, qemu_alive=qemu_alive)

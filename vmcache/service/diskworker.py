@@ -48,6 +48,7 @@ class DiskWorker:
         params: ModelParams,
         floor_bytes: int,
         prefetch_rate: int | None = None,
+        warm_rate: int | None = None,
         refs: PageRefs | None = None,
         runtime_dir: str,
         socket_owner: tuple[int, int] | None = None,
@@ -56,10 +57,13 @@ class DiskWorker:
         logger: logging.Logger,
         heatmap: HeatmapWriter | None = None,
         engine_factory: type[DiskEngine] = DiskEngine,
+        layer_of: str | None = None,
     ) -> None:
         """Start tracking; raises VmcacheError when the image cannot be opened.
 
-        ``heatmap`` writes the disk's heat-map files after its cycles.
+        ``heatmap`` writes the disk's heat-map files after its cycles;
+        ``layer_of``: the image is a read-only backing layer of that target's
+        top image (no tracker: give ``node`` None).
         """
         disk = choice.disk
         assert disk.source is not None
@@ -67,10 +71,11 @@ class DiskWorker:
         self.image = disk.source
         self.budget = choice.budget
         self._log = logger
-        self._metrics: DiskMetrics = metrics.disk(self.target, self.image)
+        self._metrics: DiskMetrics = metrics.disk(self.target, self.image, layer=layer_of is not None)
         self._agent_metrics = metrics
         self.status = DiskStatus(target=disk.target, source=disk.source, cache=disk.cache_mode, eligible=True,
-                                 budget_bytes=choice.budget, dirty_granule_bytes=granularity if node else None)
+                                 budget_bytes=choice.budget, dirty_granule_bytes=granularity if node else None,
+                                 layer_of=layer_of)
         self.tracker: DirtyTracker | None = None
         if node is not None:
             tracker = DirtyTracker(monitor, node, granularity=granularity, runtime_dir=runtime_dir,
@@ -81,7 +86,8 @@ class DiskWorker:
             except VmcacheError as err:
                 self._record_error(err, "tracker.start_failed")
         self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
-                                     prefetch_rate=prefetch_rate, refs=refs, clear_refs=False,
+                                     prefetch_rate=prefetch_rate, warm_rate=warm_rate, refs=refs,
+                                     clear_refs=False,
                                      writes=self._writes if self.tracker else None, logger=logger)
         self._heatmap = heatmap
         self._last_cycle: float | None = None
@@ -141,6 +147,36 @@ class DiskWorker:
         return deleted
 
     @property
+    def layer_of(self) -> str | None:
+        """The target whose top image this one is a backing layer of; None for a top."""
+        return self.status.layer_of
+
+    def demote(self, *, qemu_alive: bool = True) -> None:
+        """The image became a read-only backing layer (an external snapshot put an overlay on it).
+
+        Its bitmap goes, its heat and pins stay: the worker goes on as a layer of the same target.
+        """
+        self._stop_tracker(qemu_alive)
+        self.tracker = None
+        self.engine.track(None)
+        self._agent_metrics.remove_disk(self.target, self.image)
+        self._metrics = self._agent_metrics.disk(self.target, self.image, layer=True)
+        self.status.layer_of = self.target
+        self.status.dirty_granule_bytes = None
+        self._log.info(event("disk.demoted", disk=self.target, image=self.image))
+
+    def take_over(self, layer: DiskWorker) -> None:
+        """Carry on ``layer``'s heat and pins: its file is this disk's top now (a commit's pivot onto it).
+
+        ``layer`` gets this worker's fresh engine in exchange; closing it then unpins nothing of ours.
+        """
+        fresh, self.engine = self.engine, layer.engine
+        layer.engine = fresh
+        self.engine.track(self._writes if self.tracker else None)
+        self.engine.budget = self.budget
+        self._log.info(event("disk.promoted", disk=self.target, image=self.image))
+
+    @property
     def pinned_bytes(self) -> int:
         """Bytes pinned after the last cycle (0 before the first)."""
         return self.engine.last.pinned_bytes if self.engine.last else 0
@@ -176,18 +212,21 @@ class DiskWorker:
         our local socket directory is cleaned up.
         """
         try:
-            if self.tracker is not None:
-                try:
-                    self.tracker.stop()
-                except VmcacheError as err:
-                    level = logging.WARNING if qemu_alive else logging.DEBUG
-                    self._log.log(level, event("tracker.stop_failed", disk=self.target, error=err))
+            self._stop_tracker(qemu_alive)
         finally:
             self.engine.close()
-            self._agent_metrics.remove_disk(self.target)
+            self._agent_metrics.remove_disk(self.target, self.image, layer=self.layer_of is not None)
             if self._inode is not None:
                 os.close(self._inode)
                 self._inode = None
+
+    def _stop_tracker(self, qemu_alive: bool) -> None:
+        if self.tracker is not None:
+            try:
+                self.tracker.stop()
+            except VmcacheError as err:
+                level = logging.WARNING if qemu_alive else logging.DEBUG
+                self._log.log(level, event("tracker.stop_failed", disk=self.target, error=err))
 
 
 def _open_inode(path: str) -> int | None:

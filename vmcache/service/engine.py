@@ -59,6 +59,7 @@ class DiskEngine:
         budget: int,
         floor_bytes: int,
         prefetch_rate: int | None = None,
+        warm_rate: int | None = None,
         writes: WriteSource | None = None,
         pinner: Pinner | None = None,
         refs: PageRefs | None = None,
@@ -71,7 +72,9 @@ class DiskEngine:
 
         ``prefetch_rate``: bytes per second vmcache may read from the device
         to fill regions it starts pinning (their pages not yet in the page
-        cache); None for no limit. ``refs`` reads the referenced bits of
+        cache); None for no limit. ``warm_rate``: the rate instead while a
+        saved hot set is restored (the higher of the two; None: the same).
+        ``refs`` reads the referenced bits of
         pinned pages (the guest's reads of them); ``clear_refs``: clear them
         at the end of each cycle - an agent running several engines clears
         once, after all of them. Raises PageCacheError when the image cannot
@@ -92,11 +95,15 @@ class DiskEngine:
         self._refs = refs if refs is not None else PageRefs()
         self._clear_refs = clear_refs
         self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, logger=self._log)
-        self._cycle = Cycle(params, prefetch_rate=prefetch_rate)
+        self._cycle = Cycle(params, prefetch_rate=prefetch_rate, warm_rate=warm_rate)
         self._written = BlockValues.empty()
         self._cycles = 0
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
+
+    def track(self, writes: WriteSource | None) -> None:
+        """Read the guest's writes from ``writes`` from the next cycle on (None: the file is read-only now)."""
+        self._writes = writes
 
     @property
     def warm(self) -> WarmStart | None:
@@ -215,11 +222,17 @@ class DiskEngine:
     def _settle(self, pinned: Sequence[Region]) -> None:
         """Tell the cycle what is pinned now; log when that completed a warm start."""
         warm = self.warm
-        restoring = warm is not None and not warm.done
+        if warm is None or warm.done:
+            self._cycle.pinned(pinned)
+            return
+        before = warm.restored_bytes
         self._cycle.pinned(pinned)
-        if warm is not None and restoring and warm.done:
+        if warm.done:
             self._log.info(event("warm.done", image=self.image, restored=warm.restored_bytes,
                                  given_up=warm.given_up_bytes, total=warm.total_bytes))
+        elif warm.restored_bytes != before:  # restored piecewise: one line a step
+            self._log.info(event("warm.progress", image=self.image, restored=warm.restored_bytes,
+                                 total=warm.total_bytes))
 
     def close(self) -> None:
         """Unpin everything and close the image."""

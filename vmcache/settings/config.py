@@ -129,6 +129,7 @@ class HostConfig:
     budget: int = 1 << 30
     min_free: int = 1 << 30
     prefetch_rate: int | None = 8 << 20
+    warm_rate: int = 32 << 20           # the prefetch rate while a saved hot set is restored (the higher applies)
     psi_threshold: float = 10.0
     interval: float = 10.0
     hotset_interval: float = 300.0      # seconds between saves of the hot set; 0: never saved
@@ -267,6 +268,8 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     if "prefetch_rate" in data:
         values["prefetch_rate"] = (None if data["prefetch_rate"] in ("unlimited", None)
                                    else parse_size(data["prefetch_rate"], key="prefetch_rate"))
+    if "warm_rate" in data:
+        values["warm_rate"] = _warm_rate(data["warm_rate"])
     if "psi_threshold" in data:
         values["psi_threshold"] = _percent(data["psi_threshold"], "psi_threshold")
     if "interval" in data:
@@ -297,13 +300,25 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     return config
 
 
-_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "psi_threshold", "interval", "hotset_interval", "cache_modes",
-             "pinned_cap", "model",
+_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "warm_rate", "psi_threshold", "interval", "hotset_interval",
+             "cache_modes", "pinned_cap", "model",
              "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap")
 _METRICS_KEYS = ("listen", "ports", "tls", "basic_auth")
 _TLS_KEYS = ("certfile", "keyfile", "client_cafile", "client_auth_required")
 _AUTH_KEYS = ("username", "password_file")
 _HEATMAP_KEYS = ("dir", "every", "blocks_per_pixel", "aspect")
+
+
+def _warm_rate(value: object) -> int:
+    """``warm_rate``: a size above 0 (bytes per second)."""
+    if value in ("unlimited", None):
+        raise ConfigError("warm_rate", value, "must be a rate such as 32M (bytes per second); a warm start is "
+                          "never unlimited: give a large rate to restore the saved set in one cycle")
+    rate = parse_size(value, key="warm_rate")
+    if rate <= 0:
+        raise ConfigError("warm_rate", value, "must be more than 0 (a saved hot set is restored at the higher of "
+                          "prefetch_rate and warm_rate)")
+    return rate
 
 
 def _key_text(key: object) -> str:
