@@ -4,10 +4,10 @@ Every run boots the tiny test guest (scripts/build-guest.sh) as a transient
 libvirt domain (``type='qemu'``, TCG) on one fully allocated raw image with
 ``cache='writethrough'`` and reads fio's JSON from its serial console.
 Arms are ``scenario-device-mode`` (bench/e2e_arms.py): the scenario is what
-the guest and its neighbours do, the device how much a miss costs (blkio
-throttling of QEMU and the agent, bench/e2e_host.py), the mode who manages
+the guest and its neighbours do, the device how much a miss costs (a FUSE
+delay device under the page cache, bench/delaydev.py), the mode who manages
 the cache (evicted, kernel, vmcache, oracle). How one run is set up (memory
-cgroup, limit, device cgroup) is in bench/e2e_run.py; docs/benchmarks.md
+cgroup, limit, delay device) is in bench/e2e_run.py; docs/benchmarks.md
 says why.
 
 Rounds: every selected arm runs once per round, in the same order, for
@@ -40,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import libvirt
 
 from bench.e2e_arms import GOALS, SCENARIOS, SETS, Arm, every_arm
-from bench.e2e_host import DEVICES, MIB, Cgroup, log, run, start_filler, stop, throttle, whole_disk
-from bench.e2e_report import arm_table, boot_table, figures, goal_table, time_to_steady
+from bench.e2e_host import DEVICES, MIB, Cgroup, evict, log, mount_delay, run, unmount_delay, warm
+from bench.e2e_report import (arm_table, boot_table, device_check_line, figures, goal_table, miss_figures,
+                              time_to_steady)
 from bench.e2e_run import Settings, destroy_ours, hook_lock, learn_hotset, run_arm, warmup
 
 
@@ -103,33 +104,44 @@ def references(arms: list[Arm]) -> dict[str, str]:
     return out
 
 
+CHECKS = (   # case, fio arguments: 4 KiB requests, psync, the page cache kept (invalidate=0)
+    ("miss", ["--rw=randread"]),                                   # over the whole cold image
+    ("miss_32", ["--rw=randread", "--numjobs=32", "--group_reporting"]),  # 32 at once, like QD32
+    ("hit", ["--rw=randread", f"--size={64 * MIB}"]),              # 64 MiB read in before
+    ("sync_write", ["--rw=randwrite", f"--size={64 * MIB}", "--sync=1"]),
+)
+
+
 def check_device(name: str, s: Settings) -> dict:
-    """Host-side fio in a blkio cgroup throttled like the arms: 4 KiB QD1 reads that miss, and that hit."""
-    cg = Cgroup("blkio", "vmcache-bench-e2e-check")
+    """Host-side fio in the bench's memory cgroup on the image as the arms open it: misses, hits, O_SYNC writes."""
+    dev = DEVICES[name]
+    cg = Cgroup("memory", "vmcache-bench-e2e-check")
     cg.create()
     out = {}
-    filler = None
+    daemon = None
     try:
-        throttle(cg, s.disk_dev, DEVICES[name])
-        if DEVICES[name].read_iops:
-            filler = start_filler(cg, s.filler_file)
-        hot = 64 * MIB
-        for case, rw, extra in (("miss", "randread", []), ("hit", "randread", [f"--size={hot}"]),
-                                ("sync_write", "randwrite", [f"--size={hot}", "--sync=1"])):
-            run(["vmtouch", "-q", "-e", str(s.disk)])
+        if dev.delayed:
+            warm(s.disk)
+            daemon = mount_delay(dev, s.disk.parent, s.mount, s.out / "delaydev-check.json")
+        path = s.mount / s.disk.name if dev.delayed else s.disk
+        for case, extra in CHECKS:
+            evict(path)
             if case == "hit":
-                run(["vmtouch", "-q", "-t", "-p", f"0-{hot}", str(s.disk)])
-            argv = ["fio", f"--name={case}", f"--filename={s.disk}", f"--rw={rw}", "--bs=4k", "--ioengine=psync",
-                    "--invalidate=0", "--time_based", "--runtime=3", "--output-format=json", *extra]
+                run(["vmtouch", "-q", "-t", "-p", f"0-{64 * MIB}", str(path)])
+            argv = ["fio", f"--name={case}", f"--filename={path}", "--bs=4k", "--ioengine=psync", "--invalidate=0",
+                    "--time_based", "--runtime=3", "--output-format=json", *extra]
             done = run(["sh", "-c", cg.shell_prefix() + "exec " + " ".join(argv)])
-            job = json.loads(done.stdout[done.stdout.find("{"):])["jobs"][0]["write" if rw == "randwrite" else "read"]
-            out[case] = {"iops": round(job["iops"]), "lat_mean_us": round(job["lat_ns"]["mean"] / 1000, 1)}
+            job = json.loads(done.stdout[done.stdout.find("{"):])["jobs"][0]
+            side = job["write" if case == "sync_write" else "read"]
+            out[case] = {"iops": round(side["iops"]), "lat_mean_us": round(side["lat_ns"]["mean"] / 1000, 1),
+                         "lat_p50_us": round(side["clat_ns"]["percentile"]["50.000000"] / 1000, 1),
+                         "lat_p99_us": round(side["clat_ns"]["percentile"]["99.000000"] / 1000, 1)}
     finally:
-        stop(filler)
-        run(["vmtouch", "-q", "-e", str(s.disk)], check=False)
+        if daemon is not None:
+            unmount_delay(daemon, s.mount)
+        evict(s.disk)
         cg.remove()
-    log(f"device {DEVICES[name].describe()}: miss {out['miss']['lat_mean_us']} us, hit {out['hit']['lat_mean_us']} us, "
-        f"sync write {out['sync_write']['lat_mean_us']} us")
+    log(device_check_line(dev.describe(), out))
     return out
 
 
@@ -149,8 +161,6 @@ def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int) 
         log(f"writing a fully allocated {disk_gib} GiB raw image {s.disk}")
         run(["dd", "if=/dev/zero", f"of={s.disk}", "bs=4M", f"count={s.disk_bytes // (4 * MIB)}",
              "oflag=direct", "status=none"])
-    if any(DEVICES[a.device].read_iops for a in arms) and not s.filler_file.exists():
-        run(["dd", "if=/dev/zero", f"of={s.filler_file}", "bs=4M", "count=64", "oflag=direct", "status=none"])
     if any(a.scenario.neighbour for a in arms):
         with open(s.neighbour_file, "wb") as f:
             f.truncate(neighbour_gib << 30)
@@ -158,11 +168,14 @@ def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int) 
 
 def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> None:
     """Every arm once per round, in order; each run's row appended to ``runs`` as it ends."""
-    if any(a.mode == "warm" for a in arms):
-        # What an earlier vmcache run of the guest saved. Learnt on the unthrottled device: the hot set
-        # is the workload's, and on the HDD class the agent had pinned nothing after a 60 s warm-up.
+    warm_devices = sorted({a.device for a in arms if a.mode == "warm"})
+    if len(warm_devices) > 1:
+        raise SystemExit("warm arms on more than one device: the saved hot set names one image path")
+    if warm_devices:
+        # What an earlier vmcache run of the guest saved, on the same device: the hot set names the
+        # image's path (the delay device's mount, or the real disk's).
         with hook_lock():
-            s.hotset = learn_hotset("none", s)
+            s.hotset = learn_hotset(warm_devices[0], s)
     for round_ in range(1, rounds + 1):
         for arm in arms:
             log(f"round {round_}/{rounds}: {arm.name}")
@@ -175,11 +188,7 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
             if res.steady_fio is not None:
                 row["figures"]["steady_iops"] = figures([res.steady_fio])["iops"]
                 row["figures"]["t90_seconds"] = time_to_steady(res.cgroup_samples, row["figures"]["steady_iops"])
-            guest_reads = sum(j["read"]["total_ios"] for j in res.fio)
-            if res.device_read_bytes and guest_reads:
-                for who, value in res.device_read_bytes.items():
-                    row["figures"][f"{who}_device_reads_per_guest_read"] = value / 4096 / guest_reads
-                row["figures"]["device_reads_per_guest_read"] = sum(res.device_read_bytes.values()) / 4096 / guest_reads
+            row["figures"].update(miss_figures(res.device_read_bytes, sum(j["read"]["total_ios"] for j in res.fio)))
             if res.agent and res.agent.get("status"):
                 row["pinned_end"] = sum(d.get("pinned_bytes", 0) for d in res.agent["status"].get("disks", []))
             runs.append(row)
@@ -188,10 +197,7 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
 
 
 def report(arms: list[Arm], runs: list[dict], meta: dict, out: Path) -> None:
-    checks = "\n".join(f"- {DEVICES[d].describe()}: host fio 4 KiB QD1 reads, miss {c['miss']['lat_mean_us']} us "
-                       f"({c['miss']['iops']} IOPS), hit {c['hit']['lat_mean_us']} us, "
-                       f"4 KiB O_SYNC write {c['sync_write']['lat_mean_us']} us"
-                       for d, c in meta["device_checks"].items())
+    checks = "\n".join(f"- {device_check_line(DEVICES[d].describe(), c)}" for d, c in meta["device_checks"].items())
     text = "\n\n".join([f"`{meta['command']}`, {meta['started']} - {meta['finished']} UTC, "
                         f"commit {meta['machine']['commit']}",
                         checks, goal_table(GOALS, runs), arm_table([a.name for a in arms], runs, references(arms)),
@@ -213,8 +219,8 @@ def main() -> int:
     out.mkdir(parents=True)
     s = Settings(runtime=args.runtime, warmup=args.warmup, slow_warmup=args.slow_warmup, gap=args.gap,
                  cache_mib=args.cache_mib, budget_mib=args.budget_mib, disk=work / "disk.raw",
-                 disk_bytes=args.disk_gib << 30, disk_dev=whole_disk(work), neighbour_file=work / "neighbour.sparse",
-                 filler_file=work / "filler.raw", stream_rate=args.stream_rate, reuse_iops=args.reuse_iops,
+                 disk_bytes=args.disk_gib << 30, mount=work / "delay", neighbour_file=work / "neighbour.sparse",
+                 stream_rate=args.stream_rate, reuse_iops=args.reuse_iops,
                  reclaim_period=args.reclaim_period, out=out, guest_dir=args.guest_dir, memory_mib=args.memory_mib,
                  model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv))
 
@@ -239,8 +245,8 @@ def main() -> int:
         log("interrupted: cleaning up")
     finally:
         destroy_ours()
+        unmount_delay(None, s.mount)   # an arm's own cleanup unmounts; this catches one cut short
         s.neighbour_file.unlink(missing_ok=True)
-        s.filler_file.unlink(missing_ok=True)
         if not args.keep_image:
             s.disk.unlink(missing_ok=True)
             try:

@@ -2,7 +2,8 @@
 
 A *scenario* is what the guest does and what happens around it (a
 neighbour, proactive reclaim); a *device* is how much a cache miss costs
-(bench/e2e_host.py DEVICES); a *mode* is who manages the cache:
+(bench/e2e_host.py DEVICES: ``ssd`` ~0.4 ms and ``hdd`` ~5 ms per miss through the
+delay device bench/delaydev.py, ``none`` the real disk); a *mode* is who manages the cache:
 
   evicted  image dropped from the cache, measured from boot, no warm-up
   kernel   no agent: the kernel's LRU alone
@@ -70,7 +71,8 @@ def group(scenario: str, device: str, modes: tuple[str, ...]) -> list[Arm]:
 
 KOV = ("kernel", "vmcache", "oracle")
 
-# `make bench`: the goals of issue 11, 3 interleaved rounds in under 45 minutes at the default runtimes.
+# `make bench`: the goals of issue 11, 3 interleaved rounds, ~34 minutes of runs at the default runtimes
+# (bench/e2e.py prints its estimate) plus the device checks and waits for the hook lock.
 DEFAULT = [
     *group("reuse", "ssd", KOV),
     *group("reclaim", "ssd", ("kernel", "vmcache")),
@@ -79,8 +81,9 @@ DEFAULT = [
     *group("qd32", "ssd", ("kernel", "vmcache")),
 ]
 
-# --set long: the same plus the oracles left out above, the unthrottled column, HDD-class
-# neighbours and the periodic hot set.
+# --set long: the same plus the oracles left out above, the real-disk (none) column, HDD-class
+# neighbours and the periodic hot set (~200 s per arm at the defaults: 3 modes x 3 rounds would add
+# ~30 minutes, so it stays out of the default).
 LONG = [
     *DEFAULT,
     Arm(SCENARIOS["reclaim"], "ssd", "oracle"),

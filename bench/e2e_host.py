@@ -1,4 +1,4 @@
-"""Host side of the end-to-end bench: cgroups, the throttled device, host processes, load.
+"""Host side of the end-to-end bench: cgroups, the delay device, host processes, load.
 
 Everything here touches the host (cgroup v1 files, /proc, processes it
 starts); bench/e2e_run.py puts it together per arm. Nothing here knows
@@ -7,9 +7,11 @@ about arms or reports.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -102,60 +104,96 @@ def memory_stat(cg: Cgroup) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Device:
-    """A device class the bench imitates with blkio throttling (0: no limit).
+    """A device class the bench imitates: every read request that misses the page cache costs ``read_ms``.
 
-    cgroup v1 throttling counts only bios sent to the device: page-cache
-    hits cost nothing. It is a rate limit, not a delay: below
-    ``read_iops`` a miss goes at the real disk's speed. So a *busy* device
-    is imitated: a filler (:func:`start_filler`) in the same blkio cgroup
-    keeps the limit reached with O_DIRECT reads, and every miss of the
-    guest or the agent queues behind it, ~1-2 / ``read_iops`` s, as on a
-    device another tenant keeps busy.
+    The image is reached through the delay device (bench/delaydev.py), a
+    FUSE passthrough under the page cache: hits never reach it, each miss
+    sleeps ``read_ms`` in its own thread, requests in flight overlap (a
+    queue). ``read_ms`` None: no delay device, the image on the real disk.
+    The daemon's own overhead (~0.1 ms per request on this host) comes on
+    top: the device check (bench/e2e.py) measures the total with fio.
     """
 
     name: str
-    read_iops: int = 0
-    write_iops: int = 0
-    read_bps: int = 0
-    write_bps: int = 0
+    read_ms: float | None = None
+    write_ms: float = 0.0
+    nominal: str = ""          # the latency the setting stands for
+
+    @property
+    def delayed(self) -> bool:
+        return self.read_ms is not None
 
     def describe(self) -> str:
-        if not (self.read_iops or self.write_iops):
-            return f"{self.name} (unthrottled)"
-        parts = [f"{d} {iops} IOPS {bps // MIB} MiB/s" for d, iops, bps in
-                 (("read", self.read_iops, self.read_bps), ("write", self.write_iops, self.write_bps)) if iops]
-        return f"{self.name} ({', '.join(parts)})"
+        if not self.delayed:
+            return f"{self.name} (the real disk, no delay device)"
+        writes = f", writes +{self.write_ms} ms" if self.write_ms else ""
+        return f"{self.name} ({self.nominal} per miss: delay device sleeping {self.read_ms} ms per read request{writes})"
 
 
-# Reads only: what vmcache can change. A guest's O_SYNC write is a data write,
-# a flush and a journal commit on ext4, so a write limit as tight as the read
-# one made each guest write cost 2-4 ms on the busy-SSD setting, the same in
-# every arm, and drowned the reads in the ratio. Writes go at the real disk's
-# speed (~120 us O_SYNC on the host here).
+# Reads only: what vmcache can change. Writes (the guest's 20% O_SYNC writes)
+# are the same in every arm; they pass through at the real disk's speed plus
+# the daemon's overhead.
 DEVICES = {
     "none": Device("none"),
-    # a busy SSD shared with others: 0.4 ms per 4 KiB read
-    "ssd": Device("ssd", read_iops=2500, read_bps=400 * MIB),
-    # network / HDD-class storage: 5 ms per 4 KiB read
-    "hdd": Device("hdd", read_iops=200, read_bps=150 * MIB),
+    # a busy SSD shared with others: ~0.4 ms per 4 KiB read with the daemon's overhead
+    "ssd": Device("ssd", read_ms=0.3, nominal="~0.4 ms"),
+    # network / HDD-class storage: ~5 ms per 4 KiB read
+    "hdd": Device("hdd", read_ms=4.8, nominal="~5 ms"),
 }
 
-
-def whole_disk(path: Path) -> str:
-    """``major:minor`` of the disk (not the partition) holding ``path``: blkio rules name disks."""
-    st = path.stat()
-    sysdev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
-    if (sysdev / "partition").exists():
-        sysdev = sysdev.resolve().parent
-    return (sysdev / "dev").read_text().strip()
+DELAYDEV = Path(__file__).resolve().parent / "delaydev.py"
 
 
-def throttle(cg: Cgroup, disk: str, device: Device) -> None:
-    """Set ``device``'s limits on ``disk`` for the blkio cgroup ``cg`` (already created)."""
-    for key, value in (("read_iops", device.read_iops), ("write_iops", device.write_iops),
-                       ("read_bps", device.read_bps), ("write_bps", device.write_bps)):
-        if value:
-            cg.write(f"blkio.throttle.{key}_device", f"{disk} {value}")
+def mount_delay(device: Device, backing: Path, mountpoint: Path, stats: Path) -> subprocess.Popen:
+    """The delay device over directory ``backing`` at ``mountpoint`` (created); returns once it is mounted.
+
+    The daemon stays in the caller's cgroups: the backing file's own page cache is charged there, not to
+    the arm's memory cgroup.
+    """
+    unmount_delay(None, mountpoint)   # a leftover of an interrupted run
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    stats.unlink(missing_ok=True)
+    errors = stats.with_suffix(".log")   # a file, not a pipe nobody reads while the arm runs
+    with open(errors, "ab") as err:
+        proc = subprocess.Popen([sys.executable, str(DELAYDEV), str(backing), str(mountpoint),
+                                 "--read-ms", str(device.read_ms), "--write-ms", str(device.write_ms),
+                                 "--stats", str(stats)],
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    deadline = time.monotonic() + 30
+    while not (os.path.ismount(mountpoint) and stats.exists()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            unmount_delay(proc, mountpoint)
+            raise RuntimeError(f"the delay device did not mount: {errors.read_text(errors='replace')[-500:]}")
+        time.sleep(0.1)
+    return proc
+
+
+def unmount_delay(proc: subprocess.Popen | None, mountpoint: Path) -> None:
+    """Stop the daemon (it unmounts), lazily unmount whatever is left, remove the mount point."""
+    stop(proc)
+    if os.path.ismount(mountpoint):
+        run(["umount", "-l", str(mountpoint)], check=False)
+    try:
+        mountpoint.rmdir()
+    except OSError:
+        pass
+
+
+def delay_stats(path: Path) -> dict[str, int]:
+    """The delay device's counters (reads, read_bytes, writes, ...); {} if it wrote none."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def evict(path: Path) -> None:
+    run(["vmtouch", "-q", "-e", str(path)])
+
+
+def warm(path: Path) -> None:
+    """Read ``path`` into the page cache (the delay device's backing file: a miss then costs the delay only)."""
+    run(["vmtouch", "-q", "-t", str(path)])
 
 
 # ---------------------------------------------------------------- /proc
@@ -253,24 +291,6 @@ def start_reuse(cg: Cgroup, path: Path, rate_iops: int) -> subprocess.Popen:
     return start_in(cg, ["fio", "--name=reuse", f"--filename={path}", "--rw=randread", "--bs=4k",
                          "--ioengine=psync", "--invalidate=0", "--time_based", "--runtime=3600",
                          f"--rate_iops={rate_iops}", "--norandommap", "--output-format=terse"])
-
-
-def start_filler(cg: Cgroup, path: Path) -> subprocess.Popen:
-    """The other tenant of a busy device: O_DIRECT 4 KiB random reads of ``path`` (an allocated file on the
-    image's disk, not the image) at QD1, as fast as ``cg``'s throttle lets them through (no page cache).
-
-    Not the image itself: an O_DIRECT read of a file holds its inode lock
-    while it waits in the throttle, and every buffered write to the file
-    waits for it (a first version read the image: guest writes took 7-60
-    ms). The block device itself cannot be opened in this sandbox.
-    """
-    proc = start_in(cg, ["fio", "--name=busy", f"--filename={path}", "--readonly", "--rw=randread", "--bs=4k",
-                         "--direct=1", "--ioengine=psync", "--time_based", "--runtime=3600", "--norandommap",
-                         "--output-format=terse"])
-    time.sleep(0.5)
-    if proc.poll() is not None:
-        raise RuntimeError(f"the filler exited: {proc.stderr.read().decode(errors='replace')[:300]}")
-    return proc
 
 
 def stop(proc: subprocess.Popen | None) -> None:

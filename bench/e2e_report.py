@@ -72,6 +72,34 @@ def verdict(ratios: Spread | None, target: float | None = None) -> str:
     return f"{met} (no difference)" if same else met
 
 
+def miss_figures(device_read: dict[str, int], guest_reads: int) -> dict[str, float]:
+    """Misses per guest read in the measured run, from what storage served (bench/e2e_run.py device_reads).
+
+    On the delay device: ``device`` bytes and ``device_requests`` (read requests that missed, readahead
+    included); on the real disk: ``qemu`` and ``agent`` bytes from /proc/PID/io. Pages are 4 KiB.
+    """
+    if not device_read or not guest_reads:
+        return {}
+    if "device" in device_read:
+        return {"device_reads_per_guest_read": device_read["device"] / 4096 / guest_reads,
+                "device_requests_per_guest_read": device_read.get("device_requests", 0) / guest_reads}
+    out = {f"{who}_device_reads_per_guest_read": value / 4096 / guest_reads for who, value in device_read.items()}
+    out["device_reads_per_guest_read"] = sum(device_read.values()) / 4096 / guest_reads
+    return out
+
+
+def device_check_line(describe: str, check: dict) -> str:
+    """One device's host fio check (bench/e2e.py CHECKS) as a line: mean (p50, p99) latencies and IOPS."""
+    def lat(case: str) -> str:
+        c = check[case]
+        return f"{c['lat_mean_us']} us (p50 {c['lat_p50_us']}, p99 {c['lat_p99_us']})"
+    parts = [f"miss {lat('miss')}, {check['miss']['iops']} IOPS"]
+    if "miss_32" in check:
+        parts.append(f"32 parallel misses {check['miss_32']['iops']} IOPS, each {lat('miss_32')}")
+    parts += [f"hit {lat('hit')}", f"4 KiB O_SYNC write {lat('sync_write')}"]
+    return f"{describe}: host fio 4 KiB psync, " + "; ".join(parts)
+
+
 def arm_table(arm_names: list[str], runs: list[dict], reference: dict[str, str]) -> str:
     """One line per arm: IOPS, read latency, ratio to its group's reference, agent, load; medians (min-max)."""
     lines = ["| arm | runs | IOPS (r+w) | read mean us | device reads / guest read | x ref (per round) | ref "

@@ -4,10 +4,11 @@ Memory: a fresh memory cgroup v1 per arm (``CGROUP``). The domain is started
 paused, QEMU moves in, then the guest resumes, so every page its I/O brings
 into the cache is charged there; the agent, vmtouch and the neighbour are in
 it too. Once the guest is up the limit becomes QEMU's anonymous memory plus
-``cache_mib``. Device: QEMU and the agent also move into a blkio cgroup
-(``DEVICE_CGROUP``) throttled to the arm's device class, so their misses pay
-for the device while page-cache hits cost nothing; the neighbours are not
-throttled (their sparse files cost no device time anyway).
+``cache_mib``. Device: on the ``ssd`` and ``hdd`` settings the domain opens
+the image through a delay device mounted for the arm (bench/delaydev.py, a
+FUSE passthrough under the page cache), so its misses and the agent's cost
+the setting's delay while page-cache hits cost nothing; the neighbours read
+their sparse file on the real disk (holes cost no device time anyway).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import libvirt
 
 from bench.e2e_arms import SCENARIOS, Arm
 from bench.e2e_host import (DEVICES, MIB, Cgroup, Reclaimer, alive, busy_percent, cpu_seconds, cpu_times,
-                            kib, loadavg, log, memory_stat, proc_status, read_bytes, run, start_filler,
-                            start_locker, start_reuse, start_stream, stop, throttle)
+                            delay_stats, evict, kib, loadavg, log, memory_stat, mount_delay, proc_status,
+                            read_bytes, run, start_locker, start_reuse, start_stream, stop, unmount_delay, warm)
 from tests.lab import GuestSpec, domain_xml, fio_results
 from tests.live.livelib import HOOK_LOCK, REPO, destroy_domains, open_conn, qemu_pid, read_status, wait_for
 from vmcache.observe.status import file_stem
@@ -38,7 +39,6 @@ from vmcache.settings.metadata import DomainSettings
 
 PREFIX = "vmcache-bench-e2e-"
 CGROUP = Cgroup("memory", "vmcache-bench-e2e")
-DEVICE_CGROUP = Cgroup("blkio", "vmcache-bench-e2e")
 AGENTS_DIR = Path("/run/vmcache/agents")
 HOOK = Path("/etc/libvirt/hooks/qemu")
 HOOK_PYTHON = "/opt/vmcache/venv/bin/python"
@@ -53,11 +53,10 @@ class Settings:
     gap: int                   # periodic: phase off the hot range, s
     cache_mib: int
     budget_mib: int
-    disk: Path
+    disk: Path                 # the image on the real disk
     disk_bytes: int
-    disk_dev: str              # major:minor of the disk under the image
+    mount: Path                # where the delay device shows the image's directory
     neighbour_file: Path
-    filler_file: Path          # allocated, on the image's disk: what the busy device's other tenant reads
     stream_rate: str
     reuse_iops: int
     reclaim_period: float
@@ -85,7 +84,9 @@ class ArmResult:
     oracle_locked_bytes: int = 0
     load: dict = field(default_factory=dict)  # loadavg at start / end of the measured run, host CPU busy %
     reclaims: int = 0
-    device_read_bytes: dict = field(default_factory=dict)  # bytes fetched from storage in the measured run: qemu, agent
+    # bytes fetched from storage in the measured run: qemu and agent (/proc/PID/io) on the real disk,
+    # "device" (and "device_requests") from the delay device's counters
+    device_read_bytes: dict = field(default_factory=dict)
     wall_seconds: float = 0.0
 
 
@@ -179,17 +180,21 @@ def cmdline(pid: int) -> str:
 
 # ---------------------------------------------------------------- steps of an arm
 
-def prepare(arm: Arm, s: Settings, res: ArmResult, procs: list) -> None:
-    """Cold image, fresh cgroups, the busy device; the oracle's locker. Started processes go to ``procs``."""
-    run(["vmtouch", "-q", "-e", str(s.disk)])
+def image(arm: Arm, s: Settings) -> Path:
+    """The path the arm's domain (and the agent, the oracle's locker) open the image by."""
+    return s.mount / s.disk.name if DEVICES[arm.device].delayed else s.disk
+
+
+def prepare(arm: Arm, s: Settings, res: ArmResult, procs: list, device: list) -> None:
+    """Cold image, fresh cgroup, the delay device (its daemon goes to ``device``); the oracle's locker."""
+    dev = DEVICES[arm.device]
+    if dev.delayed:
+        warm(s.disk)     # the backing file: a miss costs the delay, not the real disk's latency too
+        device.append(mount_delay(dev, s.disk.parent, s.mount, s.out / "delaydev.json"))
+    evict(image(arm, s))
     CGROUP.create()
-    DEVICE_CGROUP.create()
-    device = DEVICES[arm.device]
-    throttle(DEVICE_CGROUP, s.disk_dev, device)
-    if device.read_iops:
-        procs.append(start_filler(DEVICE_CGROUP, s.filler_file))
     if arm.mode == "oracle":
-        procs.append(locker := start_locker(CGROUP, s.disk, hot_range(s)))
+        procs.append(locker := start_locker(CGROUP, image(arm, s), hot_range(s)))
         res.oracle_locked_bytes = kib(proc_status(locker.pid), "VmLck") * 1024
 
 
@@ -199,7 +204,7 @@ def boot(arm: Arm, s: Settings, res: ArmResult, console: Path) -> int:
     p = plan(arm)
     agent = arm.mode in ("vmcache", "warm")
     settings = DomainSettings(budget=s.budget_mib * MIB, model=s.model) if agent else None
-    spec = GuestSpec(name=name, disk=str(s.disk), console_log=str(console), guest_dir=s.guest_dir,
+    spec = GuestSpec(name=name, disk=str(image(arm, s)), console_log=str(console), guest_dir=s.guest_dir,
                      workload=arm.scenario.workload, qd=arm.scenario.qd, loops=p.loops, memory_mib=s.memory_mib,
                      runtime=s.runtime, warmup=warmup(arm, s),
                      gap=s.gap if arm.scenario.workload == "periodic" else None, settings=settings)
@@ -215,8 +220,7 @@ def boot(arm: Arm, s: Settings, res: ArmResult, console: Path) -> int:
     try:
         dom = conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED)
         qpid = qemu_pid(name)
-        for cg in (CGROUP, DEVICE_CGROUP):
-            cg.join(qpid)
+        CGROUP.join(qpid)
         if agent:
             join_agent(name, res)
         dom.resume()
@@ -226,10 +230,9 @@ def boot(arm: Arm, s: Settings, res: ArmResult, console: Path) -> int:
 
 
 def join_agent(name: str, res: ArmResult) -> None:
-    """Find the agent the hook started for ``name`` and move it into both cgroups before the guest runs."""
+    """Find the agent the hook started for ``name`` and move it into the cgroup before the guest runs."""
     apid = wait_for(lambda: agent_pid(name), "the hook to start the agent", timeout=20, step=0.02)
-    for cg in (CGROUP, DEVICE_CGROUP):
-        cg.join(apid)
+    CGROUP.join(apid)
     res.agent = {"pid": apid, "cmdline": cmdline(apid)}
     if f"--host-config {HOST_CONFIG} " not in res.agent["cmdline"] + " ":
         raise RuntimeError(f"the agent runs with another host config: {res.agent['cmdline']}")
@@ -277,7 +280,8 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path,
     runs = warmup(arm, s) + s.runtime * len(p.measured) + s.gap * (p.loops // 2)
     deadline = t_start + 60 + runs * 1.5 + 120
     host0 = None
-    reads0 = {"qemu": 0, "agent": 0}
+    stats = s.out / "delaydev.json" if DEVICES[arm.device].delayed else None
+    reads0: dict[str, int] = {}
     while alive(qpid):
         if time.monotonic() > deadline:
             raise RuntimeError("the guest did not finish in time")
@@ -287,12 +291,12 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path,
             if on_measuring is not None:
                 on_measuring(res)
             host0, res.load["start"] = cpu_times(), loadavg()
-            reads0 = {"qemu": read_bytes(qpid), "agent": read_bytes(apid)}
+            reads0 = device_reads(qpid, apid, stats)
         if not measuring and host0 is not None and "end" not in res.load:
             res.load["end"] = loadavg()
             res.load["host_busy_percent"] = round(busy_percent(host0, cpu_times()), 1)
-            res.device_read_bytes = {"qemu": read_bytes(qpid) - reads0["qemu"],
-                                     "agent": read_bytes(apid) - reads0["agent"] if apid else 0}
+            reads1 = device_reads(qpid, apid, stats)
+            res.device_read_bytes = {k: reads1[k] - reads0.get(k, 0) for k in reads1}
         if apid is not None and alive(apid):
             sample_agent(apid, agent, measuring)
         stat = memory_stat(CGROUP)
@@ -312,6 +316,14 @@ def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path,
             "cpu_percent": 100.0 * (c1[0] - c0[0]) / (c1[1] - c0[1]) if c0 and c1 and c1[1] > c0[1] else None,
             "peak_rss_bytes": agent["peak_rss"], "peak_anon_bytes": agent["peak_anon"],
             "status": read_status(AGENTS_DIR, PREFIX + arm.name)})
+
+
+def device_reads(qpid: int, apid: int | None, stats: Path | None) -> dict[str, int]:
+    """What QEMU and the agent fetched from storage so far: the delay device's counters, or /proc/PID/io."""
+    if stats is not None:
+        counters = delay_stats(stats)
+        return {"device": counters.get("read_bytes", 0), "device_requests": counters.get("reads", 0)}
+    return {"qemu": read_bytes(qpid), "agent": read_bytes(apid) if apid else 0}
 
 
 def _io_counter(name: str) -> Callable[[], int | None]:
@@ -351,8 +363,8 @@ def collect(arm: Arm, res: ArmResult, console: Path) -> None:
         res.steady_fio = results[p.measured[-1] + 1]["jobs"][0]
 
 
-def cleanup(arm: Arm, res: ArmResult, procs: list) -> None:
-    """Stop what the arm started, destroy the domain, wait for the agent to go, remove the cgroups."""
+def cleanup(arm: Arm, s: Settings, res: ArmResult, procs: list, device: list) -> None:
+    """Stop what the arm started, destroy the domain, wait for the agent to go, unmount, remove the cgroup."""
     for proc in procs:
         stop(proc)
     destroy_domains(PREFIX + arm.name)
@@ -365,8 +377,9 @@ def cleanup(arm: Arm, res: ArmResult, procs: list) -> None:
         if alive(apid) and agent_pid(PREFIX + arm.name) == apid:
             log(f"{arm.name}: the agent outlived its domain: SIGTERM {apid}")
             os.kill(apid, signal.SIGTERM)
+    for proc in device:
+        unmount_delay(proc, s.mount)
     CGROUP.remove()
-    DEVICE_CGROUP.remove()
 
 
 def run_arm(arm: Arm, s: Settings, round_: int,
@@ -378,10 +391,11 @@ def run_arm(arm: Arm, s: Settings, round_: int,
     console = adir / "console.log"
     console.write_text("")
     procs: list = []
+    device: list = []
     reclaimer = None
     t0 = time.monotonic()
     try:
-        prepare(arm, s, res, procs)
+        prepare(arm, s, res, procs, device)
         qpid = boot(arm, s, res, console)
         set_limit(s, res, qpid, console)
         procs.append(start_neighbour(arm, s))
@@ -398,7 +412,7 @@ def run_arm(arm: Arm, s: Settings, round_: int,
         if reclaimer is not None:
             reclaimer.stop()
             res.reclaims = reclaimer.count
-        cleanup(arm, res, procs)
+        cleanup(arm, s, res, procs, device)
         res.wall_seconds = time.monotonic() - t0
         (adir / "result.json").write_text(json.dumps(asdict(res), indent=1))
     return res

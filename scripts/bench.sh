@@ -5,8 +5,9 @@
 # libvirt hook, /etc/vmcache/vmcache.yaml), starts libvirtd if needed, builds
 # (or reuses) the tiny test guest, then runs bench/e2e.py: every arm boots a
 # TCG guest running fio on a 2 GiB writethrough raw image inside a memory
-# cgroup, with its device throttled (blkio) to a device class, vmcache arms
-# opted in through the domain metadata; 3 interleaved rounds. About 35
+# cgroup, the image behind a delay device (bench/delaydev.py, FUSE: ~0.4 ms
+# or ~5 ms per page-cache miss), vmcache arms opted in through the domain
+# metadata; 3 interleaved rounds. About 35
 # minutes with the defaults when no live test holds the hook lock (longer
 # when they do: vmcache arms wait for it); prints the goals and a table of
 # medians at the end, raw results in .bench/.
@@ -17,8 +18,9 @@
 # The install (which replaces the libvirt hook) and every vmcache arm hold
 # the live tests' hook lock, so no live test's hook is swapped under it.
 # Everything it makes (domains vmcache-bench-e2e-*, the cgroups
-# /sys/fs/cgroup/{memory,blkio}/vmcache-bench-e2e*, the image and the
-# neighbours' file under /var/lib/vmcache/bench-e2e) is removed at the end.
+# /sys/fs/cgroup/memory/vmcache-bench-e2e*, the delay device's daemon and its
+# mount, the image and the neighbours' file under /var/lib/vmcache/bench-e2e)
+# is removed at the end, also on failure or Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "bench: run as root (it installs vmcache and runs libvirt domains)" >&2; exit 1; }

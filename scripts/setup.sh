@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything vmcache needs on a Debian 12 host, idempotently:
 # Debian packages (QEMU, libvirt, libnbd's Python module, fio, vmtouch, a
-# kernel and busybox for the test guest) and a venv in .venv that sees
+# kernel and busybox for the test guest, FUSE and pyfuse3 for the bench's
+# delay device) and a venv in .venv that sees
 # Debian's python3-libnbd (--system-site-packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,7 @@ APT_PACKAGES=(
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config
   python3 python3-venv python3-dev python3-libnbd libnbd-bin
   fio vmtouch busybox-static linux-image-cloud-amd64 cpio gzip
+  fuse3 python3-pyfuse3
   gcc make util-linux procps kmod strace openssl
   prometheus
 )
@@ -38,5 +40,5 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   .venv/bin/pip install -q -e '.[test]'
   echo "$want" > "$stamp"
 fi
-.venv/bin/python -c 'import nbd, libvirt, qemu.qmp, numpy, scipy' \
+.venv/bin/python -c 'import nbd, libvirt, qemu.qmp, numpy, scipy, pyfuse3, trio' \
   || { echo "setup: the venv cannot import its dependencies" >&2; exit 1; }

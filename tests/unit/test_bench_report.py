@@ -1,7 +1,8 @@
 """The end-to-end bench's arithmetic: figures over measured runs, per-round ratios, verdicts."""
 
 from bench.e2e_arms import GOALS, every_arm
-from bench.e2e_report import Spread, figures, goal_table, paired_ratios, verdict
+from bench.e2e_host import DEVICES
+from bench.e2e_report import Spread, device_check_line, figures, goal_table, miss_figures, paired_ratios, verdict
 
 
 def job(read_ios: int, write_ios: int, runtime_ms: int = 10_000, lat_us: float = 100.0) -> dict:
@@ -61,3 +62,31 @@ def test_time_to_steady_from_the_guests_request_counts():
                                                                 "t90_seconds": 15.0}}]
     assert "| coldboot-hdd-warm | 1 | 800 (800-800) | 1000 (1000-1000) | 15.0 (15.0-15.0) |" in boot_table(
         ["coldboot-hdd-warm", "coldboot-hdd-evicted"], runs)
+
+
+def test_misses_per_guest_read_from_the_delay_devices_counters():
+    f = miss_figures({"device": 4096 * 300, "device_requests": 150}, guest_reads=1000)
+    assert f == {"device_reads_per_guest_read": 0.3, "device_requests_per_guest_read": 0.15}
+
+
+def test_misses_per_guest_read_on_the_real_disk_split_qemu_and_agent():
+    f = miss_figures({"qemu": 4096 * 500, "agent": 4096 * 100}, guest_reads=1000)
+    assert f == {"qemu_device_reads_per_guest_read": 0.5, "agent_device_reads_per_guest_read": 0.1,
+                 "device_reads_per_guest_read": 0.6}
+    assert miss_figures({}, 1000) == {} and miss_figures({"device": 4096}, 0) == {}
+
+
+def test_device_check_line_names_every_case():
+    case = lambda us: {"iops": 1000, "lat_mean_us": us, "lat_p50_us": us, "lat_p99_us": 2 * us}  # noqa: E731
+    line = device_check_line("ssd", {"miss": case(430.0), "miss_32": case(900.0), "hit": case(0.7),
+                                     "sync_write": case(500.0)})
+    assert line.startswith("ssd: ")
+    for text in ("miss 430.0 us (p50 430.0, p99 860.0)", "32 parallel misses 1000 IOPS", "hit 0.7 us",
+                 "O_SYNC write 500.0 us"):
+        assert text in line
+
+
+def test_only_the_none_device_is_the_real_disk():
+    assert not DEVICES["none"].delayed and "real disk" in DEVICES["none"].describe()
+    assert DEVICES["ssd"].delayed and DEVICES["hdd"].delayed
+    assert DEVICES["ssd"].read_ms < 0.5 < 3 < DEVICES["hdd"].read_ms <= 8

@@ -1,0 +1,127 @@
+"""The bench's delay device (bench/delaydev.py) on the real kernel: the page cache sits above the delay.
+
+Hits never reach the daemon (its own request counters say so), the cache
+survives reopening, it is charged to the reader's memory cgroup and
+reclaimed by ``memory.force_empty``, evicted by fadvise DONTNEED, and
+pages locked with mmap + mlock stay through both. No timing assertions:
+the device check of the bench measures the latencies.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.e2e_host import DEVICES, Cgroup, delay_stats, mount_delay, unmount_delay
+from vmcache.host.cachestat import cachestat
+
+pytestmark = pytest.mark.live
+
+MIB = 1 << 20
+PAGES = MIB // 4096
+
+
+@pytest.fixture
+def device(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """(image through the delay device, the stats file); everything unmounted and removed after."""
+    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
+        pytest.skip("needs root and /dev/fuse")
+    pytest.importorskip("pyfuse3")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    (backing / "img.raw").write_bytes(os.urandom(8 * MIB))
+    mount, stats = tmp_path / "mnt", tmp_path / "stats.json"
+    proc = mount_delay(DEVICES["ssd"], backing, mount, stats)
+    try:
+        yield mount / "img.raw", stats
+    finally:
+        unmount_delay(proc, mount)
+    assert not os.path.ismount(mount) and not mount.exists()
+
+
+def counters(stats: Path) -> dict[str, int]:
+    time.sleep(1.1)    # the daemon writes its counters every 0.5 s
+    return delay_stats(stats)
+
+
+def cache(path: Path, offset: int, length: int) -> tuple[int, int]:
+    """(pages cached, pages evicted since they were cached) of the range: cachestat(2)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        c = cachestat(fd, offset, length)
+        return c.nr_cache, c.nr_evicted
+    finally:
+        os.close(fd)
+
+
+def cached_pages(path: Path, offset: int, length: int) -> int:
+    return cache(path, offset, length)[0]
+
+
+def read(path: Path, offset: int, length: int, cg: Cgroup | None = None) -> None:
+    """dd of the range, in ``cg`` when given (its page cache is charged there)."""
+    dd = f"exec dd if={path} of=/dev/null bs=64k skip={offset // 65536} count={length // 65536} status=none"
+    subprocess.run(["sh", "-c", (cg.shell_prefix() if cg else "") + dd], check=True)
+
+
+def test_hits_never_reach_the_daemon_and_the_cache_survives_reopening(device: tuple[Path, Path]) -> None:
+    image, stats = device
+    read(image, 0, MIB)
+    first = counters(stats)
+    cached, evicted = cache(image, 0, MIB)
+    assert first["read_bytes"] >= MIB and cached + evicted == PAGES
+    read(image, 0, MIB)            # a new open: keep_cache, the pages are still there
+    # the host's own proactive reclaim (DAMON here) may take a page in between: that one is read again
+    assert counters(stats)["reads"] - first["reads"] <= cache(image, 0, MIB)[1]
+    read(image, 4 * MIB, MIB)      # a miss elsewhere does reach it
+    assert counters(stats)["reads"] > first["reads"]
+
+
+def test_cache_is_charged_to_the_reader_reclaimed_and_evicted_but_locked_pages_stay(
+        device: tuple[Path, Path]) -> None:
+    image, stats = device
+    cg = Cgroup("memory", f"vmcache-test-delaydev-{os.getpid()}")
+    cg.create()
+    locker = None
+    try:
+        read(image, 0, 4 * MIB, cg)
+        stat = dict(line.split() for line in cg.read("memory.stat").splitlines())
+        assert int(stat["cache"]) >= 4 * MIB
+        cg.write("memory.force_empty", 0)
+        assert cached_pages(image, 0, 4 * MIB) == 0
+        locker = subprocess.Popen(["sh", "-c", cg.shell_prefix() + f"exec vmtouch -q -l -p 0-{MIB} {image}"])
+        deadline = time.monotonic() + 60
+        while cached_pages(image, 0, MIB) < PAGES and time.monotonic() < deadline:
+            time.sleep(0.2)
+        read(image, 2 * MIB, MIB, cg)
+        cg.write("memory.force_empty", 0)
+        subprocess.run(["vmtouch", "-q", "-e", str(image)], check=True)   # fadvise DONTNEED
+        assert cached_pages(image, 0, MIB) == PAGES        # locked: unevictable
+        assert cached_pages(image, 2 * MIB, MIB) == 0      # not locked: gone
+    finally:
+        if locker is not None:
+            locker.terminate()
+            locker.wait()
+        cg.remove()
+
+
+def test_writes_and_fsync_pass_through_to_the_backing_file(device: tuple[Path, Path]) -> None:
+    image, stats = device
+    data = os.urandom(8192)
+    fd = os.open(image, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, MIB)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    backing = image.parent.parent / "backing" / image.name
+    with open(backing, "rb") as f:
+        f.seek(MIB)
+        assert f.read(8192) == data
+    c = counters(stats)
+    assert c["write_bytes"] >= 8192 and c["fsyncs"] >= 1
