@@ -5,9 +5,11 @@
 
 For each N and mode: starts N transient paused TCG domains named
 ``vmcache-scale-agents-PID-K`` (32 MiB, one sparse writethrough raw disk
-of ``--disk`` bytes in ``--dir``, default 1 GiB, budget 64M), starts their agents the way the launcher does (``python -m
-vmcache agent --domain NAME``, own session, no hook: the installed hook is
-host-wide and belongs to the live tests), waits until every agent reports
+of ``--disk`` bytes in ``--dir``, default 1 GiB, budget 64M) with the
+vmcache hook installed for the run's own host config (as the live tests
+install it: under their hook lock, any vmcache hook that was there put back
+after), so every agent is the one the hook starts - exactly one per domain,
+whatever hook an earlier ``make install`` left; waits until every agent reports
 ``running`` and two more intervals, then measures for ``--window`` seconds.
 ``busy``: every second, each domain gets a 1 MiB guest write (HMP qemu-io
 through libvirt) at a random offset of a 128 MiB hot area, and 4 MiB of that
@@ -25,9 +27,7 @@ import argparse
 import os
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,10 +44,13 @@ from tests.live.livelib import (
     destroy_domains,
     domain_xml,
     guest_write,
+    installed_hook,
     read_status,
     start_paused,
     wait_for,
 )
+from vmcache.host.files import file_stem
+from vmcache.service.launcher import pidfile_holder
 from vmcache.units import parse_duration, parse_size
 
 import libvirt
@@ -89,28 +92,15 @@ def write_config(tmp: Path, interval: str) -> Path:
     return config
 
 
-def start_agents(names: list[str], config: Path, logs: Path) -> list[subprocess.Popen[bytes]]:
-    logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for name in names:
-        with open(logs / f"{name}.out", "wb") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "vmcache", "agent", "--domain", name, "--host-config", str(config)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-    return procs
+def hook_agents(names: list[str], agents_dir: Path) -> list[int]:
+    """The pids of the agents the installed hook started for ``names`` (their pidfiles' holders)."""
+    return [wait_for(lambda n=name: pidfile_holder(str(agents_dir / (file_stem(n) + ".pid"))),
+                     f"the hook to start {name}'s agent", timeout=120) for name in names]
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def wait_gone(pids: list[int]) -> None:
+    """Wait until the agents exited (the hook stops them when their domains go)."""
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids), "the agents to exit", timeout=60)
 
 
 def busy_second(doms: list, disks: list[Path], rng: random.Random) -> None:
@@ -128,32 +118,34 @@ def run(n: int, mode: str, window: float, interval: str, tmp: Path, disk_size: i
     config = write_config(tmp, interval)
     names = [f"{PREFIX}{n}-{mode}-{k}" for k in range(n)]
     conn = connect()
-    procs: list[subprocess.Popen[bytes]] = []
+    pids: list[int] = []
     try:
-        disks = [create_disk(tmp / f"{name}.raw", disk_size) for name in names]
-        doms = [start_paused(conn, domain_xml(name, disk, metadata=cache_metadata("64M")))
-                for name, disk in zip(names, disks)]
-        procs = start_agents(names, config, tmp / "out")
-        for name in names:
-            wait_for(lambda n=name: (s := read_status(tmp / "run" / "agents", n)) and s.get("state") == "running",
-                     f"{name}'s agent to run", timeout=120)
-        time.sleep(2 * parse_duration(interval, key="--interval"))
-        rng = random.Random(n)
-        before = [cpu_seconds(p.pid) for p in procs]
-        started = time.monotonic()
-        while (left := window - (time.monotonic() - started)) > 0:
-            tick = time.monotonic()
-            if mode == "busy":
-                busy_second(doms, disks, rng)
-            time.sleep(max(0.0, min(left, 1.0 - (time.monotonic() - tick))))
-        elapsed = time.monotonic() - started
-        cpu = [100 * (cpu_seconds(p.pid) - b) / elapsed for p, b in zip(procs, before)]
-        mem = [memory(p.pid) for p in procs]
-        dead = [p.pid for p in procs if p.poll() is not None]
-        if dead:
-            raise RuntimeError(f"agents exited during the run: {dead}")
+        with installed_hook(config):
+            disks = [create_disk(tmp / f"{name}.raw", disk_size) for name in names]
+            doms = [start_paused(conn, domain_xml(name, disk, metadata=cache_metadata("64M")))
+                    for name, disk in zip(names, disks)]
+            pids = hook_agents(names, tmp / "run" / "agents")
+            for name in names:
+                wait_for(lambda n=name: (s := read_status(tmp / "run" / "agents", n)) and s.get("state") == "running",
+                         f"{name}'s agent to run", timeout=120)
+            time.sleep(2 * parse_duration(interval, key="--interval"))
+            rng = random.Random(n)
+            before = [cpu_seconds(pid) for pid in pids]
+            started = time.monotonic()
+            while (left := window - (time.monotonic() - started)) > 0:
+                tick = time.monotonic()
+                if mode == "busy":
+                    busy_second(doms, disks, rng)
+                time.sleep(max(0.0, min(left, 1.0 - (time.monotonic() - tick))))
+            elapsed = time.monotonic() - started
+            dead = [pid for pid in pids if not os.path.exists(f"/proc/{pid}")]
+            if dead:
+                raise RuntimeError(f"agents exited during the run: {dead}")
+            cpu = [100 * (cpu_seconds(pid) - b) / elapsed for pid, b in zip(pids, before)]
+            mem = [memory(pid) for pid in pids]
+            destroy_domains(PREFIX)
+            wait_gone(pids)  # stopped by the hook, while it is still installed
     finally:
-        stop(procs)
         destroy_domains(PREFIX)
         conn.close()
     row = {"cpu_pct": statistics.median(cpu), "cpu_pct_max": max(cpu), "cpu_pct_sum": sum(cpu)}
