@@ -17,6 +17,8 @@ from system calls) are translated once, at the edge that met them, with
      +-- TrackerError           dirty-bitmap tracking
      |    +-- BitmapReadError   a bitmap could not be read this cycle
      +-- DomainError            libvirt domain lookup / XML
+     |    +-- RunEndedError     the run an agent was started for is over
+     |    +-- RunClaimedError   another agent already manages that run
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ __all__ = [
     "TrackerError",
     "BitmapReadError",
     "DomainError",
+    "RunEndedError",
+    "RunClaimedError",
 ]
 
 
@@ -148,3 +152,7 @@ class DomainError(VmcacheError):
 
 class RunEndedError(DomainError):
     """The domain run an agent was started for is over (the domain stopped, or runs again as a new run)."""
+
+
+class RunClaimedError(DomainError):
+    """Another live agent manages this run of the domain already (started with another host config)."""

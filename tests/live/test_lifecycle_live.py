@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 libvirt = pytest.importorskip("libvirt")
 
@@ -361,3 +362,33 @@ def test_a_deleted_image_stays_pinned_while_qemu_still_writes_it(env: Env, clean
     wait_for(lambda: (d := _disk(env, name)) and d["pinned_bytes"] == 0,
              "the pins to go once QEMU stopped writing the deleted image")
     assert _disk(env, name)["image_deleted"]
+
+
+# -- a second agent for the same run --------------------------------------------------------------
+
+
+def test_a_second_agent_with_another_host_config_is_refused_and_removes_nothing(env: Env, cleanup) -> None:
+    """An agent started by hand (or by another hook) with another runtime dir: before the run lock it ran
+    beside the hook's agent and removed that agent's recording bitmap as stale."""
+    name = "vmcache-test-life-second"
+    dom, _ = _pinned_image(env, cleanup, name)
+    other = env.tmp / "second-config"
+    other.mkdir(exist_ok=True)
+    config = other / "vmcache.yaml"
+    config.write_text(yaml.safe_dump({**env.base, "runtime_dir": f"{other}/run", "log_dir": f"{other}/log"}))
+    second = subprocess.Popen([sys.executable, "-m", "vmcache", "agent", "--domain", name, "--host-config",
+                               str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = second.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        second.kill()
+        out, _ = second.communicate()
+        raise AssertionError(f"the second agent kept running:\n{out[-3000:]}") from None
+    logs = out + "".join(p.read_text(errors="replace") for p in (other / "log").glob("*.log"))
+    assert second.returncode == 0, logs[-3000:]
+    assert "agent.refused" in logs and "tracker.stale_bitmaps" not in logs, logs[-3000:]
+    # The first agent still counts the guest's writes: its bitmap is where it was.
+    written = _written(env, name)
+    guest_write(dom, 8 * MiB, MiB)
+    wait_for(lambda: _written(env, name) >= written + MiB, "the write to be counted by the first agent")
+    assert "tracker.read_failed" not in env.agent_log(name)

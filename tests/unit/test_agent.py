@@ -18,6 +18,7 @@ from typing import Any
 
 from vmcache.errors import DomainError, RunEndedError
 from vmcache.host.ledger import Ledger
+from vmcache.host.runlock import RunLock
 from vmcache.host.meminfo import MemInfo, MemoryPressure, PressureLine
 from vmcache.host.virtevents import Pending
 from vmcache.model.stats import CycleStats
@@ -51,6 +52,7 @@ class FakeLink:
         self.monitors = 0
         self.up = True
         self.domain_id = 5
+        self.uuid = info.uuid
 
     def attach(self) -> DomainInfo:
         self.attaches += 1
@@ -167,7 +169,7 @@ class RecordingWake(threading.Event):
 
 def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: list[float] | None = None,
             failing: set[str] = frozenset(), cap: int | None = None,  # type: ignore[assignment]
-            interval: float = 0.001, wake: threading.Event | None = None) -> Harness:
+            interval: float = 0.001, wake: threading.Event | None = None, run_lock: RunLock | None = None) -> Harness:
     config = HostConfig(interval=interval, runtime_dir=str(tmp_path / "run"),
                         pinned_cap=PinnedCap() if cap is None else PinnedCap(size=cap, fraction=None))
     holder: list[Agent] = []
@@ -191,7 +193,8 @@ def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: lis
     disks = DiskSet(config, make, refs=FakeRefs(), logger=LOG, discover=lambda _m: [],  # type: ignore[arg-type]
                     images=lambda _m: {os.path.realpath(d.source or '') for d in link.info.disks})
     agent = Agent("d", config, link=link, disks=disks, budget=budget,  # type: ignore[arg-type]
-                  telemetry=FakeTelemetry(), wake=wake or threading.Event(), available_memory=lambda: total)  # type: ignore[arg-type]
+                  telemetry=FakeTelemetry(), wake=wake or threading.Event(), available_memory=lambda: total,  # type: ignore[arg-type]
+                  run_lock=run_lock)
     holder.append(agent)
     return Harness(agent, link, workers, config)
 
@@ -383,3 +386,30 @@ def test_a_disk_whose_image_was_replaced_without_an_event_is_followed(tmp_path: 
     assert h.workers["vda"].image == "/img/vda-s1.qcow2"
     assert closed[0] == ("/img/vda.raw", True)  # the old image's bitmap removed, its pins released
     assert len(h.workers["vda"].budgets) == 2  # the new image's worker ran the cycles after the change
+
+
+def test_a_second_agent_of_a_run_is_refused_and_touches_nothing(tmp_path: Path) -> None:
+    """Another config's agent holds the run (its lock): this one manages no disk and exits cleanly."""
+    other = RunLock(str(tmp_path / "locks"))
+    other.claim("uuid-1", 5)
+    h = harness(tmp_path, _info("vda"), [Pending()], run_lock=RunLock(str(tmp_path / "locks")))
+    assert h.agent.run() == EXIT_OK
+    assert h.workers == {}  # no disk started: no bitmap of the other agent's removed as stale
+    assert "managed by agent pid" in (h.agent.status.last_error or "")
+    other.release()
+
+
+def test_the_run_lock_is_held_while_the_agent_runs_and_removed_after(tmp_path: Path) -> None:
+    lock = RunLock(str(tmp_path / "locks"))
+    h = harness(tmp_path, _info("vda"), [Pending()], run_lock=lock)
+    seen: list[bool] = []
+    real_write = h.agent._write_status
+
+    def spy() -> None:
+        real_write()
+        seen.append(os.path.exists(tmp_path / "locks" / "uuid-1.5.lock"))
+
+    h.agent._write_status = spy  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    assert seen and all(seen)
+    assert not os.listdir(tmp_path / "locks")

@@ -35,8 +35,9 @@ import time
 from collections.abc import Callable
 
 from .. import __version__
-from ..errors import ConfigError, DomainError, RunEndedError, VmcacheError
+from ..errors import ConfigError, DomainError, RunClaimedError, RunEndedError, VmcacheError
 from ..host.files import short_name
+from ..host.runlock import RunLock
 from ..logfmt import domain_logger, event
 from ..observe.status import AgentStatus, status_path, write_status
 from ..settings.config import HostConfig
@@ -71,9 +72,11 @@ class Agent:
 
     def __init__(self, domain: str, config: HostConfig, *, link: DomainLink, disks: DiskSet, budget: Budget,
                  telemetry: Telemetry, wake: threading.Event, available_memory: Callable[[], int],
-                 clock: Callable[[], float] = time.monotonic, hotsets: HotSetKeeper | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, hotsets: HotSetKeeper | None = None,
+                 run_lock: RunLock | None = None) -> None:
         """``wake`` is set by the link's events and by :meth:`request_stop` to end the wait between cycles;
-        ``hotsets``: loads and saves the domain's hot set (None: the agent neither warms nor saves)."""
+        ``hotsets``: loads and saves the domain's hot set (None: the agent neither warms nor saves);
+        ``run_lock``: claimed for the run once attached, so no second agent manages it (None: not claimed)."""
         self.domain = domain
         self.config = config
         self.nbd_dir = nbd_dir(config.runtime_dir, domain)
@@ -86,6 +89,7 @@ class Agent:
         self._available_memory = available_memory
         self._clock = clock
         self._hotsets = hotsets
+        self._run_lock = run_lock
         self._log = domain_logger("vmcache.service.agent", domain)
         self._stop = threading.Event()
         self._info: DomainInfo | None = None
@@ -107,6 +111,8 @@ class Agent:
         code = EXIT_OK
         try:
             self._attach()
+            if self._run_lock is not None and self._link.domain_id is not None:
+                self._run_lock.claim(self._link.uuid, self._link.domain_id)
             if not self._enabled():
                 self._log.info(event("agent.not_enabled"))
                 self.status.state = "disabled"
@@ -120,6 +126,9 @@ class Agent:
             self._loop()
         except RunEndedError as err:
             self._log.info(event("agent.run_ended", error=err))
+        except RunClaimedError as err:  # not a failure to restart for: the run is managed
+            self._log.error(event("agent.refused", error=err))
+            self.status.last_error = str(err)
         except VmcacheError as err:
             self._log.error(event("agent.failed", error=err))
             self.status.last_error = str(err)
@@ -289,4 +298,6 @@ class Agent:
             except OSError as err:
                 self._log.warning(event(name, path=path, error=err))
         self._log.info(event("agent.stopped", qemu_alive=alive, version=__version__))
+        if self._run_lock is not None:
+            self._run_lock.release()
         remove_own_pidfile()  # last: the lock it guards ends with this process

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..host.runlock import RunLock
 from ..host.ledger import Ledger
 from ..host.meminfo import MemoryPressure, read_meminfo, read_pressure
 from ..host.pagerefs import PageRefs
@@ -59,7 +60,7 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
                     meminfo=read_meminfo, logger=logger)
     hotsets = HotSetKeeper(link.virt, every=config.hotset_interval, logger=logger)
     return Agent(domain, config, link=link, disks=disks, budget=budget, telemetry=telemetry, wake=wake,
-                 available_memory=lambda: read_meminfo().available_bytes, hotsets=hotsets)
+                 available_memory=lambda: read_meminfo().available_bytes, hotsets=hotsets, run_lock=RunLock())
 
 
 def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid: Callable[[], str],
