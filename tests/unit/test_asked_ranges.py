@@ -1,0 +1,168 @@
+"""Which ranges a dirty-bitmap read asks: the image file's data, widened, joined, capped.
+
+cover_extents is pure (vmcache.model.extents); data_extents walks a real
+sparse file with SEEK_DATA/SEEK_HOLE; asked_ranges puts them together.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vmcache.host.allocation import data_extents
+from vmcache.host.nbdexport import MAX_GAP, MAX_RANGES, asked_ranges
+from vmcache.host.nbdreader import MAX_REQUEST, requests
+from vmcache.model.extents import cover_extents
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+TiB = 1024 * GiB
+G = 64 * KiB
+
+
+def rows(*pairs: tuple[int, int]) -> np.ndarray:
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+def granules(extents: np.ndarray, granularity: int) -> set[int]:
+    out: set[int] = set()
+    for offset, length in extents.tolist():
+        if length > 0:
+            out.update(range(offset // granularity, (offset + length - 1) // granularity + 1))
+    return out
+
+
+def test_rows_are_widened_to_whole_granules_and_clipped_to_the_end() -> None:
+    got = cover_extents(rows((100, 1), (3 * G - 1, 2), (10 * G + 5, G)), G, 11 * G - 7, max_gap=0, max_ranges=10)
+    assert got.tolist() == [[0, G], [2 * G, 2 * G], [10 * G, G - 7]]
+
+
+def test_near_rows_are_joined_far_ones_kept_apart() -> None:
+    got = cover_extents(rows((0, G), (3 * G, G), (100 * G, G)), G, TiB, max_gap=2 * G, max_ranges=10)
+    assert got.tolist() == [[0, 4 * G], [100 * G, G]]
+
+
+def test_too_many_ranges_close_the_smallest_gaps_first() -> None:
+    ext = rows((0, G), (10 * G, G), (12 * G, G), (50 * G, G), (53 * G, G))
+    got = cover_extents(ext, G, TiB, max_gap=0, max_ranges=3)
+    # gaps: 9G, 1G, 37G, 2G -> the 1G and 2G gaps close
+    assert got.tolist() == [[0, G], [10 * G, 3 * G], [50 * G, 4 * G]]
+    assert cover_extents(ext, G, TiB, max_gap=0, max_ranges=1).tolist() == [[0, 54 * G]]
+
+
+def test_empty_overlapping_and_unsorted_input() -> None:
+    assert cover_extents(rows(), G, TiB, max_gap=MAX_GAP, max_ranges=4).shape == (0, 2)
+    assert cover_extents(rows((5 * G, 0)), G, TiB, max_gap=0, max_ranges=4).shape == (0, 2)
+    got = cover_extents(rows((8 * G, 2 * G), (0, G), (9 * G, 3 * G)), G, TiB, max_gap=0, max_ranges=4)
+    assert got.tolist() == [[0, G], [8 * G, 4 * G]]
+    with pytest.raises(ValueError):
+        cover_extents(rows((0, 1)), 0, TiB, max_gap=0, max_ranges=1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_touched_granule_is_covered_and_few_ranges(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    end = int(rng.integers(1, 1 << 20)) * 4096
+    n = int(rng.integers(0, 300))
+    starts = rng.integers(0, end, n)
+    ext = np.column_stack((starts, np.minimum(rng.integers(1, 4 * MiB, n), end - starts))).astype(np.int64)
+    max_ranges = int(rng.integers(1, 20))
+    got = cover_extents(ext, G, end, max_gap=int(rng.integers(0, 8)) * G, max_ranges=max_ranges)
+    assert granules(ext, G) <= granules(got, G)
+    assert len(got) <= max_ranges
+    assert all(0 <= o and o + n <= end and n > 0 for o, n in got.tolist())
+    assert all(a + m < b for (a, m), (b, _) in zip(got.tolist(), got[1:].tolist()))  # sorted, apart
+
+
+def test_requests_split_ranges_at_the_nbd_limit() -> None:
+    todo = list(requests(rows((0, G), (TiB, MAX_REQUEST + 5))))
+    assert todo == [(0, G), (TiB, MAX_REQUEST), (TiB + MAX_REQUEST, 5)]
+
+
+def test_data_extents_walks_a_sparse_file(tmp_path: Path) -> None:
+    path = tmp_path / "sparse.raw"
+    with open(path, "wb") as f:
+        f.truncate(64 * GiB)
+        for offset in (0, 20 * GiB, 64 * GiB - MiB):
+            f.seek(offset)
+            f.write(b"x" * MiB)
+    got = data_extents(str(path))
+    assert got is not None
+    extents, size = got
+    assert size == 64 * GiB
+    # The file system may allocate a little around each write (its block size), never a far-off range.
+    assert granules(extents, MiB) == {0, 20 * 1024, 64 * 1024 - 1}
+    for offset in (0, 20 * GiB, 64 * GiB - MiB):
+        assert any(o <= offset and offset + MiB <= o + n for o, n in extents.tolist())
+
+
+def test_data_extents_of_an_empty_file_a_missing_file_and_a_device(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    got = data_extents(str(empty))
+    assert got is not None and got[0].shape == (0, 2) and got[1] == 0
+    hole = tmp_path / "hole"
+    with open(hole, "wb") as f:
+        f.truncate(GiB)
+    got = data_extents(str(hole))
+    assert got is not None and got[0].shape == (0, 2) and got[1] == GiB
+    assert data_extents(str(tmp_path / "missing")) is None
+    assert data_extents("/dev/null") is None  # not a regular file: the caller asks everywhere
+    assert data_extents(str(tmp_path)) is None
+
+
+def test_a_file_past_max_segments_counts_as_data_to_its_end(tmp_path: Path) -> None:
+    path = tmp_path / "fragmented"
+    with open(path, "wb") as f:
+        f.truncate(GiB)
+        for k in range(5):
+            f.seek(k * 64 * MiB)
+            f.write(b"x" * 4096)
+    got = data_extents(str(path), max_segments=2)
+    assert got is not None
+    extents, _ = got
+    assert len(extents) == 3
+    assert int(extents[-1, 0] + extents[-1, 1]) == GiB  # the rest, to the end
+    assert int(extents[-1, 0]) == 128 * MiB
+
+
+def test_asked_ranges_unknown_data_asks_everywhere() -> None:
+    assert asked_ranges(None, TiB, G) is None
+
+
+def test_asked_ranges_of_a_sparse_file() -> None:
+    data = rows((0, MiB), (2 * TiB, 3 * MiB), (4 * TiB - MiB, MiB))
+    got = asked_ranges((data, 4 * TiB), 4 * TiB, G)
+    assert got is not None
+    assert got.tolist() == data.tolist()
+
+
+def test_asked_ranges_ask_past_a_file_smaller_than_qemus_length() -> None:
+    got = asked_ranges((rows((0, G)), GiB), 30 * GiB, G)
+    assert got is not None
+    assert got.tolist() == [[0, G], [GiB, 29 * GiB]]
+
+
+def test_asked_ranges_are_capped() -> None:
+    data = rows(*((k * GiB, G) for k in range(1000)))
+    got = asked_ranges((data, TiB), TiB, G)
+    assert got is not None and len(got) == MAX_RANGES
+    assert granules(data, G) <= granules(got, G)
+
+
+def test_data_extents_sees_data_written_but_not_yet_on_disk(tmp_path: Path) -> None:
+    # Delayed allocation: a buffered write not yet written back is data already.
+    path = tmp_path / "delalloc"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, GiB)
+        os.pwrite(fd, b"y" * 4096, 512 * MiB)
+        got = data_extents(str(path))
+    finally:
+        os.close(fd)
+    assert got is not None
+    assert granules(got[0], 4096) == {512 * MiB // 4096}

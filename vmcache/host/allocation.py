@@ -1,0 +1,69 @@
+"""Where an image file holds data: its allocated ranges, by SEEK_DATA/SEEK_HOLE.
+
+A guest write that QEMU completed has allocated its bytes in the image file
+(a hole filled, a qcow2 cluster appended, or delayed allocation that
+SEEK_DATA already counts), so the dirty-bitmap read asks QEMU only about
+these ranges (vmcache.host.nbdexport). A write QEMU turned into a hole punch
+or a zeroed range (write-zeroes, discard, detect-zeroes) leaves a hole or an
+unwritten extent: it is not data, and no page of it is in the page cache.
+
+``data_extents`` answers None where holes cannot be told apart from data -
+a block device, a file that cannot be opened, a file system without
+SEEK_DATA - and the caller asks over the whole length, as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Final
+
+import numpy as np
+
+__all__ = ["MAX_SEGMENTS", "data_extents"]
+
+#: Data segments walked at most; a file more fragmented than this counts as data from there to its end.
+MAX_SEGMENTS: Final = 1 << 16
+
+
+def data_extents(path: str, *, max_segments: int = MAX_SEGMENTS) -> tuple[np.ndarray, int] | None:
+    """``((offset, length) rows of data, file size)`` of the regular file ``path``, or None (see module).
+
+    Never raises: every failure means "cannot tell" (None).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return _walk(fd, info.st_size, max_segments), info.st_size
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _walk(fd: int, size: int, max_segments: int) -> np.ndarray:
+    """Data rows of ``[0, size)``; OSError when the file system has no SEEK_DATA (EINVAL)."""
+    rows: list[tuple[int, int]] = []
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as err:
+            if err.errno == errno.ENXIO:  # no data from offset to the end
+                break
+            raise
+        if start >= size:
+            break
+        if len(rows) >= max_segments:
+            rows.append((start, size - start))
+            break
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        rows.append((start, end - start))
+        offset = end
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
