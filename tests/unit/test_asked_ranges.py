@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmcache.host.allocation import data_extents
+from vmcache.host.allocation import FileData, data_extents
 from vmcache.host.nbdexport import MAX_GAP, MAX_RANGES, asked_ranges
 from vmcache.host.nbdreader import MAX_REQUEST, requests
+from vmcache.host.tracker import DirtyTracker
 from vmcache.model.extents import cover_extents
 
 KiB = 1024
@@ -92,8 +93,9 @@ def test_data_extents_walks_a_sparse_file(tmp_path: Path) -> None:
             f.write(b"x" * MiB)
     got = data_extents(str(path))
     assert got is not None
-    extents, size = got
+    extents, size, identity = got
     assert size == 64 * GiB
+    assert identity == (path.stat().st_dev, path.stat().st_ino)
     # The file system may allocate a little around each write (its block size), never a far-off range.
     assert granules(extents, MiB) == {0, 20 * 1024, 64 * 1024 - 1}
     for offset in (0, 20 * GiB, 64 * GiB - MiB):
@@ -124,7 +126,7 @@ def test_a_file_past_max_segments_counts_as_data_to_its_end(tmp_path: Path) -> N
             f.write(b"x" * 4096)
     got = data_extents(str(path), max_segments=2)
     assert got is not None
-    extents, _ = got
+    extents = got.extents
     assert len(extents) == 3
     assert int(extents[-1, 0] + extents[-1, 1]) == GiB  # the rest, to the end
     assert int(extents[-1, 0]) == 128 * MiB
@@ -136,20 +138,20 @@ def test_asked_ranges_unknown_data_asks_everywhere() -> None:
 
 def test_asked_ranges_of_a_sparse_file() -> None:
     data = rows((0, MiB), (2 * TiB, 3 * MiB), (4 * TiB - MiB, MiB))
-    got = asked_ranges((data, 4 * TiB), 4 * TiB, G)
+    got = asked_ranges(FileData(data, 4 * TiB, (1, 2)), 4 * TiB, G)
     assert got is not None
     assert got.tolist() == data.tolist()
 
 
 def test_asked_ranges_ask_past_a_file_smaller_than_qemus_length() -> None:
-    got = asked_ranges((rows((0, G)), GiB), 30 * GiB, G)
+    got = asked_ranges(FileData(rows((0, G)), GiB, (1, 2)), 30 * GiB, G)
     assert got is not None
     assert got.tolist() == [[0, G], [GiB, 29 * GiB]]
 
 
 def test_asked_ranges_are_capped() -> None:
     data = rows(*((k * GiB, G) for k in range(1000)))
-    got = asked_ranges((data, TiB), TiB, G)
+    got = asked_ranges(FileData(data, TiB, (1, 2)), TiB, G)
     assert got is not None and len(got) == MAX_RANGES
     assert granules(data, G) <= granules(got, G)
 
@@ -166,3 +168,67 @@ def test_data_extents_sees_data_written_but_not_yet_on_disk(tmp_path: Path) -> N
         os.close(fd)
     assert got is not None
     assert granules(got[0], 4096) == {512 * MiB // 4096}
+
+
+class _Monitor:
+    """Just enough QMP for a tracker's read: one storage node on ``path``."""
+
+    def __init__(self, path: Path, size: int, driver: str = "file") -> None:
+        self.node = {"node-name": "n", "drv": driver, "file": str(path), "image": {"virtual-size": size},
+                     "dirty-bitmaps": []}
+
+    def execute(self, command: str, arguments: object = None) -> object:
+        if command == "query-named-block-nodes":
+            return [self.node]
+        return [] if command.startswith("query-") else {}
+
+    def close(self) -> None:
+        pass
+
+
+def _tracker(tmp_path: Path, monitor: _Monitor, asked: list[object]) -> DirtyTracker:
+    """A tracker whose bitmap reader notes the ranges it is asked to read."""
+
+    def reader(*args: object, ranges: object = None, **kwargs: object) -> np.ndarray:
+        asked.append(None if ranges is None else np.asarray(ranges).tolist())
+        return np.zeros((0, 2), dtype=np.int64)
+
+    return DirtyTracker(monitor, "n", runtime_dir=str(tmp_path / "nbd"), reader=reader)
+
+
+def _tracker_asks(tmp_path: Path, monitor: _Monitor) -> list[object]:
+    asked: list[object] = []
+    with _tracker(tmp_path, monitor, asked) as tracker:
+        tracker.read()
+    return asked
+
+
+def test_a_tracker_asks_where_its_image_file_holds_data(tmp_path: Path) -> None:
+    path = tmp_path / "disk.raw"
+    with open(path, "wb") as f:
+        f.truncate(TiB)
+        f.seek(TiB // 2)
+        f.write(b"z" * 4096)
+    assert _tracker_asks(tmp_path, _Monitor(path, TiB)) == [[[TiB // 2, G]]]
+
+
+def test_a_tracker_asks_everywhere_for_a_device_or_a_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "disk.raw"
+    path.write_bytes(b"x" * 4096)
+    assert _tracker_asks(tmp_path, _Monitor(path, 4096, driver="host_device")) == [None]
+    assert _tracker_asks(tmp_path, _Monitor(tmp_path / "gone.raw", 4096)) == [None]
+
+
+def test_a_tracker_asks_everywhere_once_the_path_names_another_file(tmp_path: Path) -> None:
+    path = tmp_path / "disk.raw"
+    with open(path, "wb") as f:
+        f.truncate(GiB)
+    asked: list[object] = []
+    with _tracker(tmp_path, _Monitor(path, GiB), asked) as tracker:
+        tracker.read()
+        replacement = tmp_path / "new.raw"
+        with open(replacement, "wb") as f:
+            f.truncate(GiB)
+        os.replace(replacement, path)  # QEMU still writes the old file, which the path no longer names
+        tracker.read()
+    assert asked == [[], None]

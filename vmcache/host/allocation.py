@@ -17,18 +17,26 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 
-__all__ = ["MAX_SEGMENTS", "data_extents"]
+__all__ = ["MAX_SEGMENTS", "FileData", "data_extents"]
 
 #: Data segments walked at most; a file more fragmented than this counts as data from there to its end.
 MAX_SEGMENTS: Final = 1 << 16
 
 
-def data_extents(path: str, *, max_segments: int = MAX_SEGMENTS) -> tuple[np.ndarray, int] | None:
-    """``((offset, length) rows of data, file size)`` of the regular file ``path``, or None (see module).
+class FileData(NamedTuple):
+    """Where a file holds data: ``(offset, length)`` rows, its size, and which file it was (st_dev, st_ino)."""
+
+    extents: np.ndarray
+    size: int
+    identity: tuple[int, int]
+
+
+def data_extents(path: str, *, max_segments: int = MAX_SEGMENTS) -> FileData | None:
+    """The data ranges of the regular file ``path``, or None (see module).
 
     Never raises: every failure means "cannot tell" (None).
     """
@@ -40,7 +48,7 @@ def data_extents(path: str, *, max_segments: int = MAX_SEGMENTS) -> tuple[np.nda
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
-        return _walk(fd, info.st_size, max_segments), info.st_size
+        return FileData(_walk(fd, info.st_size, max_segments), info.st_size, (info.st_dev, info.st_ino))
     except OSError:
         return None
     finally:

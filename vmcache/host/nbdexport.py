@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import BitmapReadError, QMPCommandError, TrackerError
 from ..logfmt import event
 from ..model.extents import cover_extents
-from .allocation import data_extents
+from .allocation import FileData, data_extents
 from .blockdev import node_size
 from .files import short_name
 from .nbdreader import read_dirty_extents
@@ -62,19 +62,19 @@ class ExtentReader(Protocol):
 
 
 class DataReader(Protocol):
-    """Data ranges and size of an image file, None when unknown (``allocation.data_extents``)."""
+    """Data ranges of an image file, None when unknown (``allocation.data_extents``)."""
 
-    def __call__(self, path: str) -> tuple[np.ndarray, int] | None: ...
+    def __call__(self, path: str) -> FileData | None: ...
 
 
-def asked_ranges(data: tuple[np.ndarray, int] | None, length: int, granularity: int) -> np.ndarray | None:
-    """The ranges of ``[0, length)`` a read asks about, from the file's data ranges and size (None: all).
+def asked_ranges(data: FileData | None, length: int, granularity: int) -> np.ndarray | None:
+    """The ranges of ``[0, length)`` a read asks about, from the file's data ranges (None: all).
 
-    Past the file's size (it shrank since QEMU's answer) everything is asked.
+    Past the file's size (smaller than QEMU's length) everything is asked.
     """
     if data is None:
         return None
-    extents, size = data
+    extents, size = data.extents, data.size
     if size < length:
         extents = np.concatenate((extents.reshape(-1, 2), np.array([[size, length - size]], dtype=np.int64)))
     return cover_extents(extents, granularity, length, max_gap=MAX_GAP, max_ranges=MAX_RANGES)
@@ -102,6 +102,7 @@ class BitmapExport:
         self.node_name = node_name
         self.granularity = granularity
         self._data = data
+        self._identity: tuple[int, int] | None = None  # the image file the first walk found
         self.prefix = prefix
         self.timeout = timeout
         self._log = logger
@@ -184,13 +185,24 @@ class BitmapExport:
         self._stop_server()
         self._drop_view()
 
-    def _file_data(self, nodes: list[dict[str, Any]]) -> tuple[np.ndarray, int] | None:
-        """Data ranges of the storage node's file; None for a block device or anything not a plain path."""
+    def _file_data(self, nodes: list[dict[str, Any]]) -> FileData | None:
+        """Data ranges of the storage node's file.
+
+        None for a block device, anything not a plain path, or when the
+        path names another file than it first did (the image replaced under
+        QEMU, which still writes the old one).
+        """
         for node in nodes:
             if node.get("node-name") == self.node_name and node.get("drv") in _FILE_DRIVERS:
                 filename = str(node.get("file") or "")
-                if filename.startswith("/") and not filename.startswith("/dev/fdset/"):
-                    return self._data(filename)
+                if not filename.startswith("/") or filename.startswith("/dev/fdset/"):
+                    return None
+                data = self._data(filename)
+                if data is None:
+                    return None
+                if self._identity is None:
+                    self._identity = data.identity
+                return data if data.identity == self._identity else None
         return None
 
     # -- QEMU objects -----------------------------------------------------
