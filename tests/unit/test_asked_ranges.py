@@ -84,14 +84,18 @@ def test_requests_split_ranges_at_the_nbd_limit() -> None:
     assert todo == [(0, G), (TiB, MAX_REQUEST), (TiB + MAX_REQUEST, 5)]
 
 
+def _sparse(path: Path, size: int, offsets: list[int], length: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for offset in offsets:
+            f.seek(offset)
+            f.write(b"x" * length)
+
+
 def test_data_extents_walks_a_sparse_file(tmp_path: Path) -> None:
     path = tmp_path / "sparse.raw"
-    with open(path, "wb") as f:
-        f.truncate(64 * GiB)
-        for offset in (0, 20 * GiB, 64 * GiB - MiB):
-            f.seek(offset)
-            f.write(b"x" * MiB)
-    got = data_extents(str(path))
+    _sparse(path, 64 * GiB, [0, 20 * GiB, 64 * GiB - MiB], MiB)
+    got = data_extents(str(path), stride=4096)
     assert got is not None
     extents, size, identity = got
     assert size == 64 * GiB
@@ -100,6 +104,19 @@ def test_data_extents_walks_a_sparse_file(tmp_path: Path) -> None:
     assert granules(extents, MiB) == {0, 20 * 1024, 64 * 1024 - 1}
     for offset in (0, 20 * GiB, 64 * GiB - MiB):
         assert any(o <= offset and offset + MiB <= o + n for o, n in extents.tolist())
+
+
+def test_data_extents_are_widened_to_whole_strides(tmp_path: Path) -> None:
+    path = tmp_path / "sparse.raw"
+    _sparse(path, 64 * GiB, [0, 3 * MiB, 64 * MiB + 5, 20 * GiB + 70 * MiB], 4096)
+    got = data_extents(str(path), stride=64 * MiB)
+    assert got is not None
+    assert got.extents.tolist() == [[0, 128 * MiB], [20 * GiB + 64 * MiB, 64 * MiB]]
+    ragged = tmp_path / "ragged.raw"
+    _sparse(ragged, 100 * MiB, [99 * MiB], 4096)
+    got = data_extents(str(ragged), stride=64 * MiB)
+    assert got is not None
+    assert got.extents.tolist() == [[64 * MiB, 36 * MiB]]  # clipped to the file's end
 
 
 def test_data_extents_of_an_empty_file_a_missing_file_and_a_device(tmp_path: Path) -> None:
@@ -117,19 +134,15 @@ def test_data_extents_of_an_empty_file_a_missing_file_and_a_device(tmp_path: Pat
     assert data_extents(str(tmp_path)) is None
 
 
-def test_a_file_past_max_segments_counts_as_data_to_its_end(tmp_path: Path) -> None:
+def test_a_file_past_max_steps_counts_as_data_to_its_end(tmp_path: Path) -> None:
     path = tmp_path / "fragmented"
-    with open(path, "wb") as f:
-        f.truncate(GiB)
-        for k in range(5):
-            f.seek(k * 64 * MiB)
-            f.write(b"x" * 4096)
-    got = data_extents(str(path), max_segments=2)
+    _sparse(path, GiB, [k * 64 * MiB for k in range(5)], 4096)
+    got = data_extents(str(path), stride=4096, max_steps=2)
     assert got is not None
-    extents = got.extents
-    assert len(extents) == 3
-    assert int(extents[-1, 0] + extents[-1, 1]) == GiB  # the rest, to the end
-    assert int(extents[-1, 0]) == 128 * MiB
+    assert got.extents.tolist() == [[0, 4096], [64 * MiB, GiB - 64 * MiB]]  # two steps, then the rest
+    assert data_extents(str(path), stride=4096, max_steps=6).extents.tolist() == [  # type: ignore[union-attr]
+        [k * 64 * MiB, 4096] for k in range(5)
+    ]
 
 
 def test_asked_ranges_unknown_data_asks_everywhere() -> None:
@@ -167,7 +180,7 @@ def test_data_extents_sees_data_written_but_not_yet_on_disk(tmp_path: Path) -> N
     finally:
         os.close(fd)
     assert got is not None
-    assert granules(got[0], 4096) == {512 * MiB // 4096}
+    assert got.extents.tolist() == [[512 * MiB, 64 * MiB]]
 
 
 class _Monitor:
@@ -209,7 +222,7 @@ def test_a_tracker_asks_where_its_image_file_holds_data(tmp_path: Path) -> None:
         f.truncate(TiB)
         f.seek(TiB // 2)
         f.write(b"z" * 4096)
-    assert _tracker_asks(tmp_path, _Monitor(path, TiB)) == [[[TiB // 2, G]]]
+    assert _tracker_asks(tmp_path, _Monitor(path, TiB)) == [[[TiB // 2, 64 * MiB]]]  # a whole stride
 
 
 def test_a_tracker_asks_everywhere_for_a_device_or_a_missing_file(tmp_path: Path) -> None:
