@@ -232,7 +232,7 @@ def test_a_tracker_asks_everywhere_for_a_device_or_a_missing_file(tmp_path: Path
     assert _tracker_asks(tmp_path, _Monitor(tmp_path / "gone.raw", 4096)) == [None]
 
 
-def test_a_tracker_asks_everywhere_once_the_path_names_another_file(tmp_path: Path) -> None:
+def test_a_tracker_asks_everywhere_once_the_path_names_another_file(tmp_path: Path, caplog) -> None:
     path = tmp_path / "disk.raw"
     with open(path, "wb") as f:
         f.truncate(GiB)
@@ -244,4 +244,6 @@ def test_a_tracker_asks_everywhere_once_the_path_names_another_file(tmp_path: Pa
             f.truncate(GiB)
         os.replace(replacement, path)  # QEMU still writes the old file, which the path no longer names
         tracker.read()
-    assert asked == [[], None]
+        tracker.read()
+    assert asked == [[], None, None]
+    assert caplog.text.count("tracker.image_replaced") == 1

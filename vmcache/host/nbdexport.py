@@ -103,6 +103,7 @@ class BitmapExport:
         self.granularity = granularity
         self._data = data
         self._identity: tuple[int, int] | None = None  # the image file the first walk found
+        self._replaced = False  # the path has named another file since (told once)
         self.prefix = prefix
         self.timeout = timeout
         self._log = logger
@@ -202,7 +203,12 @@ class BitmapExport:
                     return None
                 if self._identity is None:
                     self._identity = data.identity
-                return data if data.identity == self._identity else None
+                if data.identity == self._identity:
+                    return data
+                if not self._replaced:
+                    self._log.warning(event("tracker.image_replaced", node=self.node_name, file=filename))
+                    self._replaced = True
+                return None
         return None
 
     # -- QEMU objects -----------------------------------------------------
