@@ -247,3 +247,24 @@ def test_a_tracker_asks_everywhere_once_the_path_names_another_file(tmp_path: Pa
         tracker.read()
     assert asked == [[], None, None]
     assert caplog.text.count("tracker.image_replaced") == 1
+
+
+def test_a_walk_through_data_scattered_everywhere_gives_up_early(tmp_path: Path) -> None:
+    # A piece in every other 64 MiB stride: no step skips enough hole to pay for itself.
+    path = tmp_path / "scattered"
+    _sparse(path, TiB, [k * 128 * MiB for k in range(400)], 4096)
+    got = data_extents(str(path))
+    assert got is not None
+    extents = got.extents.tolist()
+    assert extents[-1][0] + extents[-1][1] == TiB  # the rest counts as data
+    assert 256 <= len(extents) <= 258  # gave up after 256 steps
+    assert all(o % (64 * MiB) == 0 for o, _ in extents)
+
+
+def test_a_walk_through_far_apart_data_goes_on(tmp_path: Path) -> None:
+    # 300 pieces 4 GiB apart: every step skips a big hole, so all are found.
+    path = tmp_path / "far"
+    _sparse(path, 1200 * GiB, [k * 4 * GiB for k in range(300)], 4096)
+    got = data_extents(str(path))
+    assert got is not None
+    assert got.extents.tolist() == [[k * 4 * GiB, 64 * MiB] for k in range(300)]

@@ -29,6 +29,10 @@ __all__ = ["MAX_STEPS", "STRIDE", "FileData", "data_extents"]
 STRIDE: Final = 64 << 20
 #: Steps (two lseeks each) walked at most; from there to its end the file counts as data.
 MAX_STEPS: Final = 4096
+#: The walk goes on past ``_JUDGE_AFTER`` steps only while its steps skipped this much hole on average:
+#: a step (~1.3 us) is worth it when it spares part of a 4 GiB block_status request (~10-20 us).
+_SKIP_PER_STEP: Final = 256 << 20
+_JUDGE_AFTER: Final = 256
 
 
 class FileData(NamedTuple):
@@ -45,8 +49,9 @@ def data_extents(path: str, *, stride: int = STRIDE, max_steps: int = MAX_STEPS)
     Sorted, merged rows covering every data byte (a superset: whole strides
     around each data segment). Costs two lseeks a step, a step per data
     segment that does not end in the stride of the previous one; after
-    ``max_steps`` the rest of the file counts as data. Never raises: every
-    failure means "cannot tell" (None).
+    ``max_steps``, or once the steps skip too little hole to pay for
+    themselves (data scattered everywhere), the rest of the file counts as
+    data. Never raises: every failure means "cannot tell" (None).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
@@ -66,23 +71,29 @@ def data_extents(path: str, *, stride: int = STRIDE, max_steps: int = MAX_STEPS)
 def _walk(fd: int, size: int, stride: int, max_steps: int) -> np.ndarray:
     """Data rows of ``[0, size)`` in whole strides; OSError when the file system has no SEEK_DATA (EINVAL)."""
     rows: list[tuple[int, int]] = []
-    offset = 0
-    for _ in range(max_steps):
-        if offset >= size:
+    offset = skipped = 0
+    for step in range(max_steps):
+        if offset >= size or (step >= _JUDGE_AFTER and skipped < step * _SKIP_PER_STEP):
             break
-        try:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError as err:
-            if err.errno == errno.ENXIO:  # no data from offset to the end
-                break
-            raise
-        if start >= size:
+        start = _next_data(fd, offset)
+        if start is None or start >= size:
+            offset = size  # no data from offset to the end
             break
         end = os.lseek(fd, start, os.SEEK_HOLE)
         first = start - start % stride
+        skipped += max(0, first - offset)
         offset = min(-(-max(end, start + 1) // stride) * stride, size)
         rows.append((first, offset - first))
-    else:
-        if offset < size:
-            rows.append((offset, size - offset))
+    if offset < size:  # stopped early: the rest counts as data
+        rows.append((offset, size - offset))
     return merge_extents(np.array(rows, dtype=np.int64).reshape(-1, 2))
+
+
+def _next_data(fd: int, offset: int) -> int | None:
+    """Where the next data at or after ``offset`` starts; None when there is none."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            return None
+        raise
