@@ -19,6 +19,10 @@ window (utime + stime from /proc/PID/stat), and at the end Rss, Pss,
 Pss_Anon (smaps_rollup), RssAnon and Threads (status). Prints one table row
 per (N, mode): medians over the agents and the maximum. Removes every
 domain, agent, disk and directory it made, also on failure.
+
+Disks of 16 TiB and more need ``--dir`` on XFS (ext4 refuses such files):
+``apt-get install xfsprogs``, then an XFS file system in a loop file, as
+docs/benchmarks.md shows ("A real agent on a 64 TiB thin disk").
 """
 
 from __future__ import annotations
@@ -163,7 +167,7 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--interval", default="10s")
     ap.add_argument("--dir", default="/var/tmp")
-    ap.add_argument("--disk", default="1G", help="size of each domain's sparse disk (XFS for 16T and more)")
+    ap.add_argument("--disk", default="1G", help="size of each domain's sparse disk (16T and more: --dir on XFS, needs xfsprogs)")
     args = ap.parse_args()
     disk_size = parse_size(args.disk, key="--disk")
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "

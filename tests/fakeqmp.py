@@ -111,8 +111,12 @@ class FakeQMP:
             self.cursor += 1
             return step
 
-    def reader(self, socket_path: str, export: str, bitmaps: list[str], length: int, *, timeout: float) -> np.ndarray:
-        """Stand-in for ``read_dirty_extents``: the recorded extents of the next ``nbd`` step."""
+    def reader(self, socket_path: str, export: str, bitmaps: list[str], length: int, *, timeout: float,
+               ranges: np.ndarray | None = None) -> np.ndarray:
+        """Stand-in for ``read_dirty_extents``: the recorded extents of the next ``nbd`` step.
+
+        ``ranges`` is not checked: the recordings were read over the whole image.
+        """
         got = self.normaliser.normalise({"export": export, "bitmaps": list(bitmaps), "length": length})
         step = self._next("nbd", got)
         if step is None:

@@ -60,7 +60,8 @@ class Recorder:
     def close(self) -> None:
         self.monitor.close()
 
-    def reader(self, socket_path: str, export: str, bitmaps: list[str], length: int, *, timeout: float) -> Any:
+    def reader(self, socket_path: str, export: str, bitmaps: list[str], length: int, *, timeout: float,
+               ranges: Any = None) -> Any:
         if self.fail_reads:
             # A client-side failure (the NBD connection dropped, say): QEMU
             # then sees the tracker's cleanup, recorded as it happens.
@@ -68,7 +69,7 @@ class Recorder:
             error = "simulated NBD client failure"
             self.steps.append({"nbd": {"export": export, "bitmaps": list(bitmaps), "length": length}, "error": error})
             raise BitmapReadError(error)
-        extents = read_dirty_extents(socket_path, export, bitmaps, length, timeout=timeout)
+        extents = read_dirty_extents(socket_path, export, bitmaps, length, timeout=timeout, ranges=ranges)
         self.steps.append(
             {"nbd": {"export": export, "bitmaps": list(bitmaps), "length": length}, "extents": extents.tolist()}
         )

@@ -405,3 +405,52 @@ def test_libvirt_transport(libvirt_domain, runtime_dir) -> None:
     assert not any(b["name"].startswith(PREFIX) for n in nodes for b in n.get("dirty-bitmaps", []))
     assert not any(n["node-name"].startswith(PREFIX) for n in nodes)
     assert monitor.execute("query-block-exports") == []
+
+
+@pytest.fixture
+def block_status_calls(monkeypatch) -> list[tuple[int, int]]:
+    """Every NBD block_status request the reader sends, as ``(offset, count)``."""
+    import nbd
+
+    calls: list[tuple[int, int]] = []
+    real = nbd.NBD.aio_block_status
+
+    def counting(self, count, offset, *args, **kwargs):
+        calls.append((offset, count))
+        return real(self, count, offset, *args, **kwargs)
+
+    monkeypatch.setattr(nbd.NBD, "aio_block_status", counting)
+    return calls
+
+
+def test_large_sparse_image_is_asked_only_where_it_holds_data(vm_factory, runtime_dir, block_status_calls) -> None:
+    """4 TiB sparse raw: writes at its start, middle and end are reported exactly, with a request per place."""
+    TiB = 1 << 40
+    g = 64 * KiB
+    vm = vm_factory("raw", "4T")
+    rounds = [
+        [(0, 4 * KiB), (2 * TiB + 100, 200 * KiB), (4 * TiB - MiB, MiB)],
+        [(3 * TiB + 5 * MiB, 64 * KiB), (1 * MiB + 3, 10)],
+    ]
+    with SocketMonitor(str(vm.tool_socket)) as monitor, DirtyTracker(monitor, STORAGE_NODE, runtime_dir=runtime_dir) as t:
+        written: list[tuple[int, int]] = []
+        for ranges in rounds:
+            block_status_calls.clear()
+            for offset, length in ranges:
+                vm.hmp_write(offset, length)
+            written += ranges
+            result = t.read()
+            assert result.status is BitmapRead.OK
+            assert result.extents.tolist() == blocks(ranges, g)
+            # The whole disk would take 1024 requests of 4 GiB; the file holds data in a few places.
+            places = len({offset // (1 << 30) for offset, _ in written})
+            assert 1 <= len(block_status_calls) <= places, block_status_calls
+            for offset, count in block_status_calls:
+                assert count <= 1 << 30, (offset, count)
+        # Zeroing QEMU does with fallocate leaves no data there (nothing of it is cached
+        # either): not asked, not reported. The 1 MiB write beside it is.
+        vm.hmp_write(4 * TiB - MiB, MiB)
+        zeroed = vm.driver("human-monitor-command", **{"command-line": f'qemu-io -d {QDEV} "write -z {2 * TiB} {MiB}"'})
+        assert "wrote" in zeroed or not zeroed.strip(), zeroed
+        assert t.read().extents.tolist() == [[4 * TiB - MiB, MiB]]
+    assert_nothing_left(vm.driver)

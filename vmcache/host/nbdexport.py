@@ -3,7 +3,10 @@
 QEMU 7.2 refuses to export a qcow2 image's storage node (an NBD export
 unshares ``resize``, which qcow2 needs), so the bitmaps are exported by
 ``{node, name}`` on a ``null-co`` *view* node of our own, which reads
-nothing from the image. QEMU has one NBD server: when one runs that is not
+nothing from the image. Only the ranges where the image file holds data
+are asked (``asked_ranges``): the bitmaps are read after the rotation, whose
+``transaction`` drained the node, so every write they hold has allocated its
+bytes in the file by then. QEMU has one NBD server: when one runs that is not
 ours (libvirt's backups use it), the read is deferred. The socket lives in
 a 0700 runtime directory. :class:`~vmcache.host.tracker.DirtyTracker` owns
 one :class:`BitmapExport` per storage node.
@@ -23,13 +26,16 @@ import numpy as np
 
 from ..errors import BitmapReadError, QMPCommandError, TrackerError
 from ..logfmt import event
+from ..model.extents import cover_extents
+from .allocation import FileData, data_extents
 from .blockdev import node_size
 from .files import short_name
 from .nbdreader import read_dirty_extents
 from .qmp import Monitor
 
 __all__ = [
-    "VIEW_SIZE", "NBD_ALREADY_RUNNING", "NBD_NOT_RUNNING", "BitmapExport", "Deferred", "ExtentReader",
+    "VIEW_SIZE", "NBD_ALREADY_RUNNING", "NBD_NOT_RUNNING", "MAX_GAP", "MAX_RANGES", "BitmapExport", "DataReader",
+    "Deferred", "ExtentReader", "asked_ranges",
 ]
 
 #: Size of the null-co view node: larger than any image (bitmaps end before it).
@@ -37,15 +43,41 @@ VIEW_SIZE: Final = 1 << 62
 #: QEMU's answer to nbd-server-start while a server runs (ours or libvirt's).
 NBD_ALREADY_RUNNING: Final = "NBD server already running"
 NBD_NOT_RUNNING: Final = "NBD server not running"
+#: Data ranges of the image file closer than this are asked in one range (a clean gap costs QEMU little).
+MAX_GAP: Final = 256 << 20
+#: At most this many ranges a read (the smallest gaps are closed); each costs >= 1 block_status request.
+MAX_RANGES: Final = 64
 _MAX_NODE_NAME: Final = 31
+#: Storage-node drivers whose ``file`` is a path that SEEK_DATA can walk.
+_FILE_DRIVERS: Final = frozenset({"file"})
 
 
 class ExtentReader(Protocol):
     """Reads the union of bitmaps from an NBD export (``nbdreader.read_dirty_extents``)."""
 
     def __call__(
-        self, socket_path: str, export: str, bitmaps: list[str], length: int, *, timeout: float
+        self, socket_path: str, export: str, bitmaps: list[str], length: int, *, timeout: float,
+        ranges: np.ndarray | None = None,
     ) -> np.ndarray: ...
+
+
+class DataReader(Protocol):
+    """Data ranges of an image file, None when unknown (``allocation.data_extents``)."""
+
+    def __call__(self, path: str) -> FileData | None: ...
+
+
+def asked_ranges(data: FileData | None, length: int, granularity: int) -> np.ndarray | None:
+    """The ranges of ``[0, length)`` a read asks about, from the file's data ranges (None: all).
+
+    Past the file's size (smaller than QEMU's length) everything is asked.
+    """
+    if data is None:
+        return None
+    extents, size = data.extents, data.size
+    if size < length:
+        extents = np.concatenate((extents.reshape(-1, 2), np.array([[size, length - size]], dtype=np.int64)))
+    return cover_extents(extents, granularity, length, max_gap=MAX_GAP, max_ranges=MAX_RANGES)
 
 
 class Deferred(Exception):
@@ -64,9 +96,14 @@ class BitmapExport:
 
     def __init__(self, monitor: Monitor, node_name: str, *, prefix: str, runtime_dir: str | None,
                  socket_owner: tuple[int, int] | None = None, timeout: float, logger: logging.Logger,
-                 reader: ExtentReader = read_dirty_extents) -> None:
+                 granularity: int, reader: ExtentReader = read_dirty_extents,
+                 data: DataReader = data_extents) -> None:
         self.monitor = monitor
         self.node_name = node_name
+        self.granularity = granularity
+        self._data = data
+        self._identity: tuple[int, int] | None = None  # the image file the first walk found
+        self._replaced = False  # the path has named another file since (told once)
         self.prefix = prefix
         self.timeout = timeout
         self._log = logger
@@ -119,8 +156,10 @@ class BitmapExport:
                 )
             except QMPCommandError as err:
                 raise BitmapReadError(f"{self.node_name}: cannot export bitmaps: {err}") from err
+            ranges = asked_ranges(self._file_data(nodes), length, self.granularity)
             try:
-                return self._reader(path, self.export_name, list(bitmaps), length, timeout=self.timeout)
+                return self._reader(path, self.export_name, list(bitmaps), length, timeout=self.timeout,
+                                    ranges=ranges)
             finally:
                 self._drop_export()
         finally:
@@ -146,6 +185,31 @@ class BitmapExport:
         self._drop_export()
         self._stop_server()
         self._drop_view()
+
+    def _file_data(self, nodes: list[dict[str, Any]]) -> FileData | None:
+        """Data ranges of the storage node's file.
+
+        None for a block device, anything not a plain path, or when the
+        path names another file than it first did (the image replaced under
+        QEMU, which still writes the old one).
+        """
+        for node in nodes:
+            if node.get("node-name") == self.node_name and node.get("drv") in _FILE_DRIVERS:
+                filename = str(node.get("file") or "")
+                if not filename.startswith("/") or filename.startswith("/dev/fdset/"):
+                    return None
+                data = self._data(filename)
+                if data is None:
+                    return None
+                if self._identity is None:
+                    self._identity = data.identity
+                if data.identity == self._identity:
+                    return data
+                if not self._replaced:
+                    self._log.warning(event("tracker.image_replaced", node=self.node_name, file=filename))
+                    self._replaced = True
+                return None
+        return None
 
     # -- QEMU objects -----------------------------------------------------
 

@@ -4,9 +4,10 @@ QEMU shows each exported bitmap ``B`` as the NBD meta context
 ``qemu:dirty-bitmap:B``: extents whose flag bit 0 is set are dirty. A reply
 may cover less than the length asked for, so the loop advances by what the
 callbacks reported (the least over all contexts asked), never by the
-request. Requests are pipelined (``WINDOW`` in flight). Every wait is bounded:
-libnbd's asynchronous calls are polled with
-a timeout.
+request. Only the ranges the caller names are asked (where the image file
+holds data, vmcache.host.nbdexport), each in requests of at most
+``MAX_REQUEST`` bytes, pipelined (``WINDOW`` in flight). Every wait is
+bounded: libnbd's asynchronous calls are polled with a timeout.
 
 Extents are numpy ``int64`` arrays of shape ``(n, 2)``: ``(offset, length)``
 rows, sorted, merged (no two rows touch or overlap; vmcache.model.extents).
@@ -24,7 +25,7 @@ import numpy as np
 from ..errors import BitmapReadError
 from ..model.extents import empty_extents, merge_extents
 
-__all__ = ["DIRTY_CONTEXT_PREFIX", "MAX_REQUEST", "read_dirty_extents"]
+__all__ = ["DIRTY_CONTEXT_PREFIX", "MAX_REQUEST", "read_dirty_extents", "requests"]
 
 DIRTY_CONTEXT_PREFIX: Final = "qemu:dirty-bitmap:"
 #: Largest block_status request (NBD counts are 32-bit).
@@ -66,15 +67,26 @@ def _dirty_rows(parts: list[tuple[int, list[int]]]) -> list[np.ndarray]:
     return rows
 
 
-def _pipelined_status(handle: Any, contexts: Sequence[str], end: int, deadline: float, export: str) -> list[np.ndarray]:
-    """block_status over ``[0, end)`` with up to ``WINDOW`` requests in flight.
+def requests(ranges: np.ndarray) -> deque[tuple[int, int]]:
+    """``(offset, count)`` block_status requests covering ``ranges`` rows, none over ``MAX_REQUEST``."""
+    return deque(
+        (off, min(MAX_REQUEST, start + length - off))
+        for start, length in ranges.tolist()
+        for off in range(start, start + length, MAX_REQUEST)
+    )
+
+
+def _pipelined_status(
+    handle: Any, contexts: Sequence[str], ranges: np.ndarray, deadline: float, export: str
+) -> list[np.ndarray]:
+    """block_status over ``ranges`` rows with up to ``WINDOW`` requests in flight.
 
     A request answered for less than asked is followed by one for the rest.
     """
     import nbd
 
     parts: list[tuple[int, list[int]]] = []
-    todo = deque((off, min(MAX_REQUEST, end - off)) for off in range(0, end, MAX_REQUEST))
+    todo = requests(ranges)
     inflight: dict[int, tuple[int, int, _Collector]] = {}
     while todo or inflight:
         while todo and len(inflight) < WINDOW:
@@ -122,10 +134,13 @@ def read_dirty_extents(
     length: int,
     *,
     timeout: float = 10.0,
+    ranges: np.ndarray | None = None,
 ) -> np.ndarray:
     """Dirty extents of the union of ``bitmaps`` over ``[0, length)`` of ``export``.
 
-    Connects to the NBD server on the unix socket ``socket_path``. Raises
+    ``ranges``: the ``(offset, length)`` rows of ``[0, length)`` to ask
+    (sorted, disjoint); None asks everywhere. Dirty bits outside them are
+    not reported. Connects to the NBD server on the unix socket ``socket_path``. Raises
     BitmapReadError when the server, the export or a bitmap context is not
     there, or when an answer takes longer than ``timeout`` seconds.
     """
@@ -150,7 +165,8 @@ def read_dirty_extents(
                 raise BitmapReadError(f"NBD export {export} has no context {context}")
         size = handle.get_size()
         end = min(length, size)
-        parts = _pipelined_status(handle, contexts, end, deadline, export)
+        asked = np.array([[0, end]], dtype=np.int64) if ranges is None else _clip(ranges, end)
+        parts = _pipelined_status(handle, contexts, asked, deadline, export)
     except nbd.Error as err:
         raise BitmapReadError(f"NBD read of {export}: {err}") from err
     finally:
@@ -164,6 +180,13 @@ def read_dirty_extents(
         extents[over, 1] = end - extents[over, 0]
         extents = extents[extents[:, 1] > 0]
     return extents
+
+
+def _clip(ranges: np.ndarray, end: int) -> np.ndarray:
+    rows = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    ends = np.minimum(rows[:, 0] + rows[:, 1], end)
+    keep = ends > rows[:, 0]
+    return np.column_stack((rows[keep, 0], ends[keep] - rows[keep, 0]))
 
 
 def _close(handle: Any) -> None:

@@ -34,7 +34,8 @@ from ..errors import BitmapReadError, QMPCommandError, TrackerError
 from ..logfmt import event
 from ..model.extents import BitmapRead, DirtyRead, empty_extents
 from .blockdev import node_size
-from .nbdexport import VIEW_SIZE, BitmapExport, Deferred, ExtentReader
+from .allocation import data_extents
+from .nbdexport import VIEW_SIZE, BitmapExport, DataReader, Deferred, ExtentReader
 from .nbdreader import read_dirty_extents
 from .qmp import Monitor
 
@@ -60,7 +61,8 @@ class DirtyTracker:
     when None. ``socket_owner`` (uid, gid): the user QEMU runs as, which
     must create the socket there - the directory is given to it (still
     0700; root connects anyway); None when QEMU runs as this process's
-    user. ``reader`` reads the exported bitmaps (tests replay a recording).
+    user. ``reader`` reads the exported bitmaps (tests replay a recording);
+    ``data`` finds where the image file holds data (only there is asked).
     Usable as a context manager (``start()`` / ``stop()``). Not
     thread-safe; trackers of one QEMU must not read at the same time (QEMU
     has one NBD server).
@@ -78,6 +80,7 @@ class DirtyTracker:
         timeout: float = 10.0,
         logger: logging.Logger | None = None,
         reader: ExtentReader = read_dirty_extents,
+        data: DataReader = data_extents,
     ) -> None:
         if granularity < 512 or granularity & (granularity - 1):
             raise TrackerError(f"granularity {granularity}: must be a power of two, at least 512")
@@ -90,7 +93,8 @@ class DirtyTracker:
         self.timeout = timeout
         self._log = logger or _log
         self._export = BitmapExport(monitor, node_name, prefix=prefix, runtime_dir=runtime_dir,
-                                    socket_owner=socket_owner, timeout=timeout, logger=self._log, reader=reader)
+                                    socket_owner=socket_owner, timeout=timeout, logger=self._log,
+                                    granularity=granularity, reader=reader, data=data)
         self._session = secrets.token_hex(4)
         self._serial = 0
         self._active: str | None = None

@@ -14,7 +14,7 @@ import numpy as np
 
 from .blocks import BlockValues
 
-__all__ = ["BitmapRead", "DirtyRead", "empty_extents", "merge_extents", "extents_to_blocks",
+__all__ = ["BitmapRead", "DirtyRead", "empty_extents", "merge_extents", "cover_extents", "extents_to_blocks",
            "extents_to_block_values"]
 
 
@@ -50,6 +50,38 @@ def merge_extents(extents: np.ndarray) -> np.ndarray:
     out_ends = np.zeros(len(out_starts), dtype=np.int64)
     np.maximum.at(out_ends, group, ends)
     return np.column_stack((out_starts, out_ends - out_starts))
+
+
+def cover_extents(extents: np.ndarray, granularity: int, end: int, *, max_gap: int, max_ranges: int) -> np.ndarray:
+    """Few ``(offset, length)`` rows within ``[0, end)`` that cover every granule ``extents`` touch.
+
+    Each row is widened to whole ``granularity`` blocks (clipped to ``end``),
+    rows closer than ``max_gap`` bytes are joined, and while more than
+    ``max_ranges`` rows remain the smallest gaps are closed. Covers at least
+    what it is given (in granules); never more than the granules of the
+    first and last row span. Raises ValueError for a granularity under 1
+    or ``max_ranges`` under 1.
+    """
+    if granularity <= 0 or max_ranges <= 0:
+        raise ValueError("granularity and max_ranges must be > 0")
+    ext = np.asarray(extents, dtype=np.int64).reshape(-1, 2)
+    ext = ext[ext[:, 1] > 0]
+    starts = np.maximum(ext[:, 0] // granularity * granularity, 0)
+    ends = np.minimum(-(-(ext[:, 0] + ext[:, 1]) // granularity) * granularity, end)
+    keep = starts < ends
+    rows = merge_extents(np.column_stack((starts[keep], ends[keep] - starts[keep])))
+    if len(rows) < 2:
+        return rows
+    starts, ends = rows[:, 0], rows[:, 0] + rows[:, 1]
+    gaps = starts[1:] - ends[:-1]
+    close = gaps <= max_gap
+    over = int((~close).sum()) + 1 - max_ranges
+    if over > 0:  # close the smallest of the gaps still open
+        open_at = np.flatnonzero(~close)
+        close[open_at[np.argsort(gaps[open_at], kind="stable")[:over]]] = True
+    first = np.concatenate(([True], ~close))
+    last = np.concatenate((~close, [True]))
+    return np.column_stack((starts[first], ends[last] - starts[first]))
 
 
 @dataclass(frozen=True)
