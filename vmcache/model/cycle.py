@@ -166,7 +166,7 @@ class Cycle:
         kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
         self._ours = union(kept, blocks_of(pinned, self.params.block_size, n))
         read_miss, grown = self._read_miss(res, wr, size_bytes)
-        res = self._relative_reads(res, grown, evidence)
+        res, evidence = self._relative_reads(res, grown, evidence)
         self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
         if self.warm is not None:
             self.warm.seed(self.model, now)
@@ -206,8 +206,8 @@ class Cycle:
         return min(size, int(float(grown.sum(dtype=np.float64)) * self.params.block_size)), grown
 
     def _relative_reads(self, resident: BlockValues, grown: NDArray[np.float32] | None,
-                        seen: BlockValues | None) -> BlockValues:
-        """The residency the model sees: each block's read misses also judged against the guest's read rate.
+                        seen: BlockValues | None) -> tuple[BlockValues, BlockValues | None]:
+        """The residency and evidence the model sees: each block's reads also judged against the guest's rate.
 
         The level of residency alone says little about a slow guest: one
         that reads 20 pages a second fills a hot 1 MiB block by a page or
@@ -221,19 +221,55 @@ class Cycle:
         (miss_contrast * fair share)))``. Reads spread evenly give ``1 /
         miss_contrast``, under the threshold; a one-pass read counts in one
         cycle only; where the level is higher (a fast guest) nothing changes.
-        The evidence of pinned blocks is left absolute: scaled the same way
-        it made pinned blocks stickier and cost fast guests in the replay.
+        The pinned blocks' evidence is judged the same way where it is too
+        weak to hold anything (:meth:`_held_evidence`).
         """
         contrast = self.params.miss_contrast
         if contrast == 0 or grown is None:
-            return resident
+            return resident, seen
         total = float(grown.sum(dtype=np.float64))
-        if total <= 0.0:
-            return resident
         if seen is not None:
             total += float(np.nansum(seen.value, dtype=np.float64))
-        share = np.minimum(np.float32(1.0), grown * np.float32(self.nblocks / (contrast * total)))
-        return BlockValues(resident.index, np.maximum(resident.value, share).astype(np.float32))
+        if total <= 0.0:
+            return resident, seen
+        scale = np.float32(self.nblocks / (contrast * total))  # 1 / (miss_contrast * fair share)
+        share = np.minimum(np.float32(1.0), grown * scale)
+        resident = BlockValues(resident.index, np.maximum(resident.value, share).astype(np.float32))
+        return resident, None if seen is None else self._held_evidence(seen, scale)
+
+    def _held_evidence(self, seen: BlockValues, scale: np.float32) -> BlockValues:
+        """The pinned blocks' evidence, judged against the guest's rate where it is too weak to hold a pin.
+
+        Evidence ``e`` (the share of a pinned block's pages read in the
+        cycle) counts as residency ``seen_scale * e``: a fast guest's hot
+        pinned blocks stay hot by it, a slow guest's cannot - 20 reads a
+        second over a 205 MiB zone read about a page per block per cycle
+        (``e`` = 1/256), and its pins cooled and were released while it kept
+        reading them. So where the pinned blocks' mean input ``seen_scale *
+        mean(e)`` is under the level at which the planner releases a pin
+        (``threshold / keep_factor``: by its evidence nothing pinned could
+        stay), each block's evidence also counts as ``min(threshold *
+        keep_factor, e * scale)`` (``scale`` = 1 / (``miss_contrast`` x fair
+        share), as for read misses). Capped there, it holds a block the guest
+        reads - a cycle without a read of it, common at such rates, gives 0 -
+        but never outranks a block hot by its own residency (input up to 1),
+        and a region ``keep_factor`` times hotter still displaces the pin.
+        Blocks nobody reads get ``e = 0`` and cool at the normal decay. Above
+        the gate, evidence is left as it is: judged the same way there, it
+        held pins that the absolute evidence rotated through a hot zone
+        larger than the budget, and cost fast guests up to 2.3 points of hit
+        ratio in the page-by-page replay (docs/replay.md).
+        """
+        p = self.params
+        known = ~np.isnan(seen.value)
+        count = int(np.count_nonzero(known))
+        if count == 0:
+            return seen
+        mean_input = p.seen_scale * float(seen.value[known].sum(dtype=np.float64)) / count
+        if mean_input >= p.threshold / p.keep_factor:
+            return seen
+        held = np.minimum(np.float32(p.threshold * p.keep_factor), seen.value * scale) / np.float32(p.seen_scale)
+        return BlockValues(seen.index, np.maximum(seen.value, held).astype(np.float32))
 
     def _rate(self) -> float | None:
         """Bytes per second the bucket fills at now: ``warm_rate`` while a saved set is restored; None: no limit."""
