@@ -15,7 +15,9 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
    cycle, not by vmcache's hand nor by writes; a block that took many times
    its fair share of the cycle's reads (``miss_contrast``) counts as
    resident for the model, so a slow guest's hot set shows before its
-   pages fill the blocks;
+   pages fill the blocks; where the pinned blocks' read evidence is too
+   weak to hold any of them, it is judged the same way (capped), so a slow
+   guest's pins stay while it reads them;
 3. steps the :class:`~vmcache.model.heat.HeatModel` at ``now`` and, while a
    saved hot set is being restored (``warm``), holds its seeded heat;
 4. plans the regions to pin (:func:`~vmcache.model.planner.plan`, the
