@@ -105,8 +105,13 @@ class ModelParams:
       reads inputs ``9 / miss_contrast``), while reads spread evenly over
       the disk input ``1 / miss_contrast`` on average, under the threshold,
       and a one-pass read counts in one cycle only (one cycle of full input
-      heats a block to ``1 - decay``, under the threshold). 0 disables it
-      (residency level only). Default 12.0.
+      heats a block to ``1 - decay``, under the threshold). Where the
+      pinned blocks' read evidence is too weak to hold any of them (mean
+      ``seen_scale * e`` under ``threshold / keep_factor``), each pinned
+      block's evidence is judged the same way, up to ``threshold *
+      keep_factor``: a slow guest's pins stay while it reads them. 0
+      disables both (residency level only, evidence absolute). Default
+      12.0.
     """
 
     block_size: int = 1 << 20

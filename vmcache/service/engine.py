@@ -184,7 +184,7 @@ class DiskEngine:
         self._cycles += 1
         now = self._clock()
         decided = self._cycle.step(res.blocks, written, current, size_bytes=res.size_bytes,
-                                   budget=self.budget, now=now, seen=seen)
+                                   budget=self.budget, now=now, seen=seen, seen_sample=per_block)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
         report = self._pinner.apply(decided.regions, self.budget)
