@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -315,6 +316,36 @@ def _check_fits(bt: BlockTrace, capacity: int, params: ModelParams, pin_budget: 
         raise ValueError(f"pin budget {pin_budget} is more than the cache ({capacity} blocks of {bs})")
 
 
+class _Units:
+    """The simulated host cache in cache units: the pinned units and an LRU of the others, ``capacity`` in all."""
+
+    def __init__(self, nunits: int, per: int, capacity: int) -> None:
+        self.per = per  # cache units per model block
+        self.capacity = capacity
+        self.pinned = np.zeros(nunits, dtype=bool)
+        self.pinset: set[int] = set()
+        self.lru: OrderedDict[int, None] = OrderedDict()  # the unpinned resident units
+        self.room = capacity
+
+    def resident(self) -> NDArray[np.int64]:
+        """Every resident unit: pinned ones, then the LRU's."""
+        units = np.flatnonzero(self.pinned)
+        if self.lru:
+            units = np.concatenate([units, np.fromiter(self.lru.keys(), dtype=np.int64, count=len(self.lru))])
+        return units
+
+    def pin(self, blocks: NDArray[np.bool_]) -> int:
+        """Pin the units of the model ``blocks`` (mask); how many units had to be loaded."""
+        wanted = np.repeat(blocks, self.per)[:len(self.pinned)]
+        loaded = _repin(self.lru, self.pinned, wanted)
+        self.pinned = wanted
+        self.pinset = set(np.flatnonzero(wanted).tolist())
+        self.room = self.capacity - len(self.pinset)
+        while len(self.lru) > self.room:
+            self.lru.popitem(last=False)
+        return loaded
+
+
 def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
             size_bytes: int | None = None, warm: WarmStart | None = None, prefetch_rate: int | None = None,
             warm_rate: int | None = None) -> VmcacheRun:
@@ -345,44 +376,58 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     cycle = Cycle(params, nmb, prefetch_rate=prefetch_rate, warm_rate=warm_rate)
     cycle.warm = warm
     pinned = np.zeros(nmb, dtype=bool)  # model blocks
-    units = np.zeros(nb, dtype=bool)  # the cache units of the pinned blocks
-    pinset: set[int] = set()
+    host = _Units(nb, per, capacity)
     current: list[Region] = []
-    cache: OrderedDict[int, None] = OrderedDict()  # the unpinned resident units
-    room = capacity
     blocks = bt.block.tolist()
     t0 = float(bt.time[0])
     bounds = cycle_ends(bt, params.interval)
-    ncycles = len(bounds)
-    pinned_total = 0
-    begin = 0
-    for k in range(-1 if warm is not None else 0, ncycles):
+    pinned_total = begin = 0
+    for k in range(-1 if warm is not None else 0, len(bounds)):
         end = bounds[k] if k >= 0 else 0
-        serve(blocks, begin, end, hits, pinset, cache, room)
+        serve(blocks, begin, end, hits, host.pinset, host.lru, host.room)
         # one engine cycle at the end of the interval, on what the host would have sampled
         written, seen = _sampled(bt, begin, end, pinned, mbs)
         begin = end
-        resident = np.flatnonzero(units)
-        if cache:
-            resident = np.concatenate([resident, np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))])
-        current = cycle.step(_residency(resident, per, nmb), written, current, size_bytes=size, budget=pin_budget,
-                             now=t0 + params.interval * (k + 1), seen=seen).regions
+        current = cycle.step(_residency(host.resident(), per, nmb), written, current, size_bytes=size,
+                             budget=pin_budget, now=t0 + params.interval * (k + 1), seen=seen).regions
         pinned = blocks_mask(current, mbs, nmb)
-        wanted = np.repeat(pinned, per)[:nb]
-        run.prefetched += _repin(cache, units, wanted)
-        units = wanted
-        pinset = set(np.flatnonzero(units).tolist())
-        room = capacity - len(pinset)
-        while len(cache) > room:
-            cache.popitem(last=False)
+        run.prefetched += host.pin(pinned)
         cycle.pinned(current)
-        pinned_total += len(pinset)
-        run.pinned_blocks_max = max(run.pinned_blocks_max, len(pinset))
+        pinned_total += len(host.pinset)
+        run.pinned_blocks_max = max(run.pinned_blocks_max, len(host.pinset))
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
     run.hot = heat_of(current, cycle.model.active, mbs)
-    run.cycles = ncycles
-    run.pinned_blocks_mean = pinned_total / (ncycles + (warm is not None))  # the warm start's first cycle too
+    run.cycles = len(bounds)
+    run.pinned_blocks_mean = pinned_total / (len(bounds) + (warm is not None))  # the warm start's first cycle too
     return run
+
+
+_BASELINES: dict[str, Callable[[BlockTrace, int], NDArray[np.bool_]]] = {
+    "lru": lru, "belady": belady, "static": static_topk,
+}
+
+
+def _vmcache_results(names: list[str], bt: BlockTrace, budget: int, capacity: int, pin_budget: int,
+                     p: ModelParams, *, size_bytes: int | None, size: int, head: float | None,
+                     prefetch_rate: int | None, warm_rate: int | None) -> dict[str, PolicyResult]:
+    """The vmcache arms at one budget: cold (``vmcache``) and warm-started from the cold run's hot set (``warm``)."""
+    if not names:
+        return {}
+    cold = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, prefetch_rate=prefetch_rate)
+    out = {}
+    for name in names:
+        run = cold
+        extra: dict[str, Any] = {}
+        if name == WARM:
+            warm = saved_hotset(cold, p, size)
+            run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm,
+                          prefetch_rate=prefetch_rate, warm_rate=warm_rate)
+            extra = {"warm_saved_blocks": warm.total_bytes // p.block_size,
+                     "warm_restored_blocks": warm.restored_bytes // p.block_size}
+        out[name] = _result(name, budget, bt, run.hits, head, cycles=run.cycles, prefetched_blocks=run.prefetched,
+                            pinned_blocks_mean=round(run.pinned_blocks_mean, 1),
+                            pinned_blocks_max=run.pinned_blocks_max, **extra)
+    return out
 
 
 def replay(
@@ -433,28 +478,10 @@ def replay(
     for budget in budgets:
         capacity = budget // unit
         pin_budget = int(capacity * pin_share) * unit
-        cold: VmcacheRun | None = None
+        ours = _vmcache_results([n for n in policies if n not in _BASELINES], bt, budget, capacity, pin_budget, p,
+                                size_bytes=size_bytes, size=size, head=head, prefetch_rate=prefetch_rate,
+                                warm_rate=warm_rate)
         for name in policies:
-            if name == "lru":
-                results.append(_result(name, budget, bt, lru(bt, capacity), head))
-            elif name == "belady":
-                results.append(_result(name, budget, bt, belady(bt, capacity), head))
-            elif name == "static":
-                results.append(_result(name, budget, bt, static_topk(bt, capacity), head))
-            else:
-                if cold is None:
-                    cold = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes,
-                                   prefetch_rate=prefetch_rate)
-                run = cold
-                extra: dict[str, Any] = {}
-                if name == WARM:
-                    warm = saved_hotset(cold, p, size)
-                    run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm,
-                                  prefetch_rate=prefetch_rate, warm_rate=warm_rate)
-                    extra = {"warm_saved_blocks": warm.total_bytes // block_size,
-                             "warm_restored_blocks": warm.restored_bytes // block_size}
-                results.append(_result(name, budget, bt, run.hits, head, cycles=run.cycles,
-                                       prefetched_blocks=run.prefetched,
-                                       pinned_blocks_mean=round(run.pinned_blocks_mean, 1),
-                                       pinned_blocks_max=run.pinned_blocks_max, **extra))
+            baseline = _BASELINES.get(name)
+            results.append(_result(name, budget, bt, baseline(bt, capacity), head) if baseline else ours[name])
     return results
