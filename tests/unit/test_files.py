@@ -67,3 +67,17 @@ def test_failure_is_a_host_error_and_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(HostError):
         write_atomic(tmp_path / "dir", b"{}")  # a directory cannot be replaced by a file
     assert [p.name for p in tmp_path.iterdir()] == ["dir"]
+
+
+def test_try_lock_takes_a_free_lock_and_names_the_holder_of_a_taken_one(tmp_path):
+    from vmcache.host.files import try_lock
+
+    path = str(tmp_path / "x.lock")
+    fd, _ = try_lock(path, b"first\n")
+    assert fd is not None
+    assert try_lock(path, b"second\n") == (None, b"first\n")
+    os.unlink(path)  # the holder's release: unlinked while held, then closed
+    os.close(fd)
+    again, _ = try_lock(path, b"third\n")
+    assert again is not None and Path(path).read_bytes() == b"third\n"
+    os.close(again)

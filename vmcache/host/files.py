@@ -1,16 +1,18 @@
-"""Files vmcache writes: one atomic writer, one name for a domain (or path) as a file name, one short name.
+"""Files vmcache writes: one atomic writer, one lock file taker, one name for a domain (or path) as a file name,
+one short name.
 
 Cheap to import (os and re only): the libvirt hook uses it on its fast path.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 
 from ..errors import HostError
 
-__all__ = ["file_stem", "short_name", "write_atomic"]
+__all__ = ["file_stem", "short_name", "try_lock", "write_atomic"]
 
 _SAFE = re.compile(r"[A-Za-z0-9_.+-]")
 _MAX_STEM = 200
@@ -85,3 +87,37 @@ def write_atomic(path: str | os.PathLike[str], payload: bytes | str, *, mode: in
             raise
     except OSError as err:
         raise HostError(f"cannot write {what}: {err.strerror}", path=target, errno=err.errno) from err
+
+
+def try_lock(path: str, owner: bytes, *, mode: int = 0o644) -> tuple[int | None, bytes]:
+    """Take the exclusive ``flock`` of lock file ``path`` (made if absent) without waiting.
+
+    Taken: ``(fd, b"")``, with ``owner`` written into the file (the lock
+    lives as long as the fd, and ends with the process). Held by another:
+    ``(None, what its owner wrote)``. A file its last holder unlinked
+    between our open and flock is not a lock any more: opened again. The
+    holder removes the file before closing the fd, so a name is never
+    shared by two holders. Raises OSError when the file cannot be made.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return None, os.pread(fd, 256, 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            here = os.stat(path)
+        except FileNotFoundError:
+            here = None
+        st = os.fstat(fd)
+        if here is not None and (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, owner, 0)
+            return fd, b""
+        os.close(fd)

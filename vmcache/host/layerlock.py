@@ -15,11 +15,10 @@ and tries again, so two agents never both hold a lock.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 
 from ..errors import PageCacheError
+from .files import try_lock
 
 __all__ = ["LayerLock", "lock_key", "holder", "sweep"]
 
@@ -79,25 +78,8 @@ class LayerLock:
         """
         os.makedirs(directory, mode=0o700, exist_ok=True)
         path = os.path.join(directory, key + ".lock")
-        for _ in range(3):  # the file may be unlinked by its last holder between open and flock
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                os.close(fd)
-                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    return None
-                raise
-            try:
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, domain.encode() + b"\n", 0)
-                return cls(path, fd)
-            os.close(fd)
-        return None
+        fd, _ = try_lock(path, domain.encode() + b"\n", mode=0o600)
+        return None if fd is None else cls(path, fd)
 
     def release(self) -> None:
         """Remove the lock file and give the lock up (idempotent)."""

@@ -12,11 +12,11 @@ pid is written in the file for the refusal's message.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from typing import Final
 
 from ..errors import HostError, RunClaimedError
+from .files import try_lock
 
 __all__ = ["RUN_LOCK_DIR", "RunLock"]
 
@@ -41,18 +41,12 @@ class RunLock:
         path = os.path.join(self.directory, f"{uuid}.{run}.lock")
         try:
             os.makedirs(self.directory, mode=0o755, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd, holder = try_lock(path, f"{os.getpid()}\n".encode())
         except OSError as err:
-            raise HostError(f"cannot open the run lock: {err.strerror}", path=path, errno=err.errno) from err
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise RunClaimedError(f"run {run} of domain {uuid} is managed by agent pid {holder or '?'} already"
-                                  f" ({path})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            raise HostError(f"cannot take the run lock: {err.strerror}", path=path, errno=err.errno) from err
+        if fd is None:
+            pid = holder.decode("ascii", "replace").strip() or "?"
+            raise RunClaimedError(f"run {run} of domain {uuid} is managed by agent pid {pid} already ({path})")
         self._fd, self.path = fd, path
 
     def release(self) -> None:
@@ -67,9 +61,3 @@ class RunLock:
         os.close(self._fd)
         self._fd = None
 
-
-def _holder(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
