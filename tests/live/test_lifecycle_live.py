@@ -35,12 +35,21 @@ pytestmark = pytest.mark.live
 
 # `vmcache agent` with every QMP command it sends recorded with the domain run (libvirt's domain id)
 # that received it, and the run that was current when the agent process started (the one the hook
-# started it for).
+# started it for). The run receiving a command is read from libvirt's status file of the domain, not
+# asked of libvirtd: the command is sent under the run's gate, and libvirtd may be running the next
+# start's hook, which waits for that gate (-1: no run has a QEMU).
 _RECORDING = """
-import json, os, sys
+import json, os, re, sys
 import libvirt, libvirt_qemu
 record, name = {record!r}, sys.argv[sys.argv.index("--domain") + 1]
 def live_id():
+    try:
+        text = open(f"/run/libvirt/qemu/{{name}}.xml").read()
+    except OSError:
+        return -1
+    found = re.search(r"<domain type='[a-z]+' id='([0-9]+)'", text)
+    return int(found.group(1)) if found else -1
+def asked_id():
     conn = libvirt.open("qemu:///system")
     try:
         return conn.lookupByName(name).ID()
@@ -48,7 +57,7 @@ def live_id():
         return -1
     finally:
         conn.close()
-started_for = live_id()
+started_for = asked_id()
 _send = libvirt_qemu.qemuMonitorCommand
 def send(dom, cmd, flags):
     line = json.dumps({{"agent": os.getpid(), "started_for": started_for, "received_by": live_id(),
@@ -57,6 +66,24 @@ def send(dom, cmd, flags):
         f.write(line + "\\n")
     return _send(dom, cmd, flags)
 libvirt_qemu.qemuMonitorCommand = send
+# An agent descheduled between its run check and its command: while the file ``hold`` names this
+# process, every check that passed waits there (``paused`` says so) until the file is gone.
+import time
+from vmcache.service.domainlink import DomainLink
+hold, paused = record + ".hold", record + ".paused"
+_check = DomainLink.check_run
+def check_run(self):
+    _check(self)
+    try:
+        held = open(hold).read().strip() == str(os.getpid())
+    except OSError:
+        held = False
+    if held:
+        open(paused, "w").write(str(os.getpid()))
+        while os.path.exists(hold):
+            time.sleep(0.02)
+        open(paused, "a").write(" resumed")
+DomainLink.check_run = check_run
 from vmcache.cli import main
 sys.exit(main(["agent", *sys.argv[1:]]))
 """
@@ -97,7 +124,10 @@ def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its
                 dom.destroy()
                 dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
                 for pid in frozen:
-                    os.kill(pid, signal.SIGCONT)
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass  # frozen mid-command: the start's hook killed it after its wait
                 run_id = dom.ID()
 
                 def settled() -> bool:
@@ -118,12 +148,52 @@ def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its
                 pass
             wait_for(lambda: not agents_of(name), "the last agent to exit", timeout=30)
             dom.undefine()
-    sent = [json.loads(line) for line in record.read_text().splitlines()]
-    assert sent, "the recorder saw no QMP command"
-    stray = [s for s in sent if s["received_by"] not in (s["started_for"], -1)]
+    stray = _stray_commands(record)
     assert not stray, f"{len(stray)} commands reached another run's QEMU: {stray[:5]}"
     assert not list(env.agents.glob(f"{file_stem(name)}*.pid")), "a pidfile was left behind"
     assert "agent.started-after" in env.hook_log()  # the frozen rounds took the successor path
+    assert "hook.fence" in env.hook_log()  # and their gates were fenced before the new QEMU started
+
+
+def _stray_commands(record: Path) -> list[dict[str, Any]]:
+    sent = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sent, "the recorder saw no QMP command"
+    return [s for s in sent if s["received_by"] not in (s["started_for"], -1)]
+
+
+def test_an_agent_held_between_its_run_check_and_its_command_sends_nothing_to_the_next_run(env: Env, cleanup) -> None:
+    """The window a run check alone leaves open: checked against run N, sent after run N+1 started."""
+    name = "vmcache-test-life-gate"
+    record = env.tmp / "gate-qmp.jsonl"
+    hold, paused = Path(f"{record}.hold"), Path(f"{record}.paused")
+    cleanup.append(name)
+    xml = domain_xml(name, env.disk(name, 32 * MiB), metadata=cache_metadata("16M"))
+    with env.config_override(agent_command=[sys.executable, "-c", _RECORDING.format(record=str(record))]):
+        dom = env.live().defineXML(xml)
+        try:
+            dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+            old = running(env, name)["pid"]
+            hold.write_text(str(old))
+            wait_for(paused.exists, "the old agent held after a run check that passed", timeout=30)
+            dom.destroy()
+            dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+            new_run, uuid = dom.ID(), dom.UUIDString()
+            hold.unlink()
+            wait_for(lambda: "resumed" in paused.read_text(), "the old agent to go on", timeout=30)
+            wait_for(lambda: (s := env.status(name)) is not None and s.get("domain_id") == new_run
+                     and s["state"] == "running" and agents_of(name) == [s["pid"]],
+                     f"one agent, running for run {new_run}", timeout=30)
+        finally:
+            try:
+                dom.destroy()
+            except libvirt.libvirtError:
+                pass
+            wait_for(lambda: not agents_of(name), "the last agent to exit", timeout=30)
+            dom.undefine()
+    stray = _stray_commands(record)
+    assert not stray, f"{len(stray)} commands reached another run's QEMU: {stray[:5]}"
+    assert "hook.fence" in env.hook_log()
+    assert not list(Path("/run/lock/vmcache").glob(f"{uuid}.*")), "a gate or run lock was left behind"
 
 
 # -- external snapshots and block jobs --------------------------------------------------------------

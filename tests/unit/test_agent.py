@@ -80,6 +80,9 @@ class FakeLink:
     def close(self) -> None:
         pass
 
+    def end(self) -> None:
+        self.ended = True
+
 
 @dataclass
 class FakeWorker:

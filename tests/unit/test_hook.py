@@ -69,7 +69,8 @@ BOMB = (b'<?xml version="1.0"?><!DOCTYPE domain [<!ENTITY a "aaaaaaaaaa"><!ENTIT
         (["web-1", "release", "end", "-"], b"", Action.STOP, "domain stopped"),
         (["web-1", "migrate", "begin", "-"], domain_xml(), Action.FILTER, "XML filter: written back unchanged"),
         (["web-1", "restore", "begin", "-"], b"junk", Action.FILTER, "XML filter: written back unchanged"),
-        (["web-1", "prepare", "begin", "-"], domain_xml(), Action.IGNORE, "not an operation vmcache acts on"),
+        (["web-1", "prepare", "begin", "-"], domain_xml(), Action.FENCE, "a new run starts"),
+        (["web-1", "prepare", "begin", "-"], domain_xml(metadata=""), Action.FENCE, "a new run starts"),
         (["web-1", "start", "begin", "-"], domain_xml(), Action.IGNORE, "not an operation vmcache acts on"),
         (["web-1", "started", "begin", "-"], domain_xml(metadata=""), Action.IGNORE, "no vmcache metadata"),
         (["web-1", "started", "begin", "-"],
@@ -184,6 +185,23 @@ def test_other_ops_write_nothing():
     for op in ("started", "stopped", "prepare"):
         _, out, _ = run_hook(["web-1", op, "begin", "-"], domain_xml())
         assert out == b""
+
+
+def test_prepare_fences_the_domains_earlier_runs_and_logs_it(caplog, tmp_path, monkeypatch):
+    from vmcache.host import runlock
+    from vmcache.host.rungate import RunGate
+
+    monkeypatch.setattr(runlock, "RUN_LOCK_DIR", str(tmp_path))
+    caplog.set_level("INFO", logger="vmcache.service.hook")
+    old, other = RunGate(str(tmp_path)), RunGate(str(tmp_path))
+    old.open("1b4e28ba-2fa1-11d2-883f-0016d3cca427", 3)
+    other.open("00000000-2fa1-11d2-883f-0016d3cca427", 3)
+    run_hook(["web-1", "prepare", "begin", "-"], domain_xml(metadata=""))  # opted out since: fenced all the same
+    assert [p.name for p in tmp_path.iterdir()] == ["00000000-2fa1-11d2-883f-0016d3cca427.3.gate"]
+    assert "hook.fence domain=web-1 runs=1" in caplog.text and "killed=none" in caplog.text
+    caplog.clear()
+    run_hook(["web-1", "prepare", "begin", "-"], domain_xml())
+    assert caplog.text == ""  # nothing to fence: nothing logged
 
 
 def test_start_and_stop_use_the_launcher(caplog):

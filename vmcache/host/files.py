@@ -12,7 +12,7 @@ import re
 
 from ..errors import HostError
 
-__all__ = ["file_stem", "short_name", "try_lock", "write_atomic"]
+__all__ = ["file_stem", "names_fd", "short_name", "try_lock", "write_atomic"]
 
 _SAFE = re.compile(r"[A-Za-z0-9_.+-]")
 _MAX_STEM = 200
@@ -89,6 +89,15 @@ def write_atomic(path: str | os.PathLike[str], payload: bytes | str, *, mode: in
         raise HostError(f"cannot write {what}: {err.strerror}", path=target, errno=err.errno) from err
 
 
+def names_fd(path: str, fd: int) -> bool:
+    """True if ``path`` still names the file open as ``fd`` (a lock file may be unlinked or replaced under us)."""
+    try:
+        st, here = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
 def try_lock(path: str, owner: bytes, *, mode: int = 0o644) -> tuple[int | None, bytes]:
     """Take the exclusive ``flock`` of lock file ``path`` (made if absent) without waiting.
 
@@ -111,12 +120,7 @@ def try_lock(path: str, owner: bytes, *, mode: int = 0o644) -> tuple[int | None,
         except OSError:
             os.close(fd)
             raise
-        try:
-            here = os.stat(path)
-        except FileNotFoundError:
-            here = None
-        st = os.fstat(fd)
-        if here is not None and (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino):
+        if names_fd(path, fd):
             os.ftruncate(fd, 0)
             os.pwrite(fd, owner, 0)
             return fd, b""

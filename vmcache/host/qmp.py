@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from ..errors import CommandNotAllowedError, MonitorConnectionError, MonitorError, QMPCommandError
@@ -218,9 +219,9 @@ class LibvirtMonitor:
         *,
         allowed: frozenset[str] = ALLOWED_COMMANDS,
         logger: logging.Logger | None = None,
-        guard: Callable[[], None] | None = None,
+        guard: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
-        """``guard`` runs before every command and raises MonitorError to hold it back
+        """``guard()`` is entered around every command and raises MonitorError to hold it back
         (the agent's: the domain runs as another QEMU process than the one it was started for)."""
         self.domain = domain
         self.allowed = allowed
@@ -244,8 +245,6 @@ class LibvirtMonitor:
     def execute(self, command: str, arguments: Mapping[str, Any] | None = None) -> Any:
         """Run one command; see ``Monitor.execute``."""
         check_command(command, arguments, self.allowed)
-        if self._guard is not None:
-            self._guard()
         import libvirt
         import libvirt_qemu
 
@@ -253,9 +252,10 @@ class LibvirtMonitor:
         if arguments:
             message["arguments"] = dict(arguments)
         try:
-            text = libvirt_qemu.qemuMonitorCommand(
-                self.domain, json.dumps(message), libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT
-            )
+            with self._guard() if self._guard is not None else nullcontext():
+                text = libvirt_qemu.qemuMonitorCommand(
+                    self.domain, json.dumps(message), libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT
+                )
         except libvirt.libvirtError as err:
             raise MonitorConnectionError(f"{command}: libvirt: {err.get_error_message() or err}") from err
         try:

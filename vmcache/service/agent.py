@@ -284,7 +284,7 @@ class Agent:
         if self._hotsets is not None and self._hotsets.every and self._disks.workers():
             self._save_hotset(live=alive)  # before the pins go: what the next start warms from
         self._disks.drop_all(qemu_alive=alive)
-        for cleanup in (self._budget.release, self._telemetry.close, self._link.close):
+        for cleanup in (self._budget.release, self._telemetry.close, self._link.end):
             try:
                 cleanup()
             except Exception as err:  # noqa: BLE001 - keep cleaning up the rest

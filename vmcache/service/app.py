@@ -12,7 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..host.runlock import RunLock
+from ..host.rungate import RunGate
+from ..host.runlock import RUN_LOCK_DIR, RunLock
 from ..host.ledger import Ledger
 from ..host.meminfo import MemoryPressure, read_meminfo, read_pressure
 from ..host.pagerefs import PageRefs
@@ -48,7 +49,7 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
     logger = domain_logger("vmcache.service.agent", domain)
     wake = threading.Event()
     telemetry = Telemetry(domain, config)
-    link = DomainLink(domain, uri, connect=connect_, wake=wake, domain_id=domain_id)
+    link = DomainLink(domain, uri, connect=connect_, wake=wake, domain_id=domain_id, gate=RunGate(RUN_LOCK_DIR))
     refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
     uuid = lambda: link.uuid  # noqa: E731 - known once the link attached, before the first worker
     qemu_user = lambda: link.qemu_user  # noqa: E731 - likewise; QEMU binds the NBD socket as this user

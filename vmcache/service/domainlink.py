@@ -8,20 +8,23 @@ An agent belongs to one *run* of its domain (one QEMU process), named by
 libvirt's domain id, which changes at every start: the hook passes the id
 of the run it starts the agent for. libvirt finds a domain by name or uuid
 whatever its run, so the link checks the run before every QMP command
-(:meth:`check_run`): after a fast ``destroy``/``start`` the old run's agent
-must not clean up, or do anything else, in the new QEMU.
+and holds the run's gate until the reply (:meth:`sending`,
+:mod:`vmcache.host.rungate`): after a fast ``destroy``/``start`` the old
+run's agent must not clean up, or do anything else, in the new QEMU.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import libvirt
 
 from ..errors import DomainError, MonitorConnectionError, RunEndedError
 from ..host.qmp import LibvirtMonitor
+from ..host.rungate import RunGate
 from ..host.virtdomain import VirtDomain
 from ..host.virtevents import DomainEvents, EventLoop, Pending
 from ..settings.metadata import DomainInfo, parse_domain
@@ -34,12 +37,15 @@ class DomainLink:
 
     ``domain_id`` is the run's libvirt id; None binds the link to the run
     found at the first :meth:`attach` (an agent started by hand or by systemd).
+    ``gate``: the run's fence against the next run's start (None: the run
+    check alone).
     """
 
     def __init__(self, domain: str, uri: str, *, connect: Callable[[str], Any], wake: threading.Event,
-                 domain_id: int | None = None) -> None:
+                 domain_id: int | None = None, gate: RunGate | None = None) -> None:
         self.domain = domain
         self.domain_id = domain_id
+        self.gate = gate
         self.uri = uri
         self._connect = connect
         self._wake = wake
@@ -67,6 +73,11 @@ class DomainLink:
         run = self._current_run()
         if self.domain_id is None and run is not None:
             self.domain_id = run
+        if self.gate is not None and self.gate.path is None and self.domain_id is not None and run == self.domain_id:
+            # Made before the run is checked again: a start of a new run before this was not fenced, but the
+            # check sees it; one after it removes the gate. Made once: a reattach must not undo a fence.
+            self.gate.open(self._uuid_string(), self.domain_id)
+            run = self._current_run()
         if run is None or run != self.domain_id:
             raise RunEndedError(f"domain {self.domain!r}: run {self.domain_id} is over"
                                 + (f" (it runs as {run} now)" if run is not None else ""))
@@ -108,6 +119,19 @@ class DomainLink:
             raise MonitorConnectionError(f"domain {self.domain!r}: run {self.domain_id} is not running;"
                                          " command not sent")
 
+    @contextmanager
+    def sending(self) -> Iterator[None]:
+        """Around one QMP command: check the run, and hold its gate until the reply. Raises MonitorConnectionError."""
+        self.check_run()  # before the gate: a lookup may wait for libvirtd, which may be running the fencing hook
+        with self.gate.hold() if self.gate is not None else nullcontext():
+            yield
+
+    def _uuid_string(self) -> str:
+        try:
+            return str(self._dom.UUIDString())
+        except libvirt.libvirtError as err:
+            raise DomainError(f"domain {self.domain!r}: {err.get_error_message()}") from err
+
     def connected(self) -> bool:
         """True when libvirtd still answers on this connection."""
         try:
@@ -122,7 +146,13 @@ class DomainLink:
 
     def monitor(self) -> LibvirtMonitor:
         """The domain's QMP monitor, through libvirt."""
-        return LibvirtMonitor(self._dom, guard=self.check_run)
+        return LibvirtMonitor(self._dom, guard=self.sending)
+
+    def end(self) -> None:
+        """As the agent exits, its QMP commands done: unsubscribe, and remove the run's gate."""
+        self.close()
+        if self.gate is not None:
+            self.gate.remove()
 
     def close(self) -> None:
         """Unsubscribe from the domain's events (the connection is dropped with it)."""

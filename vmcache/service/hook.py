@@ -7,6 +7,10 @@ domain XML on stdin (hooks/qemu runs ``python -m vmcache.service.hook``):
   says enabled: make sure its agent runs (:mod:`vmcache.service.launcher`);
 - ``stopped``, ``release``: stop its agent (a no-op when none runs);
 - ``migrate``, ``restore``: XML filters; the XML is written back unchanged;
+- ``prepare`` (before libvirt starts a new QEMU for any domain): fence the
+  domain's earlier runs, so that no command of their agents reaches the new
+  QEMU (:func:`vmcache.host.rungate.fence_runs`; waits only while such an
+  agent has a command in flight);
 - anything else: nothing.
 
 The hook never calls libvirt (libvirtd waits for it: deadlock), returns
@@ -43,14 +47,16 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import BinaryIO
 
+    from ..host.rungate import Fenced
     from ..settings.config import HostConfig
     from .launcher import Launcher
 
-__all__ = ["Action", "Decision", "run", "main", "START_OPS", "STOP_OPS", "FILTER_OPS"]
+__all__ = ["Action", "Decision", "run", "main", "START_OPS", "STOP_OPS", "FILTER_OPS", "FENCE_OPS"]
 
 START_OPS = frozenset({"started", "reconnect", "attach"})
 STOP_OPS = frozenset({"stopped", "release"})
 FILTER_OPS = frozenset({"migrate", "restore"})
+FENCE_OPS = frozenset({"prepare"})
 SYSLOG_SOCKET = "/dev/log"
 #: vmcache.settings.metadata.NAMESPACE, spelled out so that the fast path imports no XML code
 #: (tests/unit/test_hook.py checks they are equal).
@@ -63,6 +69,7 @@ class Action(enum.Enum):
     START = "start"
     STOP = "stop"
     FILTER = "filter"
+    FENCE = "fence"
     IGNORE = "ignore"
 
 
@@ -86,6 +93,8 @@ def _decide_by_op(argv: Sequence[str]) -> Decision | None:
         return Decision(Action.FILTER, domain, op, "XML filter: written back unchanged")
     if op in STOP_OPS:
         return Decision(Action.STOP, domain, op, "domain stopped")
+    if op in FENCE_OPS:
+        return Decision(Action.FENCE, domain, op, "a new run starts: fence the earlier runs' agents")
     if op not in START_OPS:
         return Decision(Action.IGNORE, domain, op, "not an operation vmcache acts on")
     return None
@@ -209,6 +218,13 @@ def run(
         stdout.write(data)
         stdout.flush()
     decision = _decide_by_op(args)
+    if decision is not None and decision.action is Action.FENCE:
+        fenced = _fence(data)
+        if fenced is not None:
+            if setup_logging is not None:
+                setup_logging(_host_config(config_path, cache_dir)[0].log_dir)
+            _log_fence(decision.domain, fenced)
+        return decision
     if decision is None and not _mentions_namespace(data):
         decision = Decision(Action.IGNORE, args[0], op, "no vmcache metadata")
     if decision is not None and decision.action is not Action.STOP and decision.op not in START_OPS:
@@ -242,6 +258,26 @@ def run(
     elif decision.action is Action.IGNORE and decision.op in START_OPS:
         log.info(event("hook.ignore", **fields, reason=decision.reason))
     return decision
+
+
+def _fence(xml: bytes) -> Fenced | None:
+    """Fence every earlier run of the domain that has an agent; None when there was none (one listdir).
+
+    Any domain, opted in or not: one that opted out since its last run may
+    still have that run's agent.
+    """
+    from ..host.rungate import fence_runs, uuid_of
+    from ..host.runlock import RUN_LOCK_DIR
+
+    uuid = uuid_of(xml)
+    fenced = fence_runs(RUN_LOCK_DIR, uuid) if uuid is not None else None
+    return fenced if fenced is not None and fenced.gates else None
+
+
+def _log_fence(domain: str, fenced: Fenced) -> None:
+    log.log(logging.WARNING if fenced.killed else logging.INFO,
+            event("hook.fence", domain=domain, runs=fenced.gates, waited=f"{fenced.waited:.3f}s",
+                  killed=",".join(map(str, fenced.killed)) or "none"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,7 +45,7 @@ from ..settings.config import DEFAULT_PATH, HostConfig
 from ..errors import HostError
 from ..host.procs import cmdline
 from ..logfmt import event
-from ..host.files import file_stem
+from ..host.files import file_stem, names_fd
 
 if TYPE_CHECKING:
     import subprocess
@@ -218,7 +218,7 @@ class DetachedLauncher:
                         return LaunchResult("already-running", domain, pid=pid)
                     time.sleep(_LOCK_RETRY_SECONDS)
                     continue
-                if not _is_at(fd, path):
+                if not names_fd(path, fd):
                     continue  # an exiting agent removed it after we opened it: open the new one
                 pid = self._spawn(self.argv(domain, domain_id), fd, path, self._log_path(domain))
                 return LaunchResult("started", domain, pid=pid)
@@ -366,15 +366,6 @@ def _read_pid(fd: int) -> int | None:
         return None
 
 
-def _is_at(fd: int, path: str) -> bool:
-    """True if ``path`` still names the file open as ``fd``."""
-    try:
-        st, here = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
-
-
 def _run_of(argv: list[str] | None) -> int | None:
     """The ``--domain-id`` an agent's command line names (None: none, or not a number)."""
     if not argv or "--domain-id" not in argv[:-1]:
@@ -423,7 +414,7 @@ def wait_for_pidfile(domain: str, domain_id: int | None, environ: dict[str, str]
                 killed = True
             sleep(0.05)
             continue
-        if not _is_at(fd, path):
+        if not names_fd(path, fd):
             os.close(fd)  # the previous agent removed it as it exited: take the new one
             continue
         os.ftruncate(fd, 0)
@@ -452,7 +443,7 @@ def remove_own_pidfile(environ: dict[str, str] | None = None) -> bool:
     if not path or not fd_text or not fd_text.isdigit():
         return False
     fd = int(fd_text)
-    if not _is_at(fd, path):
+    if not names_fd(path, fd):
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: succeeds unless the fd is not the lock
