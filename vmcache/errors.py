@@ -150,6 +150,10 @@ class DomainError(VmcacheError):
     """A libvirt domain could not be looked up or its XML is unusable."""
 
 
+class DomainGoneError(DomainError):
+    """The libvirt domain no longer exists (a transient domain that stopped, or an undefined one)."""
+
+
 class RunEndedError(DomainError):
     """The domain run an agent was started for is over (the domain stopped, or runs again as a new run)."""
 

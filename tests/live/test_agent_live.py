@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("libvirt")
+libvirt = pytest.importorskip("libvirt")
 
-from vmcache.cli import main
-from vmcache.host.files import file_stem
+from vmcache.cli import main  # noqa: E402
+from vmcache.host.files import file_stem  # noqa: E402
 
-from tests.live.livelib import (
+from tests.live.livelib import (  # noqa: E402
     MiB,
     LiveEnv,
     agents_env,
@@ -35,7 +35,7 @@ from tests.live.livelib import (
     start_paused,
     wait_for,
 )
-from tests.pagecache_util import vmlck
+from tests.pagecache_util import vmlck  # noqa: E402
 
 pytestmark = pytest.mark.live
 
@@ -104,6 +104,35 @@ def test_disable_stops_the_agent_and_leaves_nothing_in_qemu(env: LiveEnv, capsys
     stem = file_stem(name)
     assert not [p.name for p in env.agents.iterdir() if p.stem == stem], list(env.agents.iterdir())
     dom.destroy()
+
+
+def test_a_metadata_change_keeps_heat_and_pins_unless_the_model_changes(env: LiveEnv) -> None:
+    """Another program's metadata, then a smaller budget: the same engine goes on; a model change starts anew."""
+    name = PREFIX + "meta"
+    dom = start(env, name, budget="16M")
+    guest_write(dom, 0, 8 * MiB)
+    wait_for(lambda: (s := env.status(name)) and s["disks"][0]["pinned_bytes"] >= 8 * MiB, "the written region pinned")
+
+    def cycles() -> int:
+        return int(env.status(name)["disks"][0]["cycles"])
+
+    before = cycles()
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, "<note>backup at 02:00</note>", "other",
+                    "urn:x-another-program:1", libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    wait_for(lambda: "engines=kept" in env.agent_log(name), "the agent to see the other program's metadata")
+    wait_for(lambda: cycles() >= before + 2, "two more cycles")
+    assert env.status(name)["disks"][0]["pinned_bytes"] >= 8 * MiB  # nothing dropped: the pins held throughout
+    assert cycles() >= before + 2  # the same engine: a new one counts from 0
+
+    assert main(["enable", name, "--budget", "4M", "--live", "--host-config", str(env.config)]) == 0
+    wait_for(lambda: 0 < env.status(name)["disks"][0]["pinned_bytes"] <= 4 * MiB, "the pins cut to the new budget")
+    assert cycles() >= before + 2
+
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, "<cache budget='4M'><model decay='0.9'/></cache>",
+                    "vmcache", "urn:x-vmcache:domain:1", libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    wait_for(lambda: "engines=rebuilt" in env.agent_log(name), "a model change to rebuild the engine")
+    dom.destroy()
+    wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
 
 
 def test_two_domains_together_respect_the_host_wide_cap(env: LiveEnv) -> None:

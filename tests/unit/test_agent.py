@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from vmcache.errors import DomainError, RunEndedError
@@ -82,6 +83,9 @@ class FakeLink:
 
     def end(self) -> None:
         self.ended = True
+
+    def open_gate(self) -> None:
+        pass
 
 
 @dataclass
@@ -305,6 +309,32 @@ def test_disabled_in_metadata_exits_and_a_hotplug_is_synced(tmp_path: Path) -> N
     off.link.poll = disable  # type: ignore[method-assign]
     assert off.agent.run() == EXIT_OK
     assert off.workers["vda"].budgets == [64 * MiB] and off.workers["vda"].closed is True
+
+
+def test_a_metadata_change_keeps_each_disks_engine_unless_the_model_changed(tmp_path: Path) -> None:
+    """Heat and pins survive a budget change, and another program's metadata; a new model rebuilds."""
+    from dataclasses import replace
+
+    changes = deque([_info("vda"), _info("vda", budget=32 * MiB), None])
+    h = harness(tmp_path, _info("vda"), [Pending()] + [Pending(metadata_changed=True)] * 3 + [Pending()])
+    original = h.link.poll
+    seen: list[FakeWorker] = []
+
+    def poll() -> Pending:
+        pending = original()
+        seen.append(h.workers["vda"])
+        if pending.metadata_changed:
+            info = changes.popleft()
+            settings = DomainSettings(enabled=True, budget=32 * MiB, model=MappingProxyType({"decay": 0.9}))
+            h.link.info = info or replace(h.link.info, settings=settings)
+        return pending
+
+    h.link.poll = poll  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    first = seen[0]
+    assert seen[1] is first and seen[2] is first  # unchanged (another namespace's event), then the budget halved
+    assert first.budgets[:3] == [64 * MiB, 64 * MiB, 32 * MiB]
+    assert h.workers["vda"] is not first and first.closed is True  # the model changed: a new engine
 
 
 def test_libvirtd_lost_reconnects_and_rebinds_the_workers(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vmcache.errors import ConfigError, DomainError
+from vmcache.errors import ConfigError, DomainError, DomainGoneError
 from vmcache.host.imageid import image_id
 from vmcache.host.virtdomain import Affect
 from vmcache.model.params import ModelParams
@@ -170,6 +170,17 @@ def test_libvirt_failure_is_logged_not_raised(image, caplog):
     dom = FakeDomain(fail=DomainError("web-1: cannot set the hot set: domain is not running"))
     assert not _keeper(dom).save([Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))], live=True)
     assert "hotset.save_failed" in caplog.text
+
+
+def test_the_stop_of_a_transient_domain_that_is_gone_is_no_failure(image, caplog):
+    caplog.set_level("INFO")
+    class Gone(FakeDomain):
+        def is_persistent(self) -> bool:
+            raise DomainGoneError("web-1: cannot get persistence: Domain not found")
+
+    dom = Gone()
+    assert not _keeper(dom).save([Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))], live=False)
+    assert "hotset.save_failed" not in caplog.text and "the domain is gone" in caplog.text
 
 
 def test_a_disk_still_warming_keeps_the_set_it_started_from(image):

@@ -13,7 +13,7 @@ from typing import Any
 
 import libvirt
 
-from ..errors import DomainError
+from ..errors import DomainError, DomainGoneError
 from ..settings.hotset import HOTSET_NAMESPACE, HOTSET_PREFIX, HotSet, build_hotset, parse_hotset
 from ..settings.metadata import NAMESPACE, PREFIX, DomainSettings, build_settings, parse_settings
 
@@ -31,7 +31,8 @@ class Affect(enum.IntFlag):
 
 
 def _error(what: str, err: libvirt.libvirtError) -> DomainError:
-    return DomainError(f"{what}: {err.get_error_message()}")
+    kind = DomainGoneError if err.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN else DomainError
+    return kind(f"{what}: {err.get_error_message()}")
 
 
 def connect(uri: str = DEFAULT_URI, *, open_: Callable[[str], Any] = libvirt.open) -> Any:

@@ -113,6 +113,7 @@ class Agent:
             self._attach()
             if self._run_lock is not None and self._link.domain_id is not None:
                 self._run_lock.claim(self._link.uuid, self._link.domain_id)
+            self._link.open_gate()  # before any QMP command, and only by the run's one agent
             if not self._enabled():
                 self._log.info(event("agent.not_enabled"))
                 self.status.state = "disabled"
@@ -195,7 +196,14 @@ class Agent:
         self._write_status()
 
     def _reload(self) -> bool:
-        """Metadata changed: re-read it. False when vmcache was disabled for the domain."""
+        """Metadata changed: re-read it. False when vmcache was disabled for the domain.
+
+        The disks keep their engines - heat and pins - unless the model's
+        parameters changed: budgets, minimums and exclusions are applied by
+        :meth:`_sync_disks`, and the event also comes for other programs'
+        metadata (libvirt names only the namespace).
+        """
+        before = self._info.settings if self._info is not None else None
         try:
             self._info = self._link.read_xml()
         except (DomainError, ConfigError) as err:
@@ -206,9 +214,11 @@ class Agent:
         if settings is None or not settings.enabled:
             self._log.info(event("agent.disabled"))
             return False
-        self._log.info(event("agent.metadata_changed", budget=domain_budget(settings, self.config)))
-        # Budgets and exclusions are applied by _sync_disks; model changes need new engines.
-        self._disks.drop_all(qemu_alive=self._link.alive())
+        model_changed = before is None or dict(before.model) != dict(settings.model)
+        self._log.info(event("agent.metadata_changed", budget=domain_budget(settings, self.config),
+                             engines="rebuilt" if model_changed else "kept"))
+        if model_changed:
+            self._disks.drop_all(qemu_alive=self._link.alive())
         return True
 
     def _sync_disks(self) -> None:

@@ -73,11 +73,6 @@ class DomainLink:
         run = self._current_run()
         if self.domain_id is None and run is not None:
             self.domain_id = run
-        if self.gate is not None and self.gate.path is None and self.domain_id is not None and run == self.domain_id:
-            # Made before the run is checked again: a start of a new run before this was not fenced, but the
-            # check sees it; one after it removes the gate. Made once: a reattach must not undo a fence.
-            self.gate.open(self._uuid_string(), self.domain_id)
-            run = self._current_run()
         if run is None or run != self.domain_id:
             raise RunEndedError(f"domain {self.domain!r}: run {self.domain_id} is over"
                                 + (f" (it runs as {run} now)" if run is not None else ""))
@@ -119,18 +114,25 @@ class DomainLink:
             raise MonitorConnectionError(f"domain {self.domain!r}: run {self.domain_id} is not running;"
                                          " command not sent")
 
+    def open_gate(self) -> None:
+        """Make the run's gate (once the run is claimed: only its agent has one), then check the run again.
+
+        A start of a new run before the gate existed was not fenced, but the
+        check sees it; one after removes the gate. Made once: a reattach must
+        not undo a fence. Raises RunEndedError, HostError.
+        """
+        if self.gate is None or self.gate.path is not None or self.domain_id is None:
+            return
+        self.gate.open(self.uuid, self.domain_id)
+        if self._current_run() != self.domain_id:
+            raise RunEndedError(f"domain {self.domain!r}: run {self.domain_id} is over")
+
     @contextmanager
     def sending(self) -> Iterator[None]:
         """Around one QMP command: check the run, and hold its gate until the reply. Raises MonitorConnectionError."""
         self.check_run()  # before the gate: a lookup may wait for libvirtd, which may be running the fencing hook
         with self.gate.hold() if self.gate is not None else nullcontext():
             yield
-
-    def _uuid_string(self) -> str:
-        try:
-            return str(self._dom.UUIDString())
-        except libvirt.libvirtError as err:
-            raise DomainError(f"domain {self.domain!r}: {err.get_error_message()}") from err
 
     def connected(self) -> bool:
         """True when libvirtd still answers on this connection."""

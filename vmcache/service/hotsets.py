@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from ..errors import VmcacheError
+from ..errors import DomainGoneError, VmcacheError
 from ..host.cachestat import fd_size
 from ..host.imageid import image_id
 from ..host.virtdomain import Affect
@@ -155,6 +155,9 @@ class HotSetKeeper:
             if not live and not persistent:
                 return False  # a transient domain that stopped is gone, and its XML with it
             settings = dom.settings(Affect.LIVE if live else Affect.CONFIG)
+        except DomainGoneError:
+            self._log.info(event("hotset.not_saved", reason="the domain is gone (a transient domain that stopped)"))
+            return False
         except VmcacheError as err:
             self._log.log(logging.WARNING if live else logging.INFO, event("hotset.save_failed", error=err))
             return False
