@@ -104,6 +104,22 @@ def agents_of(name: str) -> list[int]:
     return pids
 
 
+def _destroy_and_undefine(dom: Any, name: str) -> None:
+    try:
+        dom.destroy()
+    except libvirt.libvirtError:
+        pass
+    wait_for(lambda: not agents_of(name), "the last agent to exit", timeout=30)
+    dom.undefine()
+
+
+def _assert_no_stray_command(record: Path) -> None:
+    sent = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sent, "the recorder saw no QMP command"
+    stray = [s for s in sent if s["received_by"] not in (s["started_for"], -1)]
+    assert not stray, f"{len(stray)} commands reached another run's QEMU: {stray[:5]}"
+
+
 def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its_own_qemu(env: Env, cleanup) -> None:
     name = "vmcache-test-life-race"
     record = env.tmp / "race-qmp.jsonl"
@@ -142,23 +158,11 @@ def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its
                                          f"hook log:\n{env.hook_log()[-2000:]}\n"
                                          f"agent log:\n{env.agent_log(name)[-3000:]}") from None
         finally:
-            try:
-                dom.destroy()
-            except libvirt.libvirtError:
-                pass
-            wait_for(lambda: not agents_of(name), "the last agent to exit", timeout=30)
-            dom.undefine()
-    stray = _stray_commands(record)
-    assert not stray, f"{len(stray)} commands reached another run's QEMU: {stray[:5]}"
+            _destroy_and_undefine(dom, name)
+    _assert_no_stray_command(record)
     assert not list(env.agents.glob(f"{file_stem(name)}*.pid")), "a pidfile was left behind"
     assert "agent.started-after" in env.hook_log()  # the frozen rounds took the successor path
     assert "hook.fence" in env.hook_log()  # and their gates were fenced before the new QEMU started
-
-
-def _stray_commands(record: Path) -> list[dict[str, Any]]:
-    sent = [json.loads(line) for line in record.read_text().splitlines()]
-    assert sent, "the recorder saw no QMP command"
-    return [s for s in sent if s["received_by"] not in (s["started_for"], -1)]
 
 
 def test_an_agent_held_between_its_run_check_and_its_command_sends_nothing_to_the_next_run(env: Env, cleanup) -> None:
@@ -184,14 +188,8 @@ def test_an_agent_held_between_its_run_check_and_its_command_sends_nothing_to_th
                      and s["state"] == "running" and agents_of(name) == [s["pid"]],
                      f"one agent, running for run {new_run}", timeout=30)
         finally:
-            try:
-                dom.destroy()
-            except libvirt.libvirtError:
-                pass
-            wait_for(lambda: not agents_of(name), "the last agent to exit", timeout=30)
-            dom.undefine()
-    stray = _stray_commands(record)
-    assert not stray, f"{len(stray)} commands reached another run's QEMU: {stray[:5]}"
+            _destroy_and_undefine(dom, name)
+    _assert_no_stray_command(record)
     assert "hook.fence" in env.hook_log()
     assert not list(Path("/run/lock/vmcache").glob(f"{uuid}.*")), "a gate or run lock was left behind"
 

@@ -45,7 +45,7 @@ from ..settings.config import DEFAULT_PATH, HostConfig
 from ..errors import HostError
 from ..host.procs import cmdline
 from ..logfmt import event
-from ..host.files import file_stem, names_fd
+from ..host.files import file_stem, names_fd, try_lock
 
 if TYPE_CHECKING:
     import subprocess
@@ -393,35 +393,26 @@ def wait_for_pidfile(domain: str, domain_id: int | None, environ: dict[str, str]
     started, killed = clock(), False
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd, owner = try_lock(path, f"{os.getpid()}\n".encode())
         except OSError as err:
             raise HostError(f"cannot open pidfile: {err.strerror}", path=path, errno=err.errno) from err
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_pid(fd)
-            os.close(fd)
-            argv = cmdline(holder, proc=proc) if holder else None
-            ours = argv is not None and argv[-2:] == ["--domain", domain]
-            if ours and domain_id is not None and _run_of(argv) == domain_id:
-                raise HostError(f"agent {holder} already follows run {domain_id}", path=path) from None
-            waited = clock() - started
-            if waited > give_up:
-                raise HostError(f"the previous agent ({holder}) kept the pidfile lock for {give_up:g} s",
-                                path=path) from None
-            if waited > grace and ours and holder and not killed:
-                _kill(holder)
-                killed = True
-            sleep(0.05)
-            continue
-        if not names_fd(path, fd):
-            os.close(fd)  # the previous agent removed it as it exited: take the new one
-            continue
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        env[PIDFILE_FD_ENV] = str(fd)
-        env.pop(PIDFILE_WAIT_ENV, None)
-        return True
+        if fd is not None:
+            env[PIDFILE_FD_ENV] = str(fd)
+            env.pop(PIDFILE_WAIT_ENV, None)
+            return True
+        text = owner.decode("ascii", "replace").strip()
+        holder = int(text) if text.isdigit() else None
+        argv = cmdline(holder, proc=proc) if holder else None
+        ours = argv is not None and argv[-2:] == ["--domain", domain]
+        if ours and domain_id is not None and _run_of(argv) == domain_id:
+            raise HostError(f"agent {holder} already follows run {domain_id}", path=path)
+        waited = clock() - started
+        if waited > give_up:
+            raise HostError(f"the previous agent ({holder}) kept the pidfile lock for {give_up:g} s", path=path)
+        if waited > grace and ours and holder and not killed:
+            _kill(holder)
+            killed = True
+        sleep(0.05)
 
 
 def _kill(pid: int) -> None:
