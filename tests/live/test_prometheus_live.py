@@ -260,7 +260,11 @@ def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(pro
         got = _by_domain(prometheus.query(f'vmcache_pinned_bytes{{domain=~"{pattern}"}}'))
         return got if set(got) == set(budgets) and all(float(r["value"][1]) >= 4 * MiB for r in got.values()) else {}
 
-    got = prometheus.wait("both real agents' pinned bytes", pinned, timeout=60)
+    try:
+        got = prometheus.wait("both real agents' pinned bytes", pinned, timeout=60)
+    except AssertionError as err:  # say what the agents saw: the Prometheus log alone does not
+        agents = "\n".join(f"{n}: status {host.status(n)}\nlog tail:\n{host.agent_log(n)[-2500:]}" for n in budgets)
+        raise AssertionError(f"{err}\n{agents}\nhook log tail:\n{host.hook_log()[-1500:]}") from None
     for name, dom in doms.items():
         series = got[name]
         assert float(series["value"][1]) <= budgets[name]
