@@ -348,7 +348,8 @@ class _Units:
 
 def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
             size_bytes: int | None = None, warm: WarmStart | None = None, prefetch_rate: int | None = None,
-            warm_rate: int | None = None) -> VmcacheRun:
+            warm_rate: int | None = None,
+            on_cycle: Callable[[float, NDArray[np.bool_]], None] | None = None) -> VmcacheRun:
     """Hit or miss per access for vmcache's pinning over an LRU, ``capacity`` blocks in all.
 
     ``params``: the model parameters (its ``block_size`` must be a multiple
@@ -360,8 +361,9 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     cycle at the start of the trace seeds the heat and pins (its loads
     count as prefetched, not as misses); ``prefetch_rate``, ``warm_rate``:
     bytes per trace second the cycle's token bucket lets new regions load,
-    as the agent's (vmcache.model.cycle), None for no limit. Raises
-    ValueError when they do not fit.
+    as the agent's (vmcache.model.cycle), None for no limit; ``on_cycle``:
+    called after each cycle with its trace time and the model blocks it
+    pinned. Raises ValueError when they do not fit.
     """
     bs, mbs = bt.block_size, params.block_size
     _check_fits(bt, capacity, params, pin_budget)
@@ -393,6 +395,8 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         pinned = blocks_mask(current, mbs, nmb)
         run.prefetched += host.pin(pinned)
         cycle.pinned(current)
+        if on_cycle is not None:
+            on_cycle(t0 + params.interval * (k + 1), pinned)
         pinned_total += len(host.pinset)
         run.pinned_blocks_max = max(run.pinned_blocks_max, len(host.pinset))
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
