@@ -358,3 +358,15 @@ def test_cli_bad_trace_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert capsys.readouterr().err.strip() == f"vmcache replay: {path}:3: op must be R or W, got 'Q'"
     assert main(["replay", str(tmp_path / "missing.csv")]) == 1
     assert "cannot read trace: No such file or directory" in capsys.readouterr().err
+
+
+def test_guard_periodic_hot_range_held_through_off_phases_at_the_default_decay() -> None:
+    """The bench's periodic hot set, off-line: the default model keeps the whole hot range pinned between phases.
+
+    (At decay=0.7 it does not: docs/benchmarks.md, "Periodic hot set".)
+    """
+    from bench.replay_periodic import hot_range_pinned
+
+    rows = hot_range_pinned(ModelParams().decay, seed=1, rate=1500.0, gap=60.0)
+    assert len(rows) == 30
+    assert min(mib for _, mib in rows[1:]) >= 200  # of the 204 MiB range; the first cycle is still learning it
