@@ -54,6 +54,7 @@ from tests.live.livelib import (
     installed_hook,
     leftovers,
     nbd_dir,
+    pivot_when_ready,
     restart_libvirtd,
     start_paused,
     stop_agents,
@@ -179,12 +180,14 @@ class Soak:
                 guest_write(dom, self.rng.randrange(0, 16) * MiB, MiB, pattern=0x3C)
                 time.sleep(0.5)
             dom.blockCommit("vda", None, None, 0, libvirt.VIR_DOMAIN_BLOCK_COMMIT_ACTIVE)
-            wait_for(lambda: (i := dom.blockJobInfo("vda", 0)) and i["end"] > 0 and i["cur"] == i["end"],
-                     "the commit to be ready", 60)
-            dom.blockJobAbort("vda", libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+            pivot_when_ready(dom, "vda")
             self.events["snapshots_committed"] += 1
         except (libvirt.libvirtError, AssertionError) as err:
             self.failures.append(f"{name}: snapshot/commit failed: {err}")
+            try:  # a job left running would fail every later snapshot of this domain too
+                dom.blockJobAbort("vda", 0)
+            except libvirt.libvirtError:
+                pass
 
     def fast_restart(self) -> None:
         """virsh destroy; virsh start of a random domain, without waiting for its agent."""

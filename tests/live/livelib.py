@@ -211,14 +211,33 @@ def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:
 
 
 def leftovers(dom: Any) -> dict[str, list[str]]:
-    """Bitmaps, nodes and exports of vmcache's still in QEMU."""
+    """Bitmaps, nodes and exports of vmcache's still in QEMU (a block job's bitmap has no name)."""
     nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
     return {
         "bitmaps": sorted({b["name"] for n in nodes for b in n.get("dirty-bitmaps", [])
-                           if b["name"].startswith("vmcache")}),
+                           if b.get("name", "").startswith("vmcache")}),
         "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
         "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
     }
+
+
+def pivot_when_ready(dom: Any, disk: str, timeout: float = 60.0) -> None:
+    """Pivot ``disk``'s block job once libvirt has it ready (its ``cur == end`` comes before libvirt's READY)."""
+    import libvirt
+
+    wait_for(lambda: (i := dom.blockJobInfo(disk, 0)) and i["end"] > 0 and i["cur"] == i["end"],
+             f"the block job of {disk} to catch up", timeout)
+
+    def pivoted() -> bool:
+        try:
+            dom.blockJobAbort(disk, libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+        except libvirt.libvirtError as err:
+            if "not ready for pivot" in (err.get_error_message() or ""):
+                return False
+            raise
+        return True
+
+    wait_for(pivoted, f"the block job of {disk} to be ready for its pivot", timeout)
 
 
 # -- agents -----------------------------------------------------------------------------------

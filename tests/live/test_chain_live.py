@@ -21,7 +21,7 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
-from tests.live.livelib import MiB, guest_read, guest_write, leftovers, scrape, wait_for  # noqa: E402
+from tests.live.livelib import MiB, guest_read, guest_write, leftovers, pivot_when_ready, scrape, wait_for  # noqa: E402
 from tests.live.test_reliability_live import Env, cleanup, env, running, start  # noqa: E402,F401 - fixtures
 
 pytestmark = pytest.mark.live
@@ -183,9 +183,7 @@ def test_after_an_external_snapshot_the_old_top_stays_pinned_as_a_layer_and_a_co
 
     # Active commit of the overlay into the base, then pivot: the base is the top again, its pins kept.
     dom.blockCommit("vdb", None, None, 0, libvirt.VIR_DOMAIN_BLOCK_COMMIT_ACTIVE)
-    wait_for(lambda: (info := dom.blockJobInfo("vdb", 0)) and info["end"] > 0 and info["cur"] == info["end"],
-             "the commit to be ready")
-    dom.blockJobAbort("vdb", libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+    pivot_when_ready(dom, "vdb")
     wait_for(lambda: (d := entry(env, name, base)) and d["layer_of"] is None and d["dirty_granule_bytes"],
              "the agent to follow the pivot")
     assert "disk.promoted" in env.agent_log(name)

@@ -28,7 +28,7 @@ libvirt = pytest.importorskip("libvirt")
 from vmcache.host.files import file_stem  # noqa: E402
 
 from tests.live.livelib import (  # noqa: E402
-    MiB, cache_metadata, domain_xml, guest_write, leftovers, scrape, wait_for)
+    MiB, cache_metadata, domain_xml, guest_write, leftovers, pivot_when_ready, qmp, scrape, wait_for)
 from tests.live.test_reliability_live import INTERVAL, Env, cleanup, env, running, start  # noqa: E402,F401 - fixtures
 
 pytestmark = pytest.mark.live
@@ -243,9 +243,7 @@ def test_external_snapshot_and_blockcommit_pivot_are_followed_and_never_fail(env
 
     # Active blockcommit of the overlay into the base, then pivot: the base is the top again.
     dom.blockCommit("vda", None, None, 0, libvirt.VIR_DOMAIN_BLOCK_COMMIT_ACTIVE)
-    wait_for(lambda: (info := dom.blockJobInfo("vda", 0)) and info["end"] > 0 and info["cur"] == info["end"],
-             "the commit to be ready")
-    dom.blockJobAbort("vda", libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+    pivot_when_ready(dom, "vda")
     _follows(env, name, base, dom, 16 * MiB, "the base after the commit")
     assert env.agent_pid(name) == pid  # followed, not restarted
     maps = Path(f"/proc/{pid}/maps").read_text()
@@ -264,6 +262,33 @@ def test_external_snapshot_and_blockcommit_pivot_are_followed_and_never_fail(env
     wait_for(lambda: not dom.blockJobInfo("vda", 0), "the pull to finish", timeout=60)
     _follows(env, name, overlay2, dom, 24 * MiB, "the overlay after the pull")
     assert env.agent_pid(name) == pid
+
+
+def test_an_active_commit_waiting_for_its_pivot_leaves_the_agent_cycling(env: Env, cleanup) -> None:
+    """While an active commit waits for the operator's pivot, QEMU shows the job's bitmap without a name."""
+    name = "vmcache-test-life-ready"
+    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    running(env, name)
+    pid = env.agent_pid(name)
+    overlay = env.tmp / "ready-s1.qcow2"
+    dom.snapshotCreateXML(
+        f"<domainsnapshot><disks><disk name='vda' snapshot='external'><driver type='qcow2'/>"
+        f"<source file='{overlay}'/></disk></disks></domainsnapshot>",
+        libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
+    _follows(env, name, overlay, dom, 0, "the snapshot's overlay")
+    dom.blockCommit("vda", None, None, 0, libvirt.VIR_DOMAIN_BLOCK_COMMIT_ACTIVE)
+    wait_for(lambda: (i := dom.blockJobInfo("vda", 0)) and i["end"] > 0 and i["cur"] == i["end"], "the commit ready")
+    nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
+    assert any("name" not in b for n in nodes for b in n.get("dirty-bitmaps", [])), "no anonymous job bitmap"
+    cycles = env.status(name)["disks"][0]["cycles"]
+    guest_write(dom, 4 * MiB, 2 * MiB)
+    wait_for(lambda: env.status(name)["disks"][0]["cycles"] >= cycles + 3, "three cycles during the job")
+    status = env.status(name)
+    assert env.agent_pid(name) == pid and status["state"] == "running", status
+    assert status["disks"][0]["error"] is None and status["last_error"] is None, status
+    pivot_when_ready(dom, "vda")
+    _follows(env, name, env.tmp / f"{file_stem(name)}.raw", dom, 8 * MiB, "the base after the commit")
+    assert "Traceback" not in env.agent_log(name)
 
 
 # -- block devices ----------------------------------------------------------------------------------

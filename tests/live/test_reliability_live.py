@@ -54,6 +54,7 @@ from tests.live.livelib import (  # noqa: E402
     guest_write,
     leftovers,
     nbd_dir,
+    pivot_when_ready,
     qemu_pid,
     qmp,
     scrape,
@@ -507,9 +508,7 @@ def test_replaced_image_blockcopy_pivot_is_followed_without_crash(env: Env, clea
     wait_for(lambda: env.pinned(name) >= 2 * MiB, "a pin")
     copy = env.tmp / "replace-copy.raw"
     dom.blockCopy("vda", f"<disk type='file'><source file='{copy}'/><driver type='raw'/></disk>", None, 0)
-    wait_for(lambda: (info := dom.blockJobInfo("vda", 0)) and info["end"] > 0 and info["cur"] == info["end"],
-             "the copy to be ready")
-    dom.blockJobAbort("vda", libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+    pivot_when_ready(dom, "vda")
     guest_write(dom, 8 * MiB, 4 * MiB)
     wait_for(lambda: (d := _disk_status(env, name, "vda")) and d["source"] == str(copy) and not d["error"]
              and d["pinned_bytes"] >= 4 * MiB, "the agent to follow the new image", timeout=15)

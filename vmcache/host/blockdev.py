@@ -30,7 +30,7 @@ PROTOCOL_DRIVERS: Final = frozenset({"file", "host_device", "host_cdrom"})
 
 @dataclass(frozen=True)
 class BitmapInfo:
-    """One dirty bitmap as ``query-named-block-nodes`` shows it."""
+    """One dirty bitmap as ``query-named-block-nodes`` shows it (a block job's own has no name: "")."""
 
     name: str
     granularity: int
@@ -42,7 +42,7 @@ class BitmapInfo:
     @classmethod
     def from_qmp(cls, raw: Mapping[str, Any]) -> BitmapInfo:
         return cls(
-            name=str(raw["name"]),
+            name=str(raw.get("name", "")),
             granularity=int(raw["granularity"]),
             count=int(raw.get("count", 0)),
             recording=bool(raw.get("recording", False)),

@@ -299,7 +299,8 @@ class DirtyTracker:
         for node in nodes:
             if node.get("node-name") == self.node_name:
                 return [
-                    str(b["name"]) for b in node.get("dirty-bitmaps") or () if str(b["name"]).startswith(self.prefix)
+                    name for b in node.get("dirty-bitmaps") or ()
+                    if (name := str(b.get("name", ""))).startswith(self.prefix)  # a job's bitmap has none
                 ]
         return []
 
