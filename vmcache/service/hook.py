@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import BinaryIO
 
-    from ..host.rungate import Fenced
     from ..settings.config import HostConfig
     from .launcher import Launcher
 
@@ -219,11 +218,8 @@ def run(
         stdout.flush()
     decision = _decide_by_op(args)
     if decision is not None and decision.action is Action.FENCE:
-        fenced = _fence(data)
-        if fenced is not None:
-            if setup_logging is not None:
-                setup_logging(_host_config(config_path, cache_dir)[0].log_dir)
-            _log_fence(decision.domain, fenced)
+        _fence(decision.domain, data, lambda: setup_logging(_host_config(config_path, cache_dir)[0].log_dir)
+               if setup_logging is not None else None)
         return decision
     if decision is None and not _mentions_namespace(data):
         decision = Decision(Action.IGNORE, args[0], op, "no vmcache metadata")
@@ -260,8 +256,8 @@ def run(
     return decision
 
 
-def _fence(xml: bytes) -> Fenced | None:
-    """Fence every earlier run of the domain that has an agent; None when there was none (one listdir).
+def _fence(domain: str, xml: bytes, setup_logging: Callable[[], None]) -> None:
+    """Fence every earlier run of the domain that has an agent; log only when there was one (else: one listdir).
 
     Any domain, opted in or not: one that opted out since its last run may
     still have that run's agent.
@@ -271,10 +267,9 @@ def _fence(xml: bytes) -> Fenced | None:
 
     uuid = uuid_of(xml)
     fenced = fence_runs(RUN_LOCK_DIR, uuid) if uuid is not None else None
-    return fenced if fenced is not None and fenced.gates else None
-
-
-def _log_fence(domain: str, fenced: Fenced) -> None:
+    if fenced is None or not fenced.gates:
+        return
+    setup_logging()
     log.log(logging.WARNING if fenced.killed else logging.INFO,
             event("hook.fence", domain=domain, runs=fenced.gates, waited=f"{fenced.waited:.3f}s",
                   killed=",".join(map(str, fenced.killed)) or "none"))
