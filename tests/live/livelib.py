@@ -211,11 +211,15 @@ def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:
 
 
 def leftovers(dom: Any) -> dict[str, list[str]]:
-    """Bitmaps, nodes and exports of vmcache's still in QEMU (a block job's bitmap has no name)."""
+    """Bitmaps, nodes and exports of vmcache's still in QEMU.
+
+    ``bitmaps``: ours on the domain's own nodes (a read's union bitmap lives on our view node, which is
+    in ``nodes`` while the read lasts); a block job's bitmap has no name.
+    """
     nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
     return {
-        "bitmaps": sorted({b["name"] for n in nodes for b in n.get("dirty-bitmaps", [])
-                           if b.get("name", "").startswith("vmcache")}),
+        "bitmaps": sorted({b["name"] for n in nodes if not n["node-name"].startswith("vmcache")
+                           for b in n.get("dirty-bitmaps", []) if b.get("name", "").startswith("vmcache")}),
         "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
         "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
     }

@@ -182,6 +182,33 @@ def test_qcow2_reports_file_offsets(vm_factory, runtime_dir) -> None:
     assert_nothing_left(vm.driver)
 
 
+def test_a_qcow2_file_that_grows_while_its_bitmaps_are_read_keeps_qemu_alive(vm_factory, runtime_dir) -> None:
+    """A guest write that allocates a cluster grows the storage node, and QEMU truncates every bitmap on it -
+    asserting that none is busy: an NBD export of one makes it busy. Here the guest writes during each read."""
+    from vmcache.host.nbdreader import read_dirty_extents
+
+    vm = vm_factory("qcow2")
+    grew: list[bool] = []
+
+    def reader(*args, **kwargs):
+        before = vm.image.stat().st_size
+        vm.hmp_write(40 * MiB + len(grew) * MiB, 64 * KiB)  # a new cluster, while the bitmaps are exported
+        grew.append(vm.image.stat().st_size > before)
+        return read_dirty_extents(*args, **kwargs)
+
+    with SocketMonitor(str(vm.tool_socket)) as monitor, \
+            DirtyTracker(monitor, STORAGE_NODE, runtime_dir=runtime_dir, reader=reader) as t:
+        for i in range(3):
+            vm.hmp_write(i * MiB, 4 * KiB)
+            assert t.read().status is BitmapRead.OK
+        assert grew == [True] * 3  # the file did grow under each read
+        last = _host_ranges(vm.image, (42 * MiB, 64 * KiB))
+        later = t.read().extents.tolist()  # the cluster written during the last read is in the next one
+        assert last and all(_covered(later, h - h % (64 * KiB), n) for h, n in last), (last, later)
+    assert vm.proc is not None and vm.proc.poll() is None, vm.log.read_text()[-500:]
+    assert_nothing_left(vm.driver)
+
+
 def test_stale_bitmaps_of_ours_are_removed_and_others_kept(vm_factory, runtime_dir) -> None:
     vm = vm_factory("raw")
     vm.driver("block-dirty-bitmap-add", node=STORAGE_NODE, name="vmcache-deadbeef-7", granularity=65536)

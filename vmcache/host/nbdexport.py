@@ -1,9 +1,17 @@
 """The NBD side of a dirty-bitmap read: QEMU's NBD server on our socket, a read-only view, one export.
 
 QEMU 7.2 refuses to export a qcow2 image's storage node (an NBD export
-unshares ``resize``, which qcow2 needs), so the bitmaps are exported by
-``{node, name}`` on a ``null-co`` *view* node of our own, which reads
-nothing from the image. Only the ranges where the image file holds data
+unshares ``resize``, which qcow2 needs), so the bitmaps are read through a
+``null-co`` *view* node of our own, which reads nothing from the image.
+Nor may the storage node's own bitmaps be exported: an export makes them
+*busy*, and a guest write that allocates a cluster at the end of a qcow2
+file grows the storage node, which truncates every bitmap on it - QEMU
+asserts that none is busy and aborts (the VM dies). So each read makes the
+view the storage node's size, merges the bitmaps to read into one bitmap
+*on the view* (a transaction) and exports that one: the view is in no write
+path and is never resized. Should the file grow between the size query and
+the merge, the sizes differ, QEMU refuses the merge and the read is tried
+again. Only the ranges where the image file holds data
 are asked (``asked_ranges``): the bitmaps are read after the rotation, whose
 ``transaction`` drained the node, so every write they hold has allocated its
 bytes in the file by then. QEMU has one NBD server: when one runs that is not
@@ -34,12 +42,12 @@ from .nbdreader import read_dirty_extents
 from .qmp import Monitor
 
 __all__ = [
-    "VIEW_SIZE", "NBD_ALREADY_RUNNING", "NBD_NOT_RUNNING", "MAX_GAP", "MAX_RANGES", "BitmapExport", "DataReader",
+    "MERGE_TRIES", "NBD_ALREADY_RUNNING", "NBD_NOT_RUNNING", "MAX_GAP", "MAX_RANGES", "BitmapExport", "DataReader",
     "Deferred", "ExtentReader", "asked_ranges",
 ]
 
-#: Size of the null-co view node: larger than any image (bitmaps end before it).
-VIEW_SIZE: Final = 1 << 62
+#: Tries of a read's merge into the view when the image file grows between the size query and the merge.
+MERGE_TRIES: Final = 3
 #: QEMU's answer to nbd-server-start while a server runs (ours or libvirt's).
 NBD_ALREADY_RUNNING: Final = "NBD server already running"
 NBD_NOT_RUNNING: Final = "NBD server not running"
@@ -111,6 +119,7 @@ class BitmapExport:
         tag = short_name(f"{prefix}\0{node_name}")
         self.view_node = f"{prefix}v{tag}"[:_MAX_NODE_NAME]
         self.export_name = f"{prefix}x{tag}"
+        self.view_bitmap = f"{prefix}u{tag}"  # the union of a read's bitmaps, on the view
         self._runtime_dir_arg = runtime_dir
         self._socket_owner = socket_owner
         self._runtime_dir: str | None = None
@@ -139,9 +148,7 @@ class BitmapExport:
             raise BitmapReadError(f"{self.node_name}: cannot start NBD server: {err}") from err
         self._server_ours = True
         try:
-            nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
-            length = node_size(nodes, self.node_name)
-            self._ensure_view(nodes)
+            nodes, length = self._merge_into_view(bitmaps)
             try:
                 self.monitor.execute(
                     "block-export-add",
@@ -151,19 +158,49 @@ class BitmapExport:
                         "node-name": self.view_node,
                         "name": self.export_name,
                         "writable": False,
-                        "bitmaps": [{"node": self.node_name, "name": name} for name in bitmaps],
+                        "bitmaps": [self.view_bitmap],
                     },
                 )
             except QMPCommandError as err:
                 raise BitmapReadError(f"{self.node_name}: cannot export bitmaps: {err}") from err
             ranges = asked_ranges(self._file_data(nodes), length, self.granularity)
             try:
-                return self._reader(path, self.export_name, list(bitmaps), length, timeout=self.timeout,
+                return self._reader(path, self.export_name, [self.view_bitmap], length, timeout=self.timeout,
                                     ranges=ranges)
             finally:
                 self._drop_export()
         finally:
+            self._drop_view()
             self._stop_server()
+
+    def _merge_into_view(self, bitmaps: list[str]) -> tuple[list[dict[str, Any]], int]:
+        """A view of the storage node's size holding the union of ``bitmaps``; the nodes and that size.
+
+        Raises BitmapReadError when QEMU refuses it ``MERGE_TRIES`` times (the bitmaps stay for the next read).
+        """
+        for attempt in range(1, MERGE_TRIES + 1):
+            nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
+            length = node_size(nodes, self.node_name)
+            if any(n.get("node-name") == self.view_node for n in nodes):
+                self._drop_view(stale=True)  # left by a read that could not remove it
+            self._add_view(-(-length // 512) * 512)  # QEMU sizes nodes in whole sectors, as the bitmaps
+            try:
+                self.monitor.execute("transaction", {"actions": [
+                    {"type": "block-dirty-bitmap-add",
+                     "data": {"node": self.view_node, "name": self.view_bitmap, "granularity": self.granularity,
+                              "persistent": False}},
+                    {"type": "block-dirty-bitmap-merge",
+                     "data": {"node": self.view_node, "target": self.view_bitmap,
+                              "bitmaps": [{"node": self.node_name, "name": name} for name in bitmaps]}},
+                ]})
+            except QMPCommandError as err:
+                self._drop_view()
+                if attempt == MERGE_TRIES:
+                    raise BitmapReadError(f"{self.node_name}: cannot merge bitmaps for the read: {err}") from err
+                self._log.info(event("tracker.merge_retry", node=self.node_name, error=err))
+                continue
+            return nodes, length
+        raise AssertionError("unreachable")
 
     def remove_stale(self, nodes: list[dict[str, Any]]) -> None:
         """What a crashed agent may have left: our export, our NBD server, our view node."""
@@ -178,7 +215,7 @@ class BitmapExport:
             self._server_ours = True
             self._stop_server()
         if any(n.get("node-name") == self.view_node for n in nodes):
-            self._drop_view()
+            self._drop_view(stale=True)
 
     def drop(self) -> None:
         """Remove our export and view node, stop our server (best effort: refusals are logged)."""
@@ -213,22 +250,17 @@ class BitmapExport:
 
     # -- QEMU objects -----------------------------------------------------
 
-    def _ensure_view(self, nodes: list[dict[str, Any]]) -> None:
-        if any(n.get("node-name") == self.view_node for n in nodes):
-            return
+    def _add_view(self, size: int) -> None:
         self.monitor.execute(
             "blockdev-add",
-            {
-                "driver": "null-co",
-                "node-name": self.view_node,
-                "size": VIEW_SIZE,
-                "read-zeroes": True,
-                "read-only": True,
-            },
+            {"driver": "null-co", "node-name": self.view_node, "size": size, "read-zeroes": True, "read-only": True},
         )
         self._view_ours = True
 
-    def _drop_view(self) -> None:
+    def _drop_view(self, *, stale: bool = False) -> None:
+        """Delete the view (with its bitmap): ours, or ``stale`` - one a crashed or failed read left."""
+        if not (self._view_ours or stale):
+            return
         try:
             self.monitor.execute("blockdev-del", {"node-name": self.view_node})
         except QMPCommandError as err:

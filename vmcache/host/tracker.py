@@ -35,14 +35,13 @@ from ..logfmt import event
 from ..model.extents import BitmapRead, DirtyRead, empty_extents
 from .blockdev import node_size
 from .allocation import data_extents
-from .nbdexport import VIEW_SIZE, BitmapExport, DataReader, Deferred, ExtentReader
+from .nbdexport import BitmapExport, DataReader, Deferred, ExtentReader
 from .nbdreader import read_dirty_extents
 from .qmp import Monitor
 
 __all__ = [
     "DEFAULT_GRANULARITY",
     "DEFAULT_PREFIX",
-    "VIEW_SIZE",
     "DirtyTracker",
     "ExtentReader",
 ]
