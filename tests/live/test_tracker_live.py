@@ -209,6 +209,28 @@ def test_a_qcow2_file_that_grows_while_its_bitmaps_are_read_keeps_qemu_alive(vm_
     assert_nothing_left(vm.driver)
 
 
+def test_a_clean_period_is_read_without_an_nbd_server(vm_factory, runtime_dir) -> None:
+    """QEMU's count of the rotated bitmap is 0: no server, view, merge or export - an idle disk's cycle."""
+    vm = vm_factory("raw")
+    with SocketMonitor(str(vm.tool_socket)) as monitor:
+        sent: list[str] = []
+        execute = monitor.execute
+
+        def recording(command, arguments=None):
+            sent.append(command)
+            return execute(command, arguments)
+
+        monitor.execute = recording  # type: ignore[method-assign]
+        with DirtyTracker(monitor, STORAGE_NODE, runtime_dir=runtime_dir) as t:
+            sent.clear()
+            assert t.read().extents.tolist() == []
+            assert "nbd-server-start" not in sent and "blockdev-add" not in sent, sent
+            vm.hmp_write(3 * MiB, 4 * KiB)
+            assert t.read().extents.tolist() == [[3 * MiB, 64 * KiB]]
+            assert sent.count("nbd-server-start") == 1
+    assert_nothing_left(vm.driver)
+
+
 def test_stale_bitmaps_of_ours_are_removed_and_others_kept(vm_factory, runtime_dir) -> None:
     vm = vm_factory("raw")
     vm.driver("block-dirty-bitmap-add", node=STORAGE_NODE, name="vmcache-deadbeef-7", granularity=65536)

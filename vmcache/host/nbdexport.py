@@ -133,8 +133,11 @@ class BitmapExport:
             raise TrackerError("tracker not started")
         return os.path.join(self._runtime_dir, f"nbd-{short_name(self.node_name)}.sock")
 
-    def read(self, bitmaps: list[str]) -> np.ndarray:
-        """The union of ``bitmaps`` as extents. Raises Deferred, BitmapReadError, MonitorError."""
+    def read(self, bitmaps: list[str], nodes: list[dict[str, Any]] | None = None) -> np.ndarray:
+        """The union of ``bitmaps`` as extents. Raises Deferred, BitmapReadError, MonitorError.
+
+        ``nodes``: a ``query-named-block-nodes`` reply taken just before (saves asking again).
+        """
         if self._server_ours:
             self._stop_server()  # left running by a failed cleanup
         path = self.socket_path
@@ -148,7 +151,7 @@ class BitmapExport:
             raise BitmapReadError(f"{self.node_name}: cannot start NBD server: {err}") from err
         self._server_ours = True
         try:
-            nodes, length = self._merge_into_view(bitmaps)
+            nodes, length = self._merge_into_view(bitmaps, nodes)
             try:
                 self.monitor.execute(
                     "block-export-add",
@@ -173,13 +176,15 @@ class BitmapExport:
             self._drop_view()
             self._stop_server()
 
-    def _merge_into_view(self, bitmaps: list[str]) -> tuple[list[dict[str, Any]], int]:
+    def _merge_into_view(self, bitmaps: list[str], nodes: list[dict[str, Any]] | None
+                         ) -> tuple[list[dict[str, Any]], int]:
         """A view of the storage node's size holding the union of ``bitmaps``; the nodes and that size.
 
         Raises BitmapReadError when QEMU refuses it ``MERGE_TRIES`` times (the bitmaps stay for the next read).
         """
         for attempt in range(1, MERGE_TRIES + 1):
-            nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
+            if nodes is None or attempt > 1:
+                nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
             length = node_size(nodes, self.node_name)
             if any(n.get("node-name") == self.view_node for n in nodes):
                 self._drop_view(stale=True)  # left by a read that could not remove it
