@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from ..errors import BitmapReadError, QMPCommandError, TrackerError
 from ..logfmt import event
-from ..model.extents import BitmapRead, DirtyRead, empty_extents
+from ..model.extents import BitmapRead, DirtyRead, empty_extents, granularity_for
 from .blockdev import node_size
 from .allocation import data_extents
 from .nbdexport import BitmapExport, DataReader, Deferred, ExtentReader
@@ -150,7 +150,8 @@ class DirtyTracker:
             return
         self._export.open_dir()
         nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
-        node_size(nodes, self.node_name)  # DiskNotFoundError when absent
+        size = node_size(nodes, self.node_name)  # DiskNotFoundError when absent
+        self.granularity = self._export.granularity = granularity_for(size, self.granularity)
         self._remove_stale(nodes)
         name = self._next_name()
         self.monitor.execute(

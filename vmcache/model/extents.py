@@ -14,8 +14,8 @@ import numpy as np
 
 from .blocks import BlockValues
 
-__all__ = ["BitmapRead", "DirtyRead", "empty_extents", "merge_extents", "cover_extents", "extents_to_blocks",
-           "extents_to_block_values"]
+__all__ = ["BitmapRead", "DirtyRead", "MAX_BITMAP_BITS", "empty_extents", "merge_extents", "cover_extents",
+           "extents_to_blocks", "extents_to_block_values", "granularity_for"]
 
 
 class BitmapRead(str, Enum):
@@ -146,3 +146,18 @@ def extents_to_block_values(extents: np.ndarray, block_size: int, nblocks: int) 
     index, inverse = np.unique(blocks, return_inverse=True)
     written = np.bincount(inverse, weights=(high - low).astype(np.float64), minlength=index.size)
     return BlockValues(index.astype(np.int64), np.minimum(written / block_size, 1.0).astype(np.float32))
+
+
+#: Bits a tracker's bitmap may have (16 MiB of it in QEMU): QEMU merges a bitmap in a pass over all of it.
+MAX_BITMAP_BITS = 1 << 27
+
+
+def granularity_for(size: int, granularity: int, max_bits: int = MAX_BITMAP_BITS) -> int:
+    """The bitmap granularity for a node of ``size`` bytes: ``granularity``, doubled until ``max_bits`` cover it.
+
+    A read merges the bitmaps in one pass over their whole length (docs/tracker.md), so a huge thin disk
+    gets coarser granules rather than a merge that grows with its size: 64 KiB up to 8 TiB, 512 KiB at 64 TiB.
+    """
+    while size > granularity * max_bits:
+        granularity *= 2
+    return granularity

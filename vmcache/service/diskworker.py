@@ -83,6 +83,7 @@ class DiskWorker:
             try:
                 tracker.start()
                 self.tracker = tracker
+                self.status.dirty_granule_bytes = tracker.granularity  # coarser on a huge disk
             except VmcacheError as err:
                 self._record_error(err, "tracker.start_failed")
         self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
