@@ -21,8 +21,8 @@ An agent that holds its gate longer than :data:`FENCE_WAIT` seconds (stopped,
 or its command stuck in libvirtd) is killed - a start is never held up for
 longer, and it is never failed. The wait is longer than libvirt's own
 30 s wait for a domain job, so a command queued in libvirtd behind the
-start has been refused by libvirt by then. Imported by the hook: os, fcntl,
-signal and time only.
+start has been refused by libvirt by then. Imported by the hook: standard
+modules and vmcache.host.files and .procs only (tests/unit/test_hook.py).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Final
 
 from ..errors import HostError, MonitorConnectionError
 from .files import names_fd
+from .procs import cmdline
 
 __all__ = ["FENCE_WAIT", "GATE_SUFFIX", "Fenced", "RunGate", "fence_runs", "uuid_of"]
 
@@ -164,12 +165,10 @@ def _wait_exclusive(fd: int, deadline: float, clock: Callable[[], float], sleep:
 
 def _kill_agent(pid: int) -> None:
     """SIGKILL ``pid`` if it still runs a vmcache agent (a pid written long ago may name another process now)."""
-    if pid <= 0:
+    argv = cmdline(pid) if pid > 0 else None
+    if argv is None or "--domain" not in argv or not any("agent" in arg for arg in argv):
         return
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-        if b"agent" in raw and b"--domain" in raw.split(b"\0"):
-            os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
     except OSError:
         pass

@@ -360,9 +360,17 @@ def _read_all(fd: int) -> bytes:
 
 def _read_pid(fd: int) -> int | None:
     try:
-        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        return _pid_of(os.pread(fd, 32, 0))
+    except OSError:
+        return None
+
+
+def _pid_of(raw: bytes) -> int | None:
+    """The pid a pidfile holds (None: empty or not a number)."""
+    try:
+        text = raw.decode("ascii").strip()
         return int(text) if text else None
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError):
         return None
 
 
@@ -400,8 +408,7 @@ def wait_for_pidfile(domain: str, domain_id: int | None, environ: dict[str, str]
             env[PIDFILE_FD_ENV] = str(fd)
             env.pop(PIDFILE_WAIT_ENV, None)
             return True
-        text = owner.decode("ascii", "replace").strip()
-        holder = int(text) if text.isdigit() else None
+        holder = _pid_of(owner)
         argv = cmdline(holder, proc=proc) if holder else None
         ours = argv is not None and argv[-2:] == ["--domain", domain]
         if ours and domain_id is not None and _run_of(argv) == domain_id:
