@@ -22,6 +22,7 @@ libvirt = pytest.importorskip("libvirt")
 
 from vmcache.cli import main  # noqa: E402
 from vmcache.host.files import file_stem  # noqa: E402
+from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
 
 from tests.live.livelib import (  # noqa: E402
     MiB,
@@ -154,3 +155,33 @@ def test_two_domains_together_respect_the_host_wide_cap(env: LiveEnv) -> None:
     for n in names:
         wait_for(lambda n=n: env.agent_pid(n) is None, f"agent of {n} to exit")
 
+
+
+def test_a_fast_restart_warms_from_the_set_the_last_agent_saved_as_it_stopped(env: LiveEnv) -> None:
+    """destroy + start at once (or a snapshot revert, which restarts QEMU): libvirt copies the persistent
+    definition into the new run before the old agent, stopping, saves its hot set there."""
+    name = PREFIX + "fastwarm"
+    dom = env.conn.defineXML(domain_xml(name, env.disk(name, 64 * MiB), metadata=cache_metadata("16M")))
+    try:
+        dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+        old = wait_for(lambda: env.agent_pid(name), "the hook to start the agent")
+        wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
+        guest_write(dom, 8 * MiB, 4 * MiB)
+        wait_for(lambda: env.pinned(name) >= 4 * MiB, "the written region to be pinned")
+        # the host config saves every 300 s: what the next run can warm from is saved at this stop only
+        assert VirtDomain(env.conn, name).hotset(Affect.CONFIG) is None
+        dom.destroy()
+        dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)   # at once, the old agent still stopping
+        new = wait_for(lambda: (p := env.agent_pid(name)) and p != old and p, "the new run's agent")
+        try:
+            wait_for(lambda: (s := env.status(name)) and s["disks"] and s["disks"][0]["warm_total_bytes"] >= 4 * MiB,
+                     "the new agent to warm from the set saved at the stop")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{env.agent_log(name)[-2000:]}") from None
+        # the guest is paused and reads nothing: what is locked came from the saved set
+        wait_for(lambda: vmlck(new) >= 4 * MiB, "the saved region to be locked again")
+    finally:
+        if dom.isActive():
+            dom.destroy()
+        wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
+        dom.undefine()

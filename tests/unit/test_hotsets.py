@@ -112,6 +112,26 @@ def test_save_then_a_new_agent_warms_the_same_image(image, caplog):
     assert other.engine.warm is None
 
 
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_set_saved_after_the_run_began_is_read_from_the_persistent_definition(image, caplog, persistent):
+    """A start right after a stop: the live definition was copied before the stopping agent saved."""
+    caplog.set_level(logging.INFO)
+    stopped = FakeDomain()
+    _keeper(stopped).save([Disk("vda", image, FakeEngine([Region(8 * MiB, 4 * MiB, 4.0)], 64 * MiB))], live=False)
+    assert set(stopped.saved) == {int(Affect.CONFIG)}
+    dom = FakeDomain(saved=dict(stopped.saved), persistent=persistent)  # the new run's live definition has none
+
+    keeper = _keeper(dom)
+    keeper.load()
+    disk = Disk("vda", image, FakeEngine([], 64 * MiB))
+    keeper.warm(disk)
+    if persistent:
+        assert disk.engine.warm is not None and disk.engine.warm.total_bytes == 4 * MiB
+        assert "hotset.loaded disks=1" in caplog.text and "definition=persistent" in caplog.text
+    else:  # a transient domain has no persistent definition to ask
+        assert disk.engine.warm is None and "hotset.none" in caplog.text
+
+
 @pytest.mark.parametrize("change, reason", [
     ("resize", "bytes"),
     ("replace", "replaced"),

@@ -84,9 +84,20 @@ class HotSetKeeper:
         """Wall time of the last successful save (status)."""
 
     def load(self) -> None:
-        """Read the saved set of the live definition; one warning line and a cold start if it is unusable."""
+        """Read the saved set; one warning line and a cold start if it is unusable.
+
+        The live definition's, or where it has none, the persistent one's: a
+        start right after a stop (``virsh destroy; virsh start``, a snapshot
+        revert that restarts QEMU) copies the persistent definition into the
+        new run before the stopping agent saves its set there. This agent
+        starts only once that one has exited (the pidfile lock), so the
+        persistent definition has the set by now.
+        """
         try:
-            hotset = self._dom().hotset(Affect.LIVE)
+            dom = self._dom()
+            hotset, where = dom.hotset(Affect.LIVE), "live"
+            if hotset is None and dom.is_persistent():
+                hotset, where = dom.hotset(Affect.CONFIG), "persistent"
         except VmcacheError as err:  # ConfigError among them: hostile or broken element
             self._log.warning(event("hotset.unusable", error=err, action="cold start"))
             return
@@ -94,7 +105,7 @@ class HotSetKeeper:
             self._log.info(event("hotset.none"))
             return
         self._loaded = {d.dev: d for d in hotset.disks}
-        self._log.info(event("hotset.loaded", disks=len(hotset.disks), saved=hotset.saved,
+        self._log.info(event("hotset.loaded", disks=len(hotset.disks), saved=hotset.saved, definition=where,
                              bytes=sum(d.bytes for d in hotset.disks)))
 
     def warm_all(self, disks: Iterable[ManagedDisk]) -> None:
