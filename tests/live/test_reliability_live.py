@@ -461,6 +461,63 @@ def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_writ
     assert not sock.exists()
 
 
+def _persistent_qcow2(env: Env, cleanup: list[str], name: str) -> Any:
+    """A persistent opted-in domain on a 64 MiB qcow2 image (internal snapshots and checkpoints need both)."""
+    image = env.tmp / f"{name}.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True)
+    cleanup.append(name)
+    xml = domain_xml(name, image, metadata=cache_metadata("16M")).replace("type='raw'", "type='qcow2'")
+    dom = env.live().defineXML(xml)
+    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+    return dom
+
+
+def _job_done(dom: Any) -> bool:
+    return dom.jobInfo()[0] == libvirt.VIR_DOMAIN_JOB_NONE
+
+
+def test_checkpoint_incremental_push_backup_and_internal_snapshot_revert_succeed_beside_the_agent(
+        env: Env, cleanup) -> None:
+    name = PREFIX + "intsnap"
+    dom = _persistent_qcow2(env, cleanup, name)
+    try:
+        running(env, name)
+        pid = env.agent_pid(name)
+        guest_write(dom, 0, 4 * MiB)
+        wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
+
+        dom.checkpointCreateXML("<domaincheckpoint><name>c1</name></domaincheckpoint>", 0)
+        guest_write(dom, 8 * MiB, 4 * MiB)
+        target = env.tmp / f"{name}-inc.qcow2"
+        dom.backupBegin(f"<domainbackup><incremental>c1</incremental><disks><disk name='vda' type='file'>"
+                        f"<target file='{target}'/><driver type='qcow2'/></disk></disks></domainbackup>", None, 0)
+        wait_for(lambda: _job_done(dom), "the backup to finish")
+        stats = dom.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
+        assert stats.get("type") == libvirt.VIR_DOMAIN_JOB_COMPLETED, stats
+        assert target.exists()
+        dom.checkpointLookupByName("c1").delete(0)
+        assert env.agent_pid(name) == pid
+
+        dom.snapshotCreateXML("<domainsnapshot><name>s1</name></domainsnapshot>", 0)   # internal, with memory
+        guest_write(dom, 16 * MiB, 4 * MiB)
+        dom.revertToSnapshot(dom.snapshotLookupByName("s1", 0), libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_PAUSED)
+        wait_for(lambda: (p := env.agent_pid(name)) and p != pid, "the reverted run's agent")
+        running(env, name)
+        guest_write(dom, 24 * MiB, 4 * MiB)
+        wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin in the reverted run")
+        dom.snapshotLookupByName("s1", 0).delete(0)
+        left = leftovers(dom)   # the agent's own bitmap and at most its view node
+        assert len(left["bitmaps"]) == 1 and left["exports"] == [] and len(left["nodes"]) <= 1, left
+        log = env.agent_log(name)
+        assert "Traceback" not in log and "cycle_failed" not in log and "read_failed" not in log, log[-3000:]
+    finally:
+        if dom.isActive():
+            dom.destroy()
+        wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
+        dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+                          | libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
+
+
 # -- disks that grow, are replaced, unplugged; domains destroyed --------------------------------
 
 
