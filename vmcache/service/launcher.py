@@ -238,8 +238,7 @@ class DetachedLauncher:
         return LaunchResult("started-after", domain, pid=pid, detail=f"previous run's agent {old} stopping")
 
     def _is_agent(self, pid: int, domain: str) -> bool:
-        argv = cmdline(pid, proc=self._proc)
-        return argv is not None and argv[-2:] == ["--domain", domain]
+        return _agent_of(cmdline(pid, proc=self._proc), domain)
 
     def stop(self, domain: str) -> LaunchResult:
         """SIGTERM the domain's agent if it runs and is ours; does not wait. Raises HostError."""
@@ -251,7 +250,7 @@ class DetachedLauncher:
         argv = cmdline(pid, proc=self._proc)
         if argv is None:
             return LaunchResult("not-running", domain, pid=pid)
-        if argv[-2:] != ["--domain", domain]:
+        if not _agent_of(argv, domain):
             return LaunchResult("not-ours", domain, pid=pid, detail=" ".join(argv)[:200])
         try:
             os.kill(pid, signal.SIGTERM)
@@ -358,6 +357,11 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
+def _agent_of(argv: list[str] | None, domain: str) -> bool:
+    """Whether ``argv`` is the command line of ``domain``'s agent (the launcher's argv ends ``--domain NAME``)."""
+    return argv is not None and argv[-2:] == ["--domain", domain]
+
+
 def _read_pid(fd: int) -> int | None:
     try:
         return _pid_of(os.pread(fd, 32, 0))
@@ -410,7 +414,7 @@ def wait_for_pidfile(domain: str, domain_id: int | None, environ: dict[str, str]
             return True
         holder = _pid_of(owner)
         argv = cmdline(holder, proc=proc) if holder else None
-        ours = argv is not None and argv[-2:] == ["--domain", domain]
+        ours = _agent_of(argv, domain)
         if ours and domain_id is not None and _run_of(argv) == domain_id:
             raise HostError(f"agent {holder} already follows run {domain_id}", path=path)
         waited = clock() - started
