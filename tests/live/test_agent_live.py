@@ -156,7 +156,6 @@ def test_two_domains_together_respect_the_host_wide_cap(env: LiveEnv) -> None:
         wait_for(lambda n=n: env.agent_pid(n) is None, f"agent of {n} to exit")
 
 
-
 def test_a_fast_restart_warms_from_the_set_the_last_agent_saved_as_it_stopped(env: LiveEnv) -> None:
     """destroy + start at once (or a snapshot revert, which restarts QEMU): libvirt copies the persistent
     definition into the new run before the old agent, stopping, saves its hot set there."""
