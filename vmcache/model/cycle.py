@@ -26,6 +26,11 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
    bucket can pay for (``prefetch_rate``, ``warm_rate`` while restoring),
    highest priority first; the rest waits for the next cycles.
 
+Where the guest's reads are counted exactly (``reads``, a
+:class:`~vmcache.model.reads.GuestReads` from the kernel or a trace), steps
+1-2 are not needed and not taken: a block's read input is how much of it
+the guest read, pinned or not, and the read misses are the counted ones.
+
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
 restored, for a warm start). No clock, no I/O: time is the ``now`` argument.
@@ -49,6 +54,7 @@ from .blocks import BlockValues, blocks_of, member, union
 from .heat import HeatModel
 from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
+from .reads import GuestReads
 from .region import Region
 from .warm import WarmStart
 
@@ -151,6 +157,7 @@ class Cycle:
         now: float,
         seen: BlockValues | ArrayLike | None = None,
         seen_sample: int | None = None,
+        reads: GuestReads | None = None,
     ) -> CycleResult:
         """One cycle: ours, read misses, model step, plan, prefetch limit (see the module docstring).
 
@@ -160,7 +167,9 @@ class Cycle:
         now; ``seen``: read evidence of the pinned blocks, or None;
         ``seen_sample``: how many pages of each pinned block that evidence
         was sampled from (None: all of them). Each array may be dense
-        per-block instead (NaN where ``seen`` has none).
+        per-block instead (NaN where ``seen`` has none). ``reads``: the
+        guest's reads of the cycle counted exactly (:meth:`_exact`), or None
+        to infer them from residency and ``seen`` as above.
         Raises ValueError for a dense array that is not ``(nblocks,)``,
         blocks unsorted, repeated or past the disk, or a ``now`` that is not
         finite.
@@ -171,8 +180,12 @@ class Cycle:
         kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
         self._ours = union(kept, blocks_of(pinned, self.params.block_size, n))
         read_miss, grown = self._read_miss(res, wr, size_bytes)
-        res, evidence = self._relative_reads(res, grown, evidence, seen_sample)
-        self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
+        if reads is None:
+            res, evidence = self._relative_reads(res, grown, evidence, seen_sample)
+            self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
+        else:
+            read_input, read_miss = self._exact(reads, size_bytes)
+            self.model.step_blocks(read_input, wr, np.zeros(0, np.int64), now)
         if self.warm is not None:
             self.warm.seed(self.model, now)
         held = pinned if self.warm is None else [*pinned, *self.warm.held()]  # saved regions count as held
@@ -187,6 +200,22 @@ class Cycle:
         self._ours = union(self._ours, blocks)
         if self.warm is not None and not self.warm.done:
             self.warm.update(blocks)
+
+    def _exact(self, reads: GuestReads, size: int) -> tuple[BlockValues, int]:
+        """The model's read input and the read-miss bytes, from the reads counted exactly.
+
+        A block's input is the share of its pages the guest read in the
+        cycle, times ``seen_scale`` (at most 1), whether they hit or missed:
+        pinned or not, a block is as hot as it is read. Nothing is masked,
+        inferred from residency or held: residency says nothing the counts
+        do not.
+        """
+        n, p = self.nblocks, self.params
+        pages = _listed(reads.pages, n, "reads.pages")
+        share = pages.value * np.float32(p.seen_scale * PAGE_SIZE / p.block_size)
+        missed = float(_listed(reads.missed, n, "reads.missed").value.sum(dtype=np.float64))
+        return (BlockValues(pages.index, np.minimum(np.float32(1.0), share).astype(np.float32)),
+                min(size, int(missed) * PAGE_SIZE))
 
     def _masked(self) -> NDArray[np.int64]:
         """The blocks the model must not take residency from (ours; sorted)."""
