@@ -1,6 +1,6 @@
 """A delay device for the end-to-end bench: a FUSE passthrough of one directory whose reads cost a set time.
 
-    .venv/bin/python bench/delaydev.py BACKING MOUNTPOINT --read-ms 0.4 [--write-ms 0] [--stats FILE]
+    .venv/bin/python bench/delaydev.py BACKING MOUNTPOINT --read-ms 0.4 [--write-ms 0] [--stats FILE] [--log-reads FILE]
 
 Every file directly in BACKING appears under MOUNTPOINT. The kernel's page
 cache sits *above* the delay: files open with ``keep_cache`` (no
@@ -50,8 +50,9 @@ TIMEOUT = 3600.0   # attributes and names never change behind the kernel's back
 
 
 class DelayFS(pyfuse3.Operations):
-    def __init__(self, backing: Path, read_s: float, write_s: float):
+    def __init__(self, backing: Path, read_s: float, write_s: float, read_log=None):
         super().__init__()
+        self.read_log = read_log   # a text file: one line per read served, "unix_time file offset bytes"
         self.backing = backing
         self.read_s, self.write_s = read_s, write_s
         self.inodes: dict[bytes, int] = {}
@@ -203,6 +204,9 @@ class DelayFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(err.errno) from None
         self.stats["reads"] += 1
         self.stats["read_bytes"] += len(data)
+        if self.read_log is not None:
+            name = os.fsdecode(self.names.get(self.fds.get(fh, 0), b"?"))
+            self.read_log.write(f"{time.time():.3f} {name} {off} {len(data)}\n")
         return data
 
     async def write(self, fh, off, buf):
@@ -271,6 +275,8 @@ def main() -> int:
     p.add_argument("--write-ms", type=float, default=0.0, help="time each write request costs (default 0)")
     p.add_argument("--queue-depth", type=int, default=64, help="requests in flight at once (default 64)")
     p.add_argument("--stats", type=Path, help="JSON counters written here every 0.5 s")
+    p.add_argument("--log-reads", type=Path,
+                   help="append one line per read served to this file: unix time, file name, offset, bytes (diagnosis)")
     p.add_argument("--nice", type=int, default=-10, help="the daemon's nice value (default -10: ahead of the guest)")
     args = p.parse_args()
     # A device needs no host CPU: on a host whose cores the TCG guest keeps busy the daemon's
@@ -278,13 +284,16 @@ def main() -> int:
     os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     # the kernel may wake a sleeper up to 50 us late by default; the delay is the point here
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
-    fs = DelayFS(args.backing.resolve(), args.read_ms / 1000, args.write_ms / 1000)
+    read_log = open(args.log_reads, "a", buffering=1 << 16) if args.log_reads else None  # noqa: SIM115 - closed below
+    fs = DelayFS(args.backing.resolve(), args.read_ms / 1000, args.write_ms / 1000, read_log)
     options = set(pyfuse3.default_options) | {"fsname=vmcache-delaydev", "allow_other"}
     pyfuse3.init(fs, str(args.mountpoint), options)
     try:
         trio.run(serve, fs, args.mountpoint, args.queue_depth, args.stats)
     finally:
         pyfuse3.close(unmount=True)
+        if read_log is not None:
+            read_log.close()
     return 0
 
 

@@ -39,23 +39,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import libvirt
 
+from bench import e2e_trace
 from bench.e2e_arms import GOALS, SCENARIOS, SETS, Arm, every_arm
-from bench.e2e_host import DEVICES, MIB, Cgroup, evict, log, mount_delay, run, unmount_delay, warm
+from bench.e2e_host import DEVICES, MIB, Cgroup, evict, initrd_with, log, mount_delay, run, unmount_delay, warm
+from bench.e2e_plan import Settings, TraceFiles, guest_seconds
 from bench.e2e_report import (arm_table, boot_table, device_check_line, figures, goal_table, miss_figures,
                               time_to_steady)
-from bench.e2e_run import Settings, destroy_ours, hook_lock, learn_hotset, run_arm, warmup
+from bench.e2e_run import HOST_CONFIG, destroy_ours, ensure_hook, hook_lock, learn_hotset, run_arm
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="scenarios: " + "; ".join(f"{s.name}: {s.help}" for s in SCENARIOS.values()))
     p.add_argument("--set", choices=sorted(SETS), default="default",
-                   help="arms to run: default (the goals, ~40 min at the default runtimes) or long")
+                   help="arms to run: default (the goals, ~40 min at the default runtimes), long, warm or peers "
+                        "(vmcache against a static partition, the alternating pair, the web server trace)")
     p.add_argument("--arms", default="", help="comma-separated arm names instead of --set, e.g. reuse-ssd-kernel")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--runtime", type=int, default=20, help="seconds of each measured fio run (default 20)")
-    p.add_argument("--warmup", type=int, default=25,
-                   help="seconds of the warm-up fio run before the measured one (default 25; evicted arms have none)")
+    p.add_argument("--warmup", type=int, default=60,
+                   help="seconds of the warm-up fio run before the measured one (default 60: at the product's defaults an "
+                        "agent needs ~40-50 s from the domain's start to learn and load a 205 MiB hot set at "
+                        "prefetch_rate 8 MiB/s; evicted arms have none)")
     p.add_argument("--slow-warmup", type=int, default=60,
                    help="warm-up on the HDD-class device, where learning and loading the hot set take longer "
                         "(default 60)")
@@ -63,8 +68,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cache-mib", type=int, default=512,
                    help="page cache every run may use: cgroup limit = QEMU anon + this (default 512)")
     p.add_argument("--budget-mib", type=int, default=256, help="vmcache budget in the domain metadata (default 256)")
-    p.add_argument("--model", default="decay=0.7",
-                   help="model parameters in the vmcache arms' domain metadata, KEY=VALUE,... (default decay=0.7)")
+    p.add_argument("--model", default="",
+                   help="model parameters in the vmcache arms' domain metadata, KEY=VALUE,... (default: none, the "
+                        "product's defaults; e.g. decay=0.7)")
     p.add_argument("--disk-gib", type=int, default=2, help="image size (default 2 GiB)")
     p.add_argument("--memory-mib", type=int, default=384, help="guest RAM (default 384)")
     p.add_argument("--neighbour-gib", type=int, default=2,
@@ -74,6 +80,18 @@ def parse_args() -> argparse.Namespace:
                    help="reuse neighbour's 4 KiB random reads per second (default 10000)")
     p.add_argument("--reclaim-period", type=float, default=10.0,
                    help="reclaim scenario: seconds between memory.force_empty (default 10)")
+    p.add_argument("--phase", type=int, default=60,
+                   help="alternate: seconds each VM is busy, then idle (default 60)")
+    p.add_argument("--pair-cache-mib", type=int, default=320,
+                   help="alternate: cache room of the two VMs together, parent limit = both QEMUs' anon + this "
+                        "(default 320: one 205 MiB hot set fits, two do not)")
+    p.add_argument("--pair-cap-mib", type=int, default=224,
+                   help="alternate: pinned_cap of the host config the two agents share (default 224: the room "
+                        "less the agents' own memory)")
+    p.add_argument("--trace-requests", type=int, default=0,
+                   help="trace scenarios: replay at most this many requests (default: all that fit the disk)")
+    p.add_argument("--log-device-reads", action="store_true",
+                   help="the delay device logs every read it serves to each run's device-reads.log (diagnosis)")
     p.add_argument("--dir", default="/var/lib/vmcache/bench-e2e", help="where the image goes (removed after)")
     p.add_argument("--keep-image", action="store_true", help="keep the image for the next run")
     p.add_argument("--guest-dir", default="/var/lib/vmcache/guest")
@@ -84,7 +102,8 @@ def parse_args() -> argparse.Namespace:
         unknown = set(args.arms.split(",")) - set(arms)
         if unknown:
             p.error(f"unknown arms: {', '.join(sorted(unknown))} (scenario-device-mode: "
-                    f"{'|'.join(SCENARIOS)}-{'|'.join(DEVICES)}-evicted|kernel|vmcache|oracle)")
+                    f"{'|'.join(SCENARIOS)}-{'|'.join(DEVICES)}-evicted|kernel|vmcache|oracle|warm|partition, "
+                    f"the modes a scenario can run in)")
         args.selected = [arms[n] for n in args.arms.split(",")]
     else:
         args.selected = list(SETS[args.set])
@@ -156,14 +175,38 @@ def machine() -> dict:
                           check=False).stdout.strip()}
 
 
-def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int) -> None:
-    if not s.disk.exists() or s.disk.stat().st_size != s.disk_bytes or s.disk.stat().st_blocks * 512 < s.disk_bytes:
-        log(f"writing a fully allocated {disk_gib} GiB raw image {s.disk}")
-        run(["dd", "if=/dev/zero", f"of={s.disk}", "bs=4M", f"count={s.disk_bytes // (4 * MIB)}",
-             "oflag=direct", "status=none"])
+def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int, trace_requests: int) -> None:
+    """The images (a second one for the alternating pair), the neighbours' file, the traces' initramfs and
+    the pair's host config."""
+    for i in range(max(a.scenario.vms for a in arms)):
+        disk = s.image(i)
+        if not disk.exists() or disk.stat().st_size != s.disk_bytes or disk.stat().st_blocks * 512 < s.disk_bytes:
+            log(f"writing a fully allocated {disk_gib} GiB raw image {disk}")
+            run(["dd", "if=/dev/zero", f"of={disk}", "bs=4M", f"count={s.disk_bytes // (4 * MIB)}",
+                 "oflag=direct", "status=none"])
     if any(a.scenario.neighbour for a in arms):
         with open(s.neighbour_file, "wb") as f:
             f.truncate(neighbour_gib << 30)
+    if any(a.scenario.vms > 1 and a.mode == "vmcache" for a in arms):
+        s.pair_config = s.out / "host-pair.yaml"
+        s.pair_config.write_text(f"# the alternating pair's agents: the installed defaults, one shared cap\n"
+                                 f"pinned_cap: {s.pair_cap_mib}M\n")
+    for name in sorted({a.scenario.trace for a in arms if a.scenario.trace}):
+        s.traces[name] = prepare_trace(name, s, trace_requests)
+
+
+def prepare_trace(name: str, s: Settings, limit: int) -> TraceFiles:
+    """The trace's warm-up and measured iologs in an initramfs beside the guest's, and the oracle's blocks."""
+    r = e2e_trace.replay(e2e_trace.load(e2e_trace.TRACES[name]), s.disk_bytes, e2e_trace.WARMUP_SHARE,
+                         s.budget_mib * MIB, limit)
+    initrd = initrd_with(Path(s.guest_dir) / "initramfs.cpio", {"trace/1.iolog": r.warmup, "trace/2.iolog": r.measured},
+                         s.out / f"trace-{name}.cpio")
+    ranges = s.out / f"trace-{name}-oracle.txt"
+    ranges.write_text("".join(f"{start} {length}\n" for start, length in r.oracle))
+    log(f"trace {name}: {r.requests[0]} + {r.requests[1]} requests (trace time {r.trace_seconds[0]:.0f} + "
+        f"{r.trace_seconds[1]:.0f} s) mapped onto {r.disk_used / MIB:.0f} MiB; oracle: {len(r.oracle)} runs, "
+        f"{sum(n for _, n in r.oracle) / MIB:.0f} MiB")
+    return TraceFiles(initrd, ranges, sum(n for _, n in r.oracle), r.requests, r.trace_seconds)
 
 
 def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> None:
@@ -182,15 +225,19 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
             if arm.mode in ("vmcache", "warm"):
                 with hook_lock():   # no live test swaps the hook under this arm
                     res = run_arm(arm, s, round_)
+                    if s.pair_config is not None and arm.scenario.vms > 1:
+                        ensure_hook(HOST_CONFIG)   # the installed hook back, before another user's turn
             else:
                 res = run_arm(arm, s, round_)
             row = {**asdict(res), "figures": figures(res.fio), "pinned_end": None}
             if res.steady_fio is not None:
                 row["figures"]["steady_iops"] = figures([res.steady_fio])["iops"]
                 row["figures"]["t90_seconds"] = time_to_steady(res.cgroup_samples, row["figures"]["steady_iops"])
-            row["figures"].update(miss_figures(res.device_read_bytes, sum(j["read"]["total_ios"] for j in res.fio)))
-            if res.agent and res.agent.get("status"):
-                row["pinned_end"] = sum(d.get("pinned_bytes", 0) for d in res.agent["status"].get("disks", []))
+            row["figures"].update(miss_figures(res.device_read_bytes, sum(j["read"]["total_ios"] for j in res.fio),
+                                               sum(j["write"]["total_ios"] for j in res.fio)))
+            statuses = [a["status"] for a in res.agents if a.get("status")]
+            if statuses:
+                row["pinned_end"] = sum(d.get("pinned_bytes", 0) for st in statuses for d in st.get("disks", []))
             runs.append(row)
             if res.ok:
                 log(f"{arm.name}: {row['figures']['iops']:.0f} IOPS, load {res.load.get('end', '?')}")
@@ -222,7 +269,9 @@ def main() -> int:
                  disk_bytes=args.disk_gib << 30, mount=work / "delay", neighbour_file=work / "neighbour.sparse",
                  stream_rate=args.stream_rate, reuse_iops=args.reuse_iops,
                  reclaim_period=args.reclaim_period, out=out, guest_dir=args.guest_dir, memory_mib=args.memory_mib,
-                 model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv))
+                 model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv), phase=args.phase,
+                 pair_cache_mib=args.pair_cache_mib, pair_cap_mib=args.pair_cap_mib,
+                 log_reads=args.log_device_reads)
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -234,10 +283,10 @@ def main() -> int:
             "machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M"), "device_checks": {}}
     try:
         destroy_ours()
-        make_files(s, arms, args.disk_gib, args.neighbour_gib)
+        make_files(s, arms, args.disk_gib, args.neighbour_gib, args.trace_requests)
         for device in sorted({a.device for a in arms}):
             meta["device_checks"][device] = check_device(device, s)
-        seconds = sum(warmup(a, s) + args.runtime + 15 if a.mode != "evicted" else args.runtime + 15 for a in arms)
+        seconds = sum(guest_seconds(a, s) + 15 for a in arms)
         log(f"{len(arms)} arms x {args.rounds} rounds, about {seconds * args.rounds // 60} min; "
             f"raw results in {out}")
         run_rounds(arms, s, args.rounds, runs)
@@ -245,10 +294,14 @@ def main() -> int:
         log("interrupted: cleaning up")
     finally:
         destroy_ours()
+        if s.pair_config is not None:
+            with hook_lock():
+                ensure_hook(HOST_CONFIG)
         unmount_delay(None, s.mount)   # an arm's own cleanup unmounts; this catches one cut short
         s.neighbour_file.unlink(missing_ok=True)
         if not args.keep_image:
-            s.disk.unlink(missing_ok=True)
+            for i in range(max(a.scenario.vms for a in arms)):
+                s.image(i).unlink(missing_ok=True)
             try:
                 work.rmdir()
             except OSError:

@@ -1,15 +1,23 @@
 """Arms of the end-to-end bench: scenario x device x mode, the sets `make bench` runs, and the goals.
 
 A *scenario* is what the guest does and what happens around it (a
-neighbour, proactive reclaim); a *device* is how much a cache miss costs
-(bench/e2e_host.py DEVICES: ``ssd`` ~0.4 ms and ``hdd`` ~5 ms per miss through the
-delay device bench/delaydev.py, ``none`` the real disk); a *mode* is who manages the cache:
+neighbour, proactive reclaim, a second VM), and in which memory cgroups
+(its *layout*, bench/e2e_layout.py); a *device* is how much a cache miss
+costs (bench/e2e_host.py DEVICES: ``ssd`` ~0.4 ms and ``hdd`` ~5 ms per miss
+through the delay device bench/delaydev.py, ``none`` the real disk); a
+*mode* is who manages the cache:
 
-  evicted  image dropped from the cache, measured from boot, no warm-up
-  kernel   no agent: the kernel's LRU alone
-  vmcache  opted in through the domain's metadata (the installed hook starts the agent)
-  oracle   the true hot range (first 10% of the image) locked with vmtouch before boot
-  warm     vmcache, and the domain XML carries the hot set an earlier vmcache run saved (warm start)
+  evicted    image dropped from the cache, measured from boot, no warm-up
+  kernel     no agent: the kernel's LRU alone
+  vmcache    opted in through the domain's metadata (the installed hook starts the agent)
+  oracle     the true hot range (first 10% of the image; a trace's most-read blocks) locked before boot
+  warm       vmcache, and the domain XML carries the hot set an earlier vmcache run saved (warm start)
+  partition  no agent; each VM's memory cgroup capped (a static partition, libvirt <memtune> hard_limit):
+             QEMU's anon + the budget beside a neighbour (the neighbour gets the rest), an equal share
+             of the cache between VMs
+
+(``protected``, cgroup v2 ``memory.min`` on the VM's cgroup, is not a mode: the memory
+controller is bound to cgroup v1 on this machine, docs/benchmarks.md says why.)
 
 Arm names read ``scenario-device-mode``, e.g. ``reuse-ssd-vmcache``.
 """
@@ -18,23 +26,41 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SAME, SIBLING = "same", "sibling"
+
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    workload: str            # guest workload (guest/init): zoned, zipf, periodic
+    workload: str            # guest workload (guest/init): zoned, zipf, periodic, alternate, trace
     qd: int = 1
     neighbour: str = ""      # "", "stream" (one pass, no reuse), "reuse" (random reads, working set > cache)
     reclaim: bool = False    # memory.force_empty of the cgroup every --reclaim-period s
     boot: bool = False       # measured from boot on an evicted image: the first fio run, then one for the steady state
+    layout: str = SAME       # SAME: the VM and its neighbour in one memory cgroup; SIBLING: each in its own
+    vms: int = 1             # guests (alternate: two, busy in turn)
+    trace: str = ""          # trace workload: the trace's name (bench/e2e_trace.py TRACES)
     help: str = ""
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes this scenario can run in."""
+        if self.vms > 1:
+            return ("kernel", "vmcache", "partition")   # no oracle: both hot sets do not fit the shared cache
+        modes = ("evicted", "kernel", "vmcache", "oracle", "warm")
+        return (*modes, "partition") if self.layout == SIBLING else modes
 
 
 SCENARIOS = {s.name: s for s in (
     Scenario("zoned", "zoned", help="zoned:90/10:10/90 QD1 sync, alone"),
     Scenario("reuse", "zoned", neighbour="reuse",
              help="zoned QD1 while a host process does 4 KiB random reads over a file 4x the cache, "
-                  "faster than the guest, in the same cgroup"),
+                  "faster than the guest, in the same cgroup (on a real host: I/O charged to the VM's own "
+                  "cgroup, such as a backup or block job reading through QEMU)"),
+    Scenario("sibreuse", "zoned", neighbour="reuse", layout=SIBLING,
+             help="reuse with the VM and the neighbour in cgroups of their own under one parent whose limit "
+                  "is the cache (a real host: each VM in its machine scope, neighbours pressing through a "
+                  "shared parent)"),
     Scenario("reclaim", "zoned", reclaim=True,
              help="zoned QD1 while the cgroup's page cache is reclaimed (memory.force_empty) periodically"),
     Scenario("periodic", "periodic", neighbour="reuse",
@@ -42,10 +68,20 @@ SCENARIOS = {s.name: s for s in (
                   "neighbour; measured: the hot phases after the first"),
     Scenario("stream", "zoned", neighbour="stream",
              help="zoned QD1 while a host process streams a large file once through the cgroup (no harm)"),
+    Scenario("sibstream", "zoned", neighbour="stream", layout=SIBLING,
+             help="stream with the VM and the neighbour in sibling cgroups (no harm)"),
     Scenario("qd32", "zoned", qd=32, help="zoned with libaio iodepth 32, alone (no harm)"),
     Scenario("coldboot", "zoned", boot=True,
              help="the guest boots on an evicted image and runs zoned QD1 at once: IOPS of the first run "
                   "(--runtime s from boot), a second run for its steady IOPS, time to 90% of that"),
+    Scenario("alternate", "alternate", layout=SIBLING, vms=2,
+             help="two VMs in sibling cgroups under a parent whose cache holds one hot set, not both: "
+                  "each runs zoned QD1 for --phase s, then idles as long, the other one in turn; measured: "
+                  "the third and fourth phases (each VM busy once more), total IOPS of the two"),
+    Scenario("web", "trace", neighbour="reuse", layout=SIBLING, trace="webserver",
+             help="the web server trace (../shared/traces) replayed by fio in the guest (iolog, QD1, as fast "
+                  "as it goes) beside the reuse neighbour, sibling cgroups"),
+    Scenario("webalone", "trace", trace="webserver", help="the web server trace replayed alone"),
 )}
 
 
@@ -66,10 +102,14 @@ class Arm:
 
 
 def group(scenario: str, device: str, modes: tuple[str, ...]) -> list[Arm]:
+    for mode in modes:
+        if mode not in SCENARIOS[scenario].modes:
+            raise ValueError(f"{scenario} cannot run in mode {mode}")
     return [Arm(SCENARIOS[scenario], device, mode) for mode in modes]
 
 
 KOV = ("kernel", "vmcache", "oracle")
+PEERS = ("kernel", "partition")     # what an operator does instead: nothing, or a static partition
 
 # `make bench`: the goals of issue 11, 3 interleaved rounds, ~34 minutes of runs at the default runtimes
 # (bench/e2e.py prints its estimate) plus the device checks and waits for the hook lock.
@@ -100,7 +140,16 @@ LONG = [
 # --set warm: a cold boot - the kernel alone, vmcache warm-started from a saved hot set, the oracle
 WARM = group("coldboot", "hdd", ("evicted", "warm", "oracle"))
 
-SETS = {"default": DEFAULT, "long": LONG, "warm": WARM}
+# --set peers (issue 23): vmcache against what an operator would do instead, in sibling cgroups, the
+# alternating pair and the web server trace.
+PEER_SET = [
+    *group("sibreuse", "ssd", ("kernel", "partition", "vmcache", "oracle")),
+    *group("sibstream", "ssd", ("kernel", "partition", "vmcache")),
+    *group("alternate", "ssd", ("kernel", "partition", "vmcache")),
+    *group("web", "ssd", ("kernel", "partition", "vmcache", "oracle")),
+]
+
+SETS = {"default": DEFAULT, "long": LONG, "warm": WARM, "peers": PEER_SET}
 
 
 def every_arm() -> dict[str, Arm]:
@@ -108,7 +157,7 @@ def every_arm() -> dict[str, Arm]:
     arms = {}
     for scenario in SCENARIOS.values():
         for device in ("none", "ssd", "hdd"):
-            for mode in ("evicted", *KOV, "warm"):
+            for mode in scenario.modes:
                 arm = Arm(scenario, device, mode)
                 arms[arm.name] = arm
     return arms
@@ -120,6 +169,17 @@ class Goal:
     arm: str
     reference: str
     target: float
+    # more references: the ratio is then to the best of them in each round ("the best peer")
+    best_of: tuple[str, ...] = ()
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        return (self.reference, *self.best_of)
+
+
+def best_peer(label: str, group_: str, target: float) -> Goal:
+    """vmcache against the best of the kernel alone and a static partition, round by round."""
+    return Goal(label, f"{group_}-vmcache", f"{group_}-kernel", target, best_of=(f"{group_}-partition",))
 
 
 # Goals of issue 11: medians of per-round ratios of total IOPS. The issue states the first three for a
@@ -137,4 +197,11 @@ GOALS = [
     Goal("cold boot, HDD class: vmcache warm start vs kernel cold", "coldboot-hdd-warm", "coldboot-hdd-evicted", 1.25),
     Goal("cold boot, HDD class: vmcache warm start vs oracle (within 10%)", "coldboot-hdd-warm",
          "coldboot-hdd-oracle", 0.90),
+    # issue 23: against the best peer (the kernel alone or a static partition, whichever did better that round)
+    best_peer("neighbour with reuse, sibling cgroups: vmcache vs best peer (no harm)", "sibreuse-ssd", 0.97),
+    best_peer("streaming neighbour, sibling cgroups: vmcache vs best peer (no harm)", "sibstream-ssd", 0.97),
+    best_peer("web server trace beside the reuse neighbour: vmcache vs best peer (no harm)", "web-ssd", 0.97),
+    Goal("alternating phases, two VMs: vmcache vs 50/50 partition", "alternate-ssd-vmcache",
+         "alternate-ssd-partition", 1.2),
+    best_peer("alternating phases, two VMs: vmcache vs best peer (no harm)", "alternate-ssd", 0.97),
 ]

@@ -61,10 +61,15 @@ class Cgroup:
         self.remove()
         self.path.mkdir()
 
+    def child(self, name: str) -> "Cgroup":
+        return Cgroup(self.controller, f"{self.name}/{name}")
+
     def remove(self) -> None:
-        """Move whatever is still inside back to the root, then remove the directory."""
+        """Remove the cgroups below, move whatever is still inside back to the root, remove the directory."""
         if not self.path.exists():
             return
+        for sub in sorted((p for p in self.path.iterdir() if p.is_dir()), reverse=True):
+            self.child(sub.name).remove()
         for _ in range(100):
             for pid in self.read("cgroup.procs").split():
                 _move(int(pid), self.root)
@@ -142,13 +147,15 @@ DEVICES = {
 }
 
 DELAYDEV = Path(__file__).resolve().parent / "delaydev.py"
+LOCKER = Path(__file__).resolve().parent / "locker.py"
 
 
-def mount_delay(device: Device, backing: Path, mountpoint: Path, stats: Path) -> subprocess.Popen:
+def mount_delay(device: Device, backing: Path, mountpoint: Path, stats: Path,
+                read_log: Path | None = None) -> subprocess.Popen:
     """The delay device over directory ``backing`` at ``mountpoint`` (created); returns once it is mounted.
 
     The daemon stays in the caller's cgroups: the backing file's own page cache is charged there, not to
-    the arm's memory cgroup.
+    the arm's memory cgroup. ``read_log``: where it logs every read it serves (time, file, offset, bytes).
     """
     unmount_delay(None, mountpoint)   # a leftover of an interrupted run
     mountpoint.mkdir(parents=True, exist_ok=True)
@@ -157,7 +164,7 @@ def mount_delay(device: Device, backing: Path, mountpoint: Path, stats: Path) ->
     with open(errors, "ab") as err:
         proc = subprocess.Popen([sys.executable, str(DELAYDEV), str(backing), str(mountpoint),
                                  "--read-ms", str(device.read_ms), "--write-ms", str(device.write_ms),
-                                 "--stats", str(stats)],
+                                 "--stats", str(stats), *(["--log-reads", str(read_log)] if read_log else [])],
                                 stdin=subprocess.DEVNULL, stdout=err, stderr=err)
     deadline = time.monotonic() + 30
     while not (os.path.ismount(mountpoint) and stats.exists()):
@@ -185,6 +192,22 @@ def delay_stats(path: Path) -> dict[str, int]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def initrd_with(base: Path, files: dict[str, str], out: Path) -> Path:
+    """``base`` (a newc initramfs) with ``files`` (path in the guest -> text) appended as a second archive.
+
+    The kernel unpacks concatenated archives in order, so the guest finds them beside its own files.
+    """
+    tree = out.with_suffix(".d")
+    for name, text in files.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+    names = "".join(f"{p.relative_to(tree)}\n" for p in sorted(tree.rglob("*")))
+    extra = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], input=names.encode(), cwd=tree,
+                           capture_output=True, check=True).stdout
+    out.write_bytes(base.read_bytes() + extra)
+    return out
 
 
 def evict(path: Path) -> None:
@@ -262,16 +285,26 @@ def start_in(cg: Cgroup, argv: list[str]) -> subprocess.Popen:
 
 def start_locker(cg: Cgroup, image: Path, length: int) -> subprocess.Popen:
     """vmtouch -l on [0, length) of ``image``, inside ``cg``; returns once the range is locked."""
-    proc = start_in(cg, ["vmtouch", "-q", "-l", "-m", "64G", "-p", f"0-{length}", str(image)])
+    return _locked(start_in(cg, ["vmtouch", "-q", "-l", "-m", "64G", "-p", f"0-{length}", str(image)]), length)
+
+
+def _locked(proc: subprocess.Popen, length: int) -> subprocess.Popen:
+    """``proc`` once it holds ``length`` bytes locked (VmLck); stopped and RuntimeError after 120 s."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vmtouch exited: {proc.stderr.read().decode(errors='replace')}")
+            raise RuntimeError(f"the locker exited: {proc.stderr.read().decode(errors='replace')}")
         if kib(proc_status(proc.pid), "VmLck") * 1024 >= length - 4096:
             return proc
         time.sleep(0.2)
     stop(proc)
-    raise RuntimeError("vmtouch did not lock the range within 120 s")
+    raise RuntimeError("the locker did not lock its ranges within 120 s")
+
+
+def start_range_locker(cg: Cgroup, image: Path, ranges: Path, total: int) -> subprocess.Popen:
+    """bench/locker.py locking the "START LENGTH" lines of ``ranges`` of ``image``, inside ``cg``; returns once
+    ``total`` bytes are locked."""
+    return _locked(start_in(cg, [sys.executable, str(LOCKER), str(image), str(ranges)]), total)
 
 
 def start_stream(cg: Cgroup, path: Path, rate: str) -> subprocess.Popen:

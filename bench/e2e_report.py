@@ -50,13 +50,25 @@ class Spread:
         return f"{self.median:.{digits}f} ({self.low:.{digits}f}-{self.high:.{digits}f})"
 
 
-def paired_ratios(runs: list[dict], arm: str, reference: str) -> list[float]:
-    """Ratio of total IOPS of ``arm`` to ``reference`` within each round where both ran."""
+def paired_ratios(runs: list[dict], arm: str, reference: str, *more: str) -> list[float]:
+    """Ratio of total IOPS of ``arm`` to ``reference`` within each round where both ran; with ``more``
+    references, to the best of those that ran that round (all must have run, or the round is left out)."""
+    refs = (reference, *more)
     by_round: dict[int, dict[str, float]] = {}
     for r in runs:
         if r["ok"]:
             by_round.setdefault(r["round"], {})[r["arm"]] = r["figures"]["iops"]
-    return [v[arm] / v[reference] for v in by_round.values() if arm in v and reference in v and v[reference]]
+    return [v[arm] / best for v in by_round.values()
+            if arm in v and all(x in v for x in refs) and (best := max(v[x] for x in refs))]
+
+
+def best_of(runs: list[dict], references: tuple[str, ...]) -> dict[int, str]:
+    """Per round, which of ``references`` had the most IOPS (the rounds where all of them ran)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        if r["ok"] and r["arm"] in references:
+            by_round.setdefault(r["round"], {})[r["arm"]] = r["figures"]["iops"]
+    return {rnd: max(v, key=lambda a: v[a]) for rnd, v in by_round.items() if len(v) == len(references)}
 
 
 def verdict(ratios: Spread | None, target: float | None = None) -> str:
@@ -72,19 +84,24 @@ def verdict(ratios: Spread | None, target: float | None = None) -> str:
     return f"{met} (no difference)" if same else met
 
 
-def miss_figures(device_read: dict[str, int], guest_reads: int) -> dict[str, float]:
-    """Misses per guest read in the measured run, from what storage served (bench/e2e_run.py device_reads).
+def miss_figures(device_read: dict[str, int], guest_reads: int, guest_writes: int = 0) -> dict[str, float]:
+    """Misses per guest read in the measured run, from what storage served (bench/e2e_sample.py device_reads),
+    and the device's 4 KiB reads per guest I/O (reads and writes: what the run cost the shared device per
+    unit of the guest's work, the agent's own loading included).
 
     On the delay device: ``device`` bytes and ``device_requests`` (read requests that missed, readahead
     included); on the real disk: ``qemu`` and ``agent`` bytes from /proc/PID/io. Pages are 4 KiB.
     """
     if not device_read or not guest_reads:
         return {}
+    pages = (device_read["device"] if "device" in device_read else sum(device_read.values())) / 4096
+    out = {"device_reads_per_guest_read": pages / guest_reads,
+           "device_reads_per_guest_io": pages / (guest_reads + guest_writes)}
     if "device" in device_read:
-        return {"device_reads_per_guest_read": device_read["device"] / 4096 / guest_reads,
-                "device_requests_per_guest_read": device_read.get("device_requests", 0) / guest_reads}
-    out = {f"{who}_device_reads_per_guest_read": value / 4096 / guest_reads for who, value in device_read.items()}
-    out["device_reads_per_guest_read"] = sum(device_read.values()) / 4096 / guest_reads
+        out["device_requests_per_guest_read"] = device_read.get("device_requests", 0) / guest_reads
+    else:
+        out.update({f"{who}_device_reads_per_guest_read": value / 4096 / guest_reads
+                    for who, value in device_read.items()})
     return out
 
 
@@ -102,29 +119,32 @@ def device_check_line(describe: str, check: dict) -> str:
 
 def arm_table(arm_names: list[str], runs: list[dict], reference: dict[str, str]) -> str:
     """One line per arm: IOPS, read latency, ratio to its group's reference, agent, load; medians (min-max)."""
-    lines = ["| arm | runs | IOPS (r+w) | read mean us | device reads / guest read | x ref (per round) | ref "
-             "| agent CPU % | of the reads, agent's | pinned MiB | load 1-min | host CPU busy % |",
-             "|" + "---|" * 12]
+    lines = ["| arm | runs | IOPS (r+w) | read mean us | device reads / guest read | device reads / guest I/O "
+             "| x ref (per round) | ref | agent CPU % | of the reads, agent's | pinned MiB | load 1-min "
+             "| host CPU busy % |",
+             "|" + "---|" * 13]
     for name in arm_names:
         mine = [r for r in runs if r["arm"] == name]
         ok = [r for r in mine if r["ok"]]
         if not ok:
             errs = "; ".join(sorted({r["error"] or "?" for r in mine}))
-            lines.append(f"| {name} | 0/{len(mine)} | failed: {errs} |" + " |" * 9)
+            lines.append(f"| {name} | 0/{len(mine)} | failed: {errs} |" + " |" * 10)
             continue
         col = lambda key: Spread.of([r["figures"][key] for r in ok if key in r["figures"]])  # noqa: E731
         misses = col("device_reads_per_guest_read")
+        per_io = col("device_reads_per_guest_io")
         agent_reads = col("agent_device_reads_per_guest_read")
         ref = reference.get(name, "")
         ratio = Spread.of(paired_ratios(runs, name, ref)) if ref and ref != name else None
-        cpu = Spread.of([r["agent"]["cpu_percent"] for r in ok if r.get("agent") and
-                         r["agent"].get("cpu_percent") is not None])
+        cpu = Spread.of([sum(a["cpu_percent"] for a in r["agents"]) for r in ok if r.get("agents") and
+                         all(a.get("cpu_percent") is not None for a in r["agents"])])
         pinned = Spread.of([r["pinned_end"] / MIB for r in ok if r.get("pinned_end") is not None])
         load = Spread.of([r["load"]["end"] for r in ok if "end" in r.get("load", {})])
         busy = Spread.of([r["load"]["host_busy_percent"] for r in ok if "host_busy_percent" in r.get("load", {})])
         lines.append(
             f"| {name} | {len(ok)}/{len(mine)} | {col('iops').fmt()} | {col('read_lat_mean_us').fmt()} "
-            f"| {misses.fmt(2) if misses else ''} | {ratio.fmt(2) if ratio else ''} | {ref if ratio else ''} "
+            f"| {misses.fmt(2) if misses else ''} | {per_io.fmt(2) if per_io else ''} "
+            f"| {ratio.fmt(2) if ratio else ''} | {ref if ratio else ''} "
             f"| {cpu.fmt(1) if cpu else ''} "
             f"| {agent_reads.fmt(2) if agent_reads and name.endswith('-vmcache') else ''} "
             f"| {pinned.fmt() if pinned else ''} "
@@ -133,14 +153,25 @@ def arm_table(arm_names: list[str], runs: list[dict], reference: dict[str, str])
 
 
 def goal_table(goals: list, runs: list[dict]) -> str:
-    """The goals: median of per-round ratios with min-max, the target and the verdict."""
-    lines = ["| goal | arms | ratio, median (min-max) | rounds | target | verdict |", "|---|---|---|---|---|---|"]
+    """The goals: median of per-round ratios with min-max, the target and the verdict, and beside each
+    ratio the device reads per guest I/O of both sides (harm to a shared device that IOPS would hide)."""
+    lines = ["| goal | arms | ratio, median (min-max) | rounds | target | verdict "
+             "| device reads / guest I/O: arm, reference |", "|---|---|---|---|---|---|---|"]
     for g in goals:
-        ratios = Spread.of(paired_ratios(runs, g.arm, g.reference))
+        refs = g.references
+        ratios = Spread.of(paired_ratios(runs, g.arm, *refs))
         if ratios is None:
             continue
-        lines.append(f"| {g.label} | {g.arm} / {g.reference} | {ratios.fmt(2)} | {ratios.n} "
-                     f"| >= {g.target} | {verdict(ratios, g.target)} |")
+        names = refs[0] if len(refs) == 1 else "best of " + ", ".join(refs)
+        best = best_of(runs, refs) if len(refs) > 1 else {}
+        if best:
+            names += " (" + ", ".join(f"r{rnd}: {a.rsplit('-', 1)[-1]}" for rnd, a in sorted(best.items())) + ")"
+        io = lambda arms: Spread.of([r["figures"]["device_reads_per_guest_io"] for r in runs  # noqa: E731
+                                     if r["ok"] and r["arm"] in arms and "device_reads_per_guest_io" in r["figures"]])
+        mine, theirs = io((g.arm,)), io(refs)
+        lines.append(f"| {g.label} | {g.arm} / {names} | {ratios.fmt(2)} | {ratios.n} "
+                     f"| >= {g.target} | {verdict(ratios, g.target)} "
+                     f"| {mine.fmt(2) if mine else '-'}, {theirs.fmt(2) if theirs else '-'} |")
     return "\n".join(lines)
 
 

@@ -1,13 +1,16 @@
-"""One arm of the end-to-end bench: boot the guest in its cgroups, run the scenario, collect fio's figures.
+"""One arm of the end-to-end bench: boot the guests in their cgroups, run the scenario, collect fio's figures.
 
-Memory: a fresh memory cgroup v1 per arm (``CGROUP``). The domain is started
-paused, QEMU moves in, then the guest resumes, so every page its I/O brings
-into the cache is charged there; the agent, vmtouch and the neighbour are in
-it too. Once the guest is up the limit becomes QEMU's anonymous memory plus
-``cache_mib``. Device: on the ``ssd`` and ``hdd`` settings the domain opens
-the image through a delay device mounted for the arm (bench/delaydev.py, a
-FUSE passthrough under the page cache), so its misses and the agent's cost
-the setting's delay while page-cache hits cost nothing; the neighbours read
+Memory: a fresh memory cgroup v1 tree per arm (bench/e2e_layout.py: one
+cgroup, or a parent with a child per VM and one for the neighbour). Each
+domain is started paused, QEMU moves into its VM's cgroup, then the guests
+resume, so every page their I/O brings into the cache is charged there; the
+agent and the oracle's locker join the VM's cgroup, the neighbour its own.
+Once the guests are up the parent's limit becomes the QEMUs' anonymous
+memory plus the cache room (and in ``partition`` mode each child gets its
+cap). Device: on the ``ssd`` and ``hdd`` settings the domains open their
+images through a delay device mounted for the arm (bench/delaydev.py, a FUSE
+passthrough under the page cache), so their misses and the agent's cost the
+setting's delay while page-cache hits cost nothing; the neighbours read
 their sparse file on the real disk (holes cost no device time anyway).
 """
 
@@ -18,106 +21,35 @@ import json
 import os
 import re
 import signal
+import shutil
 import subprocess
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
 import libvirt
 
 from bench.e2e_arms import SCENARIOS, Arm
-from bench.e2e_host import (DEVICES, MIB, Cgroup, Reclaimer, alive, busy_percent, cpu_seconds, cpu_times,
-                            delay_stats, evict, kib, loadavg, log, memory_stat, mount_delay, proc_status,
-                            read_bytes, run, start_locker, start_reuse, start_stream, stop, unmount_delay, warm)
+from bench.e2e_host import (DEVICES, MIB, Cgroup, Reclaimer, alive, evict, kib, log, mount_delay, proc_status, run,
+                            start_locker, start_range_locker, start_reuse, start_stream, stop, unmount_delay, warm)
+from bench.e2e_layout import ROOT, Layout, layout, limits
+from bench.e2e_plan import ArmResult, Settings, Vm, busy_runs, hot_range, plan, warmup
+from bench.e2e_sample import AGENTS_DIR, sample
 from tests.lab import GuestSpec, domain_xml, fio_results
-from tests.live.livelib import HOOK_LOCK, REPO, destroy_domains, open_conn, qemu_pid, read_status, wait_for
+from tests.live.livelib import HOOK_LOCK, REPO, destroy_domains, open_conn, wait_for
+from tests.live.livelib import qemu_pid as _qemu_pid
 from vmcache.observe.status import file_stem
 from vmcache.service.launcher import pidfile_holder
 from vmcache.settings.metadata import DomainSettings
 
 PREFIX = "vmcache-bench-e2e-"
-CGROUP = Cgroup("memory", "vmcache-bench-e2e")
-AGENTS_DIR = Path("/run/vmcache/agents")
+CGROUP = Cgroup("memory", ROOT)
 HOOK = Path("/etc/libvirt/hooks/qemu")
 HOOK_PYTHON = "/opt/vmcache/venv/bin/python"
 HOST_CONFIG = "/etc/vmcache/vmcache.yaml"
-
-
-@dataclass
-class Settings:
-    runtime: int               # measured fio run, s
-    warmup: int                # warm-up fio run, s
-    slow_warmup: int           # warm-up on the HDD-class device, s
-    gap: int                   # periodic: phase off the hot range, s
-    cache_mib: int
-    budget_mib: int
-    disk: Path                 # the image on the real disk
-    disk_bytes: int
-    mount: Path                # where the delay device shows the image's directory
-    neighbour_file: Path
-    stream_rate: str
-    reuse_iops: int
-    reclaim_period: float
-    out: Path
-    guest_dir: str
-    memory_mib: int
-    model: dict
-    hotset: str = ""           # the saved hot set element (namespaced) warm arms put in the domain XML
-
-
-@dataclass
-class ArmResult:
-    arm: str
-    round: int
-    ok: bool = False
-    error: str | None = None
-    fio: list = field(default_factory=list)     # the measured fio runs (jobs[0] each)
-    warmup_fio: dict | None = None
-    steady_fio: dict | None = None      # boot scenarios: the run after the measured one
-    limit_bytes: int = 0
-    qemu_anon_bytes: int = 0
-    cgroup_peak_bytes: int = 0
-    cgroup_samples: list = field(default_factory=list)
-    agent: dict | None = None        # pid, cmdline, cpu_percent, peak RSS, status at the end
-    oracle_locked_bytes: int = 0
-    load: dict = field(default_factory=dict)  # loadavg at start / end of the measured run, host CPU busy %
-    reclaims: int = 0
-    # bytes fetched from storage in the measured run: qemu and agent (/proc/PID/io) on the real disk,
-    # "device" (and "device_requests") from the delay device's counters
-    device_read_bytes: dict = field(default_factory=dict)
-    wall_seconds: float = 0.0
-
-
-def warmup(arm: Arm, s: Settings) -> int:
-    """Seconds of the first fio run: none for evicted arms, longer where misses are slow."""
-    if arm.mode == "evicted" or arm.scenario.boot:
-        return s.runtime   # the first run, measured from boot
-    return s.slow_warmup if arm.device == "hdd" else s.warmup
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How the guest runs for an arm: fio runs in all, and which of them are measured (0-based)."""
-
-    loops: int
-    measured: tuple[int, ...]
-
-
-def plan(arm: Arm) -> Plan:
-    if arm.scenario.boot:
-        return Plan(2, (0,))     # the first run from boot; the second one gives the steady state
-    if arm.mode == "evicted":
-        return Plan(1, (0,))
-    if arm.scenario.workload == "periodic":
-        return Plan(5, (2, 4))   # hot, off, hot, off, hot: the first hot phase warms up
-    return Plan(2, (1,))
-
-
-def hot_range(s: Settings) -> int:
-    """Bytes of the hot range (the first 10% of the image), page aligned."""
-    return (s.disk_bytes // 10) // 4096 * 4096
+AGENT_LOGS = Path("/var/log/vmcache")
 
 
 @contextmanager
@@ -132,17 +64,23 @@ def hook_lock() -> Iterator[None]:
         os.close(fd)
 
 
-def ensure_hook() -> None:
-    """The installed hook (make install) must be the one libvirt runs; put it back if someone replaced it."""
+def ensure_hook(config: str = HOST_CONFIG) -> None:
+    """The installed hook, starting agents with host config ``config``, must be the one libvirt runs;
+    (re)install it if not (another user's hook, or the pair's config of an earlier arm)."""
     try:
         text = HOOK.read_text()
     except OSError:
         text = ""
-    if f"VMCACHE_PYTHON={HOOK_PYTHON}\n" in text and f"VMCACHE_CONFIG={HOST_CONFIG}\n" in text:
+    if f"VMCACHE_PYTHON={HOOK_PYTHON}\n" in text and f"VMCACHE_CONFIG={config}\n" in text:
         return
-    log(f"{HOOK} is not the installed vmcache hook: reinstalling it")
-    run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", HOOK_PYTHON, "--config", HOST_CONFIG],
+    log(f"{HOOK} is not the installed vmcache hook for {config}: installing it")
+    run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", HOOK_PYTHON, "--config", config],
         check=False, cwd=REPO)
+
+
+def host_config(arm: Arm, s: Settings) -> str:
+    """The host config the arm's agents run with: the installed one, or the pair's (its pinned_cap)."""
+    return str(s.pair_config) if arm.scenario.vms > 1 and s.pair_config else HOST_CONFIG
 
 
 def connection():
@@ -164,11 +102,8 @@ def agent_pid(domain: str) -> int:
     return pidfile_holder(str(AGENTS_DIR / f"{file_stem(domain)}.pid")) or 0
 
 
-def pinned_bytes(domain: str) -> int | None:
-    status = read_status(AGENTS_DIR, domain)
-    if not status:
-        return None
-    return sum(d.get("pinned_bytes", 0) for d in status.get("disks", []))
+def agent_log(domain: str) -> Path:
+    return AGENT_LOGS / f"agent-{file_stem(domain)}.log"
 
 
 def cmdline(pid: int) -> str:
@@ -180,70 +115,129 @@ def cmdline(pid: int) -> str:
 
 # ---------------------------------------------------------------- steps of an arm
 
-def image(arm: Arm, s: Settings) -> Path:
-    """The path the arm's domain (and the agent, the oracle's locker) open the image by."""
-    return s.mount / s.disk.name if DEVICES[arm.device].delayed else s.disk
+def arm_layout(arm: Arm) -> Layout:
+    return layout(arm.scenario.layout, arm.scenario.vms, bool(arm.scenario.neighbour))
 
 
-def prepare(arm: Arm, s: Settings, res: ArmResult, procs: list, device: list) -> None:
-    """Cold image, fresh cgroup, the delay device (its daemon goes to ``device``); the oracle's locker."""
+def guests(arm: Arm, s: Settings, adir: Path) -> list[Vm]:
+    """The arm's VMs: domain names, the image paths they open (through the delay device or not), cgroups."""
+    delayed = DEVICES[arm.device].delayed
+    lay = arm_layout(arm)
+    out = []
+    for i, cgroup in enumerate(lay.vms):
+        disk = s.image(i)
+        suffix = "" if arm.scenario.vms == 1 else f"-{i + 1}"
+        out.append(Vm(name=PREFIX + arm.name + suffix, image=s.mount / disk.name if delayed else disk,
+                      cgroup=cgroup, console=adir / f"console{suffix}.log",
+                      phase=i % 2 if arm.scenario.workload == "alternate" else None))
+    return out
+
+
+def prepare(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm], procs: list, device: list) -> None:
+    """Cold images, a fresh cgroup tree, the delay device (its daemon goes to ``device``); the oracle's locker."""
     dev = DEVICES[arm.device]
     if dev.delayed:
-        warm(s.disk)     # the backing file: a miss costs the delay, not the real disk's latency too
-        device.append(mount_delay(dev, s.disk.parent, s.mount, s.out / "delaydev.json"))
-    evict(image(arm, s))
+        for i in range(len(vms)):
+            warm(s.image(i))     # the backing file: a miss costs the delay, not the real disk's latency too
+        reads = vms[0].console.parent / "device-reads.log" if s.log_reads else None
+        device.append(mount_delay(dev, s.disk.parent, s.mount, s.out / "delaydev.json", reads))
+    for vm in vms:
+        evict(vm.image)
+    lay = arm_layout(arm)
     CGROUP.create()
+    for child in lay.children:
+        Cgroup("memory", child).create()
     if arm.mode == "oracle":
-        procs.append(locker := start_locker(CGROUP, image(arm, s), hot_range(s)))
+        cg = Cgroup("memory", vms[0].cgroup)
+        trace = s.traces.get(arm.scenario.trace)
+        if trace is not None:
+            procs.append(locker := start_range_locker(cg, vms[0].image, trace.oracle_ranges, trace.oracle_bytes))
+        else:
+            procs.append(locker := start_locker(cg, vms[0].image, hot_range(s)))
         res.oracle_locked_bytes = kib(proc_status(locker.pid), "VmLck") * 1024
 
 
-def boot(arm: Arm, s: Settings, res: ArmResult, console: Path) -> int:
-    """Start the domain paused, move QEMU (and the agent) into the cgroups, resume; QEMU's pid."""
-    name = PREFIX + arm.name
+def domain_of(arm: Arm, s: Settings, vm: Vm) -> str:
+    """The domain XML of one of the arm's guests."""
     p = plan(arm)
     agent = arm.mode in ("vmcache", "warm")
     settings = DomainSettings(budget=s.budget_mib * MIB, model=s.model) if agent else None
-    spec = GuestSpec(name=name, disk=str(image(arm, s)), console_log=str(console), guest_dir=s.guest_dir,
+    alternate = arm.scenario.workload == "alternate"
+    trace = s.traces.get(arm.scenario.trace)
+    spec = GuestSpec(name=vm.name, disk=str(vm.image), console_log=str(vm.console), guest_dir=s.guest_dir,
                      workload=arm.scenario.workload, qd=arm.scenario.qd, loops=p.loops, memory_mib=s.memory_mib,
-                     runtime=s.runtime, warmup=warmup(arm, s),
-                     gap=s.gap if arm.scenario.workload == "periodic" else None, settings=settings)
+                     runtime=s.phase if alternate else s.runtime, warmup=warmup(arm, s),
+                     gap=s.gap if arm.scenario.workload == "periodic" else None, settings=settings,
+                     phase=vm.phase, initrd=str(trace.initrd) if trace else None)
     xml = domain_xml(spec)
     if arm.mode == "warm":
         if not s.hotset:
             raise RuntimeError("no saved hot set to warm from (learn_hotset did not run or saved none)")
         xml = xml.replace("</metadata>", s.hotset + "</metadata>", 1)
-    (console.parent / "domain.xml").write_text(xml)
+    return xml
+
+
+def boot(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm]) -> None:
+    """Start the domains paused, move each QEMU (and its agent) into its cgroup, then resume them all."""
+    agent = arm.mode in ("vmcache", "warm")
+    config = host_config(arm, s)
     if agent:
-        ensure_hook()
+        ensure_hook(config)
     conn = connection()
     try:
-        dom = conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED)
-        qpid = qemu_pid(name)
-        CGROUP.join(qpid)
-        if agent:
-            join_agent(name, res)
-        dom.resume()
+        doms = []
+        for vm in vms:
+            xml = domain_of(arm, s, vm)
+            (vm.console.parent / f"{vm.console.stem.replace('console', 'domain')}.xml").write_text(xml)
+            vm.console.write_text("")
+            if agent:
+                vm.agent_log_offset = _size(agent_log(vm.name))
+            doms.append(conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED))
+            vm.qpid = _qemu_pid(vm.name)
+            Cgroup("memory", vm.cgroup).join(vm.qpid)
+            if agent:
+                join_agent(vm, config)
+        for dom in doms:
+            dom.resume()
     finally:
         conn.close()
-    return qpid
 
 
-def join_agent(name: str, res: ArmResult) -> None:
-    """Find the agent the hook started for ``name`` and move it into the cgroup before the guest runs."""
-    apid = wait_for(lambda: agent_pid(name), "the hook to start the agent", timeout=20, step=0.02)
-    CGROUP.join(apid)
-    res.agent = {"pid": apid, "cmdline": cmdline(apid)}
-    if f"--host-config {HOST_CONFIG} " not in res.agent["cmdline"] + " ":
-        raise RuntimeError(f"the agent runs with another host config: {res.agent['cmdline']}")
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
-def set_limit(s: Settings, res: ArmResult, qpid: int, console: Path) -> None:
-    """Wait for the guest to be up and QEMU's anonymous memory to settle; limit = that + cache_mib."""
-    wait_for(lambda: "VMCACHE-GUEST-READY" in console.read_text(errors="replace") or not alive(qpid),
-             "the guest to come up", timeout=120, step=0.2)
-    if not alive(qpid):
-        raise RuntimeError("QEMU exited before the guest came up")
+def join_agent(vm: Vm, config: str) -> None:
+    """Find the agent the hook started for ``vm`` and move it into the VM's cgroup before the guest runs."""
+    vm.agent_pid = wait_for(lambda: agent_pid(vm.name), "the hook to start the agent", timeout=20, step=0.02)
+    Cgroup("memory", vm.cgroup).join(vm.agent_pid)
+    line = cmdline(vm.agent_pid)
+    if f"--host-config {config} " not in line + " ":
+        raise RuntimeError(f"the agent runs with another host config than {config}: {line}")
+
+
+def set_limits(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm]) -> None:
+    """Wait for the guests to be up and QEMU's anonymous memory to settle; then the layout's limits."""
+    for vm in vms:
+        wait_for(lambda: "VMCACHE-GUEST-READY" in vm.console.read_text(errors="replace") or not alive(vm.qpid),
+                 "the guest to come up", timeout=120, step=0.2)
+        if not alive(vm.qpid):
+            raise RuntimeError(f"QEMU of {vm.name} exited before the guest came up")
+    anons = [_settled_anon(vm.qpid) for vm in vms]
+    pair = arm.scenario.vms > 1
+    res.qemu_anon_bytes = sum(anons)
+    res.limits = limits(arm_layout(arm), arm.mode, anons, (s.pair_cache_mib if pair else s.cache_mib) * MIB,
+                        s.budget_mib * MIB)
+    # the children first: a parent limit under their usage would make the kernel reclaim for nothing
+    for name, value in sorted(res.limits.items(), key=lambda kv: -kv[0].count("/")):
+        Cgroup("memory", name).write("memory.limit_in_bytes", value)
+    res.limit_bytes = res.limits[ROOT]
+
+
+def _settled_anon(qpid: int) -> int:
     prev = anon = -1
     for _ in range(30):
         anon = kib(proc_status(qpid), "RssAnon") * 1024
@@ -251,135 +245,64 @@ def set_limit(s: Settings, res: ArmResult, qpid: int, console: Path) -> None:
             break
         prev = anon
         time.sleep(0.5)
-    res.qemu_anon_bytes = anon
-    res.limit_bytes = anon + s.cache_mib * MIB
-    CGROUP.write("memory.limit_in_bytes", res.limit_bytes)
+    return anon
 
 
 def start_neighbour(arm: Arm, s: Settings) -> subprocess.Popen | None:
+    where = arm_layout(arm).neighbour
+    if where is None:
+        return None
+    cg = Cgroup("memory", where)
     if arm.scenario.neighbour == "stream":
-        return start_stream(CGROUP, s.neighbour_file, s.stream_rate)
-    if arm.scenario.neighbour == "reuse":
-        return start_reuse(CGROUP, s.neighbour_file, s.reuse_iops)
-    return None
+        return start_stream(cg, s.neighbour_file, s.stream_rate)
+    return start_reuse(cg, s.neighbour_file, s.reuse_iops)
 
 
-def sample(arm: Arm, s: Settings, res: ArmResult, qpid: int, console: Path,
-           on_measuring: Callable[[ArmResult], None] | None = None) -> None:
-    """Once a second until the guest is done: cgroup memory, pins, the agent's CPU, the host's load.
-
-    Boot scenarios also sample the guest's requests (QEMU's block stats) for the time to steady IOPS;
-    ``on_measuring`` runs once when the measured run begins.
-    """
+def collect(arm: Arm, res: ArmResult, vms: list[Vm]) -> None:
+    """The measured fio runs of every guest (an alternating guest prints results for its busy runs only)."""
     p = plan(arm)
-    ios = _io_counter(PREFIX + arm.name) if arm.scenario.boot else None
-    first, last = p.measured[0] + 1, p.measured[-1] + 1
-    apid = res.agent["pid"] if res.agent else None
-    agent = {"cpu0": None, "cpu1": None, "peak_rss": 0, "peak_anon": 0}
-    t_start = time.monotonic()
-    runs = warmup(arm, s) + s.runtime * len(p.measured) + s.gap * (p.loops // 2)
-    deadline = t_start + 60 + runs * 1.5 + 120
-    host0 = None
-    stats = s.out / "delaydev.json" if DEVICES[arm.device].delayed else None
-    reads0: dict[str, int] = {}
-    while alive(qpid):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the guest did not finish in time")
-        text = console.read_text(errors="replace")
-        measuring = f"VMCACHE-FIO-BEGIN {first}" in text and f"VMCACHE-FIO-END {last}" not in text
-        if measuring and host0 is None:
-            if on_measuring is not None:
-                on_measuring(res)
-            host0, res.load["start"] = cpu_times(), loadavg()
-            reads0 = device_reads(qpid, apid, stats)
-        if not measuring and host0 is not None and "end" not in res.load:
-            res.load["end"] = loadavg()
-            res.load["host_busy_percent"] = round(busy_percent(host0, cpu_times()), 1)
-            reads1 = device_reads(qpid, apid, stats)
-            res.device_read_bytes = {k: reads1[k] - reads0.get(k, 0) for k in reads1}
-        if apid is not None and alive(apid):
-            sample_agent(apid, agent, measuring)
-        stat = memory_stat(CGROUP)
-        res.cgroup_samples.append({
-            "t": round(time.monotonic() - t_start, 1), "measuring": measuring,
-            "usage": int(CGROUP.read("memory.usage_in_bytes")), "cache": stat.get("cache", 0),
-            "rss": stat.get("rss", 0), "unevictable": stat.get("unevictable", 0),
-            "pinned": pinned_bytes(PREFIX + arm.name) if apid else None,
-            "ios": ios() if ios else None,
-        })
-        if "VMCACHE-GUEST-DONE" in text:
-            break
-        time.sleep(1)
-    if res.agent is not None:
-        c0, c1 = agent["cpu0"], agent["cpu1"]
-        res.agent.update({
-            "cpu_percent": 100.0 * (c1[0] - c0[0]) / (c1[1] - c0[1]) if c0 and c1 and c1[1] > c0[1] else None,
-            "peak_rss_bytes": agent["peak_rss"], "peak_anon_bytes": agent["peak_anon"],
-            "status": read_status(AGENTS_DIR, PREFIX + arm.name)})
+    for vm in vms:
+        runs = busy_runs(p.loops, vm.phase)
+        results = [r["jobs"][0] for r in fio_results(vm.console.read_text(errors="replace"))]
+        if len(results) < len(runs):
+            raise RuntimeError(f"{vm.name}: {len(results)} fio results on the console, expected {len(runs)}")
+        by_run = dict(zip(runs, results))
+        res.fio += [by_run[i] for i in p.measured if i in by_run]
+        if p.measured[0] > 0 and res.warmup_fio is None:
+            res.warmup_fio = results[0]
+        if arm.scenario.boot:
+            res.steady_fio = by_run[p.measured[-1] + 1]
 
 
-def device_reads(qpid: int, apid: int | None, stats: Path | None) -> dict[str, int]:
-    """What QEMU and the agent fetched from storage so far: the delay device's counters, or /proc/PID/io."""
-    if stats is not None:
-        counters = delay_stats(stats)
-        return {"device": counters.get("read_bytes", 0), "device_requests": counters.get("reads", 0)}
-    return {"qemu": read_bytes(qpid), "agent": read_bytes(apid) if apid else 0}
-
-
-def _io_counter(name: str) -> Callable[[], int | None]:
-    """Requests the guest made on vda so far (QEMU's block stats through libvirt); None once it is gone."""
-    conn = open_conn()
-
-    def count() -> int | None:
-        try:
-            rd_req, _, wr_req, _, _ = conn.lookupByName(name).blockStats("vda")
-        except libvirt.libvirtError:
-            return None
-        return rd_req + wr_req
-
-    return count
-
-
-def sample_agent(apid: int, agent: dict, measuring: bool) -> None:
-    st = proc_status(apid)
-    agent["peak_rss"] = max(agent["peak_rss"], kib(st, "VmHWM") * 1024)
-    agent["peak_anon"] = max(agent["peak_anon"], kib(st, "RssAnon") * 1024)
-    c = cpu_seconds(apid)
-    if c is not None and measuring:
-        if agent["cpu0"] is None:
-            agent["cpu0"] = (c, time.monotonic())
-        agent["cpu1"] = (c, time.monotonic())
-
-
-def collect(arm: Arm, res: ArmResult, console: Path) -> None:
-    p = plan(arm)
-    results = fio_results(console.read_text(errors="replace"))
-    if len(results) < p.loops:
-        raise RuntimeError(f"{len(results)} fio results on the console, expected {p.loops}")
-    res.fio = [results[i]["jobs"][0] for i in p.measured]
-    if p.measured[0] > 0:
-        res.warmup_fio = results[0]["jobs"][0]
-    if arm.scenario.boot:
-        res.steady_fio = results[p.measured[-1] + 1]["jobs"][0]
-
-
-def cleanup(arm: Arm, s: Settings, res: ArmResult, procs: list, device: list) -> None:
-    """Stop what the arm started, destroy the domain, wait for the agent to go, unmount, remove the cgroup."""
+def cleanup(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm], procs: list, device: list) -> None:
+    """Stop what the arm started, destroy the domains, wait for the agents to go, unmount, remove the cgroups."""
     for proc in procs:
         stop(proc)
     destroy_domains(PREFIX + arm.name)
-    apid = res.agent["pid"] if res.agent else None
-    if apid is not None:  # the hook stops the agent on release; give it time
-        for _ in range(100):
-            if not alive(apid):
+    for vm in vms:
+        if not vm.agent_pid:
+            continue
+        for _ in range(100):  # the hook stops the agent on release; give it time
+            if not alive(vm.agent_pid):
                 break
             time.sleep(0.1)
-        if alive(apid) and agent_pid(PREFIX + arm.name) == apid:
-            log(f"{arm.name}: the agent outlived its domain: SIGTERM {apid}")
-            os.kill(apid, signal.SIGTERM)
+        if alive(vm.agent_pid) and agent_pid(vm.name) == vm.agent_pid:
+            log(f"{vm.name}: the agent outlived its domain: SIGTERM {vm.agent_pid}")
+            os.kill(vm.agent_pid, signal.SIGTERM)
+        _copy_tail(agent_log(vm.name), vm.agent_log_offset, vm.console.parent / f"agent-{vm.name}.log")
     for proc in device:
         unmount_delay(proc, s.mount)
     CGROUP.remove()
+
+
+def _copy_tail(src: Path, offset: int, dst: Path) -> None:
+    """What ``src`` gained past ``offset`` (the agent's log of this run), to ``dst``."""
+    try:
+        with open(src, "rb") as f, open(dst, "wb") as out:
+            f.seek(offset)
+            shutil.copyfileobj(f, out)
+    except OSError:
+        pass
 
 
 def run_arm(arm: Arm, s: Settings, round_: int,
@@ -388,22 +311,21 @@ def run_arm(arm: Arm, s: Settings, round_: int,
     res = ArmResult(arm=arm.name, round=round_)
     adir = s.out / f"r{round_}" / arm.name
     adir.mkdir(parents=True, exist_ok=True)
-    console = adir / "console.log"
-    console.write_text("")
+    vms = guests(arm, s, adir)
     procs: list = []
     device: list = []
     reclaimer = None
     t0 = time.monotonic()
     try:
-        prepare(arm, s, res, procs, device)
-        qpid = boot(arm, s, res, console)
-        set_limit(s, res, qpid, console)
+        prepare(arm, s, res, vms, procs, device)
+        boot(arm, s, res, vms)
+        set_limits(arm, s, res, vms)
         procs.append(start_neighbour(arm, s))
         if arm.scenario.reclaim:
             reclaimer = Reclaimer(CGROUP, s.reclaim_period).start()
-        sample(arm, s, res, qpid, console, on_measuring)
+        sample(arm, s, res, vms, arm_layout(arm), on_measuring)
         res.cgroup_peak_bytes = int(CGROUP.read("memory.max_usage_in_bytes"))
-        collect(arm, res, console)
+        collect(arm, res, vms)
         res.ok = True
     except Exception as err:  # noqa: BLE001 - one arm's failure must not stop the others
         res.error = f"{type(err).__name__}: {err}"
@@ -412,7 +334,7 @@ def run_arm(arm: Arm, s: Settings, round_: int,
         if reclaimer is not None:
             reclaimer.stop()
             res.reclaims = reclaimer.count
-        cleanup(arm, s, res, procs, device)
+        cleanup(arm, s, res, vms, procs, device)
         res.wall_seconds = time.monotonic() - t0
         (adir / "result.json").write_text(json.dumps(asdict(res), indent=1))
     return res
@@ -429,7 +351,7 @@ def learn_hotset(device: str, s: Settings) -> str:
     saved: list[str] = []
 
     def grab(res: ArmResult) -> None:
-        apid = res.agent["pid"] if res.agent else 0
+        apid = agent_pid(PREFIX + arm.name)
         if apid and alive(apid):
             os.kill(apid, signal.SIGTERM)
             wait_for(lambda: not alive(apid), "the agent to save the hot set and exit", timeout=60)

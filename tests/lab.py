@@ -31,7 +31,7 @@ class GuestSpec:
     name: str
     disk: str                       # image path (raw)
     console_log: str                # serial console output file
-    workload: str = "demo"          # demo, zoned, zipf, moving, periodic, idle
+    workload: str = "demo"          # demo, zoned, zipf, moving, periodic, alternate, trace, idle
     runtime: int = 60               # seconds per fio run
     warmup: int | None = None       # seconds of the first fio run (default: runtime)
     gap: int | None = None          # periodic: seconds of each phase off the hot range
@@ -43,6 +43,8 @@ class GuestSpec:
     guest_dir: str = GUEST_DIR
     settings: DomainSettings | None = None   # vmcache metadata, None: not opted in
     extra_disks: tuple[str, ...] = field(default=())   # more raw images (vdb, vdc...)
+    phase: int | None = None        # alternate: 0 busy first, 1 idle first
+    initrd: str | None = None       # another initramfs (default: guest_dir's), e.g. with a trace appended
 
 
 def domain_xml(spec: GuestSpec) -> str:
@@ -60,6 +62,8 @@ def domain_xml(spec: GuestSpec) -> str:
         args.append(f"vmcache_warmup={spec.warmup}")
     if spec.gap is not None:
         args.append(f"vmcache_gap={spec.gap}")
+    if spec.phase is not None:
+        args.append(f"vmcache_phase={spec.phase}")
     metadata = ""
     if spec.settings is not None:
         element = _namespaced(build_settings(spec.settings))
@@ -79,7 +83,7 @@ def domain_xml(spec: GuestSpec) -> str:
   <os>
     <type arch='x86_64' machine='q35'>hvm</type>
     <kernel>{escape(spec.guest_dir)}/vmlinuz</kernel>
-    <initrd>{escape(spec.guest_dir)}/initramfs.cpio</initrd>
+    <initrd>{escape(spec.initrd or spec.guest_dir + "/initramfs.cpio")}</initrd>
     <cmdline>{escape(" ".join(args))}</cmdline>
   </os>
   <on_poweroff>destroy</on_poweroff>
