@@ -52,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="scenarios: " + "; ".join(f"{s.name}: {s.help}" for s in SCENARIOS.values()))
     p.add_argument("--set", choices=sorted(SETS), default="default",
-                   help="arms to run: default (the goals, ~40 min at the default runtimes), long, warm or peers "
+                   help="arms to run: default (the goals, ~50 min at the default runtimes), long, warm or peers "
                         "(vmcache against a static partition, the alternating pair, the web server trace)")
     p.add_argument("--arms", default="", help="comma-separated arm names instead of --set, e.g. reuse-ssd-kernel")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -88,8 +88,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pair-cap-mib", type=int, default=224,
                    help="alternate: pinned_cap of the host config the two agents share (default 224: the room "
                         "less the agents' own memory)")
-    p.add_argument("--trace-requests", type=int, default=0,
-                   help="trace scenarios: replay at most this many requests (default: all that fit the disk)")
+    p.add_argument("--trace-requests", type=int, default=e2e_trace.REQUESTS,
+                   help=f"trace scenarios: replay this many requests from the trace's start, or all that fit the disk "
+                        f"if fewer (default {e2e_trace.REQUESTS}: ~2 minutes a run; 0: all that fit)")
     p.add_argument("--log-device-reads", action="store_true",
                    help="the delay device logs every read it serves to each run's device-reads.log (diagnosis)")
     p.add_argument("--dir", default="/var/lib/vmcache/bench-e2e", help="where the image goes (removed after)")

@@ -111,7 +111,7 @@ def group(scenario: str, device: str, modes: tuple[str, ...]) -> list[Arm]:
 KOV = ("kernel", "vmcache", "oracle")
 PEERS = ("kernel", "partition")     # what an operator does instead: nothing, or a static partition
 
-# `make bench`: the goals of issue 11, 3 interleaved rounds, ~34 minutes of runs at the default runtimes
+# `make bench`: the goals of issue 11, 3 interleaved rounds, ~49 minutes of runs at the default runtimes
 # (bench/e2e.py prints its estimate) plus the device checks and waits for the hook lock.
 DEFAULT = [
     *group("reuse", "ssd", KOV),
@@ -141,7 +141,7 @@ LONG = [
 WARM = group("coldboot", "hdd", ("evicted", "warm", "oracle"))
 
 # --set peers (issue 23): vmcache against what an operator would do instead, in sibling cgroups, the
-# alternating pair and the web server trace.
+# alternating pair and the web server trace (~98 minutes of runs for 3 rounds).
 PEER_SET = [
     *group("sibreuse", "ssd", ("kernel", "partition", "vmcache", "oracle")),
     *group("sibstream", "ssd", ("kernel", "partition", "vmcache")),

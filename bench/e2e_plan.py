@@ -12,6 +12,9 @@ from pathlib import Path
 from bench.e2e_arms import Arm
 
 
+TRACE_IOPS = 300   # about what the guest replays the web server trace at on the ssd setting (validation runs)
+
+
 @dataclass(frozen=True)
 class TraceFiles:
     """A trace prepared for the guest (bench/e2e_trace.py): the initramfs carrying its iologs, the oracle's runs."""
@@ -131,6 +134,9 @@ def warmup(arm: Arm, s: Settings) -> int:
 def guest_seconds(arm: Arm, s: Settings) -> int:
     """About how long the guest's runs take in all (a trace's runs take what its requests take: about this)."""
     p = plan(arm)
+    trace = s.traces.get(arm.scenario.trace)
+    if trace is not None:
+        return sum(trace.requests) // TRACE_IOPS
     if arm.scenario.workload == "alternate":
         return s.phase * p.loops
     if arm.scenario.workload == "periodic":

@@ -12,8 +12,10 @@ request reads within its chunks, the order of the chunks, and untouched
 gaps shorter than ``keep_gap`` (the neighbours readahead and 1 MiB blocks
 see) stay as they were; only the distance between regions farther apart
 shrinks. The window is the longest prefix of the trace whose map fits the
-disk (the first ~25 minutes of the web server's hour, 76,775 requests);
-its first half is the warm-up run, the second half the measured run.
+disk (the first ~25 minutes of the web server's hour, 76,775 requests),
+cut to ``REQUESTS`` so that an arm takes about two minutes; its first 60%
+is the warm-up run (long enough for an agent to learn and load a hot set),
+the rest the measured run.
 
 fio replays each part with ``read_iolog`` (iolog version 2: ``add``/``open``,
 one ``read``/``write`` line per request, ``close``) and
@@ -35,7 +37,8 @@ import numpy as np
 CHUNK = 64 << 10
 KEEP_GAP = 256 << 10
 BLOCK = 1 << 20
-WARMUP_SHARE = 0.5    # of the window's requests, replayed before the measured part
+WARMUP_SHARE = 0.6    # of the window's requests, replayed before the measured part
+REQUESTS = 36_000     # the window's length: the guest replays ~300-400 requests/s (57% of them O_SYNC writes)
 TRACES = {"webserver": Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "webserver.csv.gz"}
 
 

@@ -7,19 +7,20 @@
 # TCG guest running fio on a 2 GiB writethrough raw image inside a memory
 # cgroup, the image behind a delay device (bench/delaydev.py, FUSE: ~0.4 ms
 # or ~5 ms per page-cache miss), vmcache arms opted in through the domain
-# metadata; 3 interleaved rounds. About 35
+# metadata; 3 interleaved rounds. About 50
 # minutes with the defaults when no live test holds the hook lock (longer
 # when they do: vmcache arms wait for it); prints the goals and a table of
 # medians at the end, raw results in .bench/.
 #
-#   scripts/bench.sh [E2E ARGS]      e.g. --set long, --rounds 5, --arms reuse-ssd-kernel,reuse-ssd-vmcache
+#   scripts/bench.sh [E2E ARGS]      e.g. --set long, --set peers (~1 h 40 min), --rounds 5,
+#                                    --arms reuse-ssd-kernel,reuse-ssd-vmcache
 #   VMCACHE_BENCH_ARGS="--set long" make bench
 #
 # The install (which replaces the libvirt hook) and every vmcache arm hold
 # the live tests' hook lock, so no live test's hook is swapped under it.
 # Everything it makes (domains vmcache-bench-e2e-*, the cgroups
 # /sys/fs/cgroup/memory/vmcache-bench-e2e*, the delay device's daemon and its
-# mount, the image and the neighbours' file under /var/lib/vmcache/bench-e2e)
+# mount, the images and the neighbours' file under /var/lib/vmcache/bench-e2e)
 # is removed at the end, also on failure or Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
