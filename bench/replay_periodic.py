@@ -21,6 +21,7 @@ import numpy as np
 
 from vmcache.model.params import ModelParams
 from vmcache.replay import sim
+from vmcache.replay.accesses import to_blocks
 from vmcache.replay.trace import Trace
 
 MiB = 1 << 20
@@ -47,9 +48,9 @@ def hot_range_pinned(decay: float, seed: int, rate: float, gap: float) -> list[t
     params = ModelParams.from_mapping({"decay": decay})
     hot_blocks = (DISK // 10) // params.block_size
     out: list[tuple[float, int]] = []
-    sim.vmcache(sim.to_blocks(periodic_trace(seed, rate, gap), IO, DISK), CACHE // IO, params=params,
-                pin_budget=BUDGET, size_bytes=DISK,
-                on_cycle=lambda now, pinned: out.append((now, int(pinned[:hot_blocks].sum()) * params.block_size // MiB)))
+    sim.vmcache(to_blocks(periodic_trace(seed, rate, gap), IO, DISK), CACHE // IO, params=params,
+                pin_budget=BUDGET, size_bytes=DISK, exact=False, rest="lru",
+                on_cycle=lambda now, pinned: out.append((now, int((pinned < hot_blocks).sum()) * params.block_size // MiB)))
     return out
 
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from vmcache.model.blocks import BlockValues
 from vmcache.model.cycle import Cycle
+from vmcache.model.exact import ReadBack
 from vmcache.model.params import PAGE_SIZE, ModelParams
 from vmcache.model.reads import GuestReads
 from vmcache.model.region import Region
@@ -47,7 +48,7 @@ def test_blocks_read_are_pinned_and_residency_alone_heats_nothing() -> None:
 def test_a_pinned_block_nobody_reads_cools_at_the_normal_decay() -> None:
     c = Cycle(P, N)
     pinned: list[Region] = []
-    hot = GuestReads(listed(range(20, 24), PAGES), BlockValues.empty())
+    hot = GuestReads(listed(range(20, 24), PAGES // 4), BlockValues.empty())  # input 1 (seen_scale 4)
     for t in range(1, 8):
         pinned = step(c, hot, float(t), pinned)
     assert pinned
@@ -66,3 +67,39 @@ def test_a_pinned_block_the_guest_keeps_reading_stays_pinned() -> None:
     for t in range(1, 60):  # a quarter of the block's pages read per cycle: all hits once pinned
         pinned = step(c, GuestReads(listed(range(20, 24), PAGES // 4), BlockValues.empty()), float(t), pinned)
     assert pinned == [Region(20 * BS, 4 * BS, pinned[0].priority)]
+
+
+def test_a_block_read_more_often_is_hotter() -> None:
+    c = Cycle(P, N)
+    for t in range(1, 4):
+        step(c, GuestReads(BlockValues(np.array([20, 60], np.int64), np.array([PAGES, 10 * PAGES], np.float32)),
+                           BlockValues.empty()), float(t), [])
+    heat = c.model.heat
+    assert heat[60] > 5 * heat[20] > 0
+
+
+def test_read_back_share_follows_what_the_guest_reads_again() -> None:
+    rb = ReadBack(horizon=3, memory=10)
+    blocks = np.arange(10, dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    for _ in range(20):  # written, never read: each write expires unread after 3 cycles
+        rb.update(blocks, none)
+    assert rb.share < 0.05
+    for _ in range(20):  # written, then read the next cycle
+        rb.update(blocks, blocks)
+    assert rb.share > 0.95
+
+
+def test_writes_nobody_reads_back_are_not_pinned() -> None:
+    """A log the guest appends to and never reads: pinned at first (writes count until shown unread), then not."""
+    n = 4000
+    c = Cycle(P, n)
+    pinned: list[Region] = []
+    history = []
+    for t in range(1, 40):
+        log = range(50 * t, 50 * t + 50)  # 50 blocks appended a cycle
+        pinned = c.step(BlockValues.empty(), listed(log, 1.0), pinned, size_bytes=n * BS, budget=64 * BS,
+                        now=float(t), reads=GuestReads.empty()).regions
+        history.append(bool(pinned))
+    assert any(history[:5]) and not any(history[-10:])
+    assert c.read_back.share < 0.05

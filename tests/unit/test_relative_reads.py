@@ -124,12 +124,12 @@ def test_replay_of_a_slow_zoned_guest_page_by_page() -> None:
 
     def ratios(params: ModelParams) -> dict[str, float]:
         rows = sim.replay(trace, [512 * MiB], block_size=MiB, params=params, pin_share=0.5, size_bytes=2048 * MiB,
-                          policies=("vmcache", "lru"), cache_unit=4096)
+                          policies=("inferred", "lru"), cache_unit=4096, rest="lru")
         return {r.policy: r.hit_ratio for r in rows}
 
     now, before = ratios(P), ratios(replace(P, miss_contrast=0.0))
-    assert before["vmcache"] < before["lru"] + 0.05  # nothing learnt: the kernel's own caching
-    assert now["vmcache"] > 0.5 > 0.15 > now["lru"]
+    assert before["inferred"] < before["lru"] + 0.05  # nothing learnt: the kernel's own caching
+    assert now["inferred"] > 0.5 > 0.15 > now["lru"]
 
 
 def test_replay_cache_unit_must_divide_the_block() -> None:

@@ -1,9 +1,9 @@
-"""``vmcache replay TRACE``: hit ratio of vmcache, LRU, Belady and static top-k on a block trace.
+"""``vmcache replay TRACE``: device reads of vmcache, LRU, the kernel's lists and the optimum on a block trace.
 
 Offline and deterministic: the trace (CSV ``time,op,offset,length`` or an
 fio iolog) is replayed through simulated page caches of each ``--budget``;
-the vmcache arm runs the real heat model and planner every ``--interval``
-of trace time. ``vmcache replay --generate zoned|zipf|moving --out FILE``
+the vmcache arms run the real cycle (heat model and planner) every
+``--interval`` of trace time. ``vmcache replay --generate zoned|zipf|moving --out FILE``
 writes a synthetic trace instead. ``vmcache replay --vm TRACE,budget=SIZE ...
 --cap SIZE`` is the host mode: several VMs against one pinned cap, split
 first-come, equally, by budget and by benefit (vmcache.replay.host). See
@@ -22,12 +22,13 @@ from ..units import format_size, number_or_text, parse_size
 from ._args import duration_arg, size_arg
 
 NAME = "replay"
-HELP = "replay a block trace: hit ratio of vmcache vs LRU, Belady and static top-k at equal memory"
+HELP = "replay a block trace: device reads of vmcache vs LRU, the kernel's lists and the optimum at equal memory"
 
 DEFAULT_BLOCK = 64 << 10
 DEFAULT_PIN_SHARE = 0.5
-DEFAULT_FRACTIONS = (64, 32, 16, 8, 4)
-"""Without --budget: the image size (rounded up to a power of 2) divided by each of these."""
+DEFAULT_FRACTIONS = (64, 16, 4)
+"""Without --budget: the trace's footprint (the units it touches, whole MiB) divided by each of these."""
+POLICY_CHOICES = ("vmcache", "inferred", "lru", "linux", "belady", "static", "warm")
 GENERATE_KINDS = ("zoned", "zipf", "moving", "stream")
 
 
@@ -46,8 +47,8 @@ def _budgets(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", nargs="?", help="trace file: CSV (time,op,offset,length) or fio iolog v2/v3")
     parser.add_argument("--budget", type=_budgets, action="append", metavar="SIZE[,SIZE...]",
-                        help="memory for every policy (repeat or comma-separate; default: image size, "
-                             "rounded up to a power of 2, / 64, 32, 16, 8, 4)")
+                        help="memory for every policy (repeat or comma-separate; default: the footprint - "
+                             "the units the trace touches - / 64, 16, 4)")
     parser.add_argument("--block-size", type=size_arg, default=DEFAULT_BLOCK,
                         help="cache and model granularity, a multiple of 4096 (default 64KiB)")
     parser.add_argument("--cache-unit", type=size_arg, default=None, metavar="SIZE",
@@ -56,13 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=duration_arg, default=None,
                         help="vmcache re-plans every INTERVAL of trace time (default: the model's, 10s)")
     parser.add_argument("--pin-share", type=float, default=DEFAULT_PIN_SHARE,
-                        help="share of each budget vmcache may pin; the rest is its LRU (default 0.5)")
+                        help="share of each budget vmcache may pin; the rest is the --rest policy's (default 0.5)")
+    parser.add_argument("--rest", choices=("linux", "lru"), default="linux",
+                        help="what holds the memory vmcache does not pin: the kernel's lists (default) or LRU")
     parser.add_argument("--size", type=size_arg, default=None, help="image size (default: end of the trace)")
-    parser.add_argument("--policy", action="append", choices=("vmcache", "lru", "belady", "static", "warm"),
-                        help="only these policies (repeat; default all but warm: vmcache warm-started from the "
-                             "hot set a first replay of the trace saved)")
+    parser.add_argument("--policy", action="append", choices=POLICY_CHOICES,
+                        help="only these policies (repeat; default vmcache, inferred, lru, linux, belady; also "
+                             "static, and warm: vmcache warm-started from the hot set a first run saved)")
     parser.add_argument("--head", type=duration_arg, default=None, metavar="DURATION",
-                        help="also show the hit ratio over the first DURATION of the trace (e.g. 60s)")
+                        help="also show the figures over the first DURATION of the trace (e.g. 60s)")
     parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
                         help="a model parameter, e.g. --model keep_factor=1.5 (see docs/configuration.md)")
     parser.add_argument("--prefetch-rate", type=_rate, default=None, metavar="SIZE",
@@ -72,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the rate while a warm start restores its saved set, as the agent's warm_rate "
                              "(the higher of the two applies; default: --prefetch-rate)")
     parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
-    parser.add_argument("--plot", metavar="FILE.png", help="write a plot of hit ratio against memory")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a plot of device reads per request against memory")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
     host = parser.add_argument_group("host mode: several VMs against one pinned cap (instead of TRACE)")
     host.add_argument("--vm", action="append", default=[], metavar="TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE]",
@@ -193,7 +196,8 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
     vms = [_vm(text, i) for i, text in enumerate(args.vm)]
     caps = sorted({c for group in args.cap for c in group})
     try:
-        results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory)
+        results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory,
+                                   rest=args.rest)
     except ValueError as err:
         raise ConfigError("--vm", args.vm, str(err)) from None
     if args.json:
@@ -204,16 +208,29 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         for vm in vms:
             print(f"  {vm.name}: {len(vm.trace)} requests, {vm.trace.duration:.0f}s, budget {format_size(vm.budget)}"
                   + (f", min {format_size(vm.minimum)}" if vm.minimum else ""))
-        print("aggregate hit ratio (block accesses of all VMs), by pinned cap:")
+        print("device reads per guest request, all VMs, by pinned cap:")
         print(report.table([r.total for r in results], corner="cap"))
-        print("per VM: hit ratio, mean grant")
+        print("read hit ratio, all VMs:")
+        print(report.table([r.total for r in results], measure="read_hits", corner="cap"))
+        print("per VM: device reads per request, mean grant")
         print(report.host_table(results))
     if args.plot:
         memory = format_size(args.memory) if args.memory else "2 x cap"
         _write_plot(args.plot, report.plot_png([r.total for r in results],
-                                               title="host: aggregate hit ratio vs pinned cap",
+                                               title="host: device reads per request vs pinned cap",
                                                x_label=f"pinned cap (memory: {memory})"))
     return 0
+
+
+def _default_budgets(trace: Any, unit: int) -> list[int]:
+    """The trace's footprint (units touched, rounded to whole MiB) / DEFAULT_FRACTIONS, at least one unit each."""
+    import numpy as np
+
+    from ..replay.accesses import to_blocks
+
+    footprint = int(np.unique(to_blocks(trace, unit).block).size) * unit
+    mib = 1 << 20
+    return sorted({max(unit, footprint // f // mib * mib) for f in DEFAULT_FRACTIONS})
 
 
 def _rates(prefetch: int | None, warm: int | None) -> str:
@@ -256,26 +273,26 @@ def run(args: argparse.Namespace) -> int:
     if args.budget:
         budgets = sorted({b for group in args.budget for b in group})
     else:
-        base = 1 << max(0, (size - 1).bit_length())  # the image size rounded up to a power of 2
-        budgets = sorted({max(args.block_size, base // f // args.block_size * args.block_size)
-                          for f in DEFAULT_FRACTIONS})
+        budgets = _default_budgets(trace, unit)
     policies = tuple(dict.fromkeys(args.policy)) if args.policy else sim.POLICIES
     results = sim.replay(trace, budgets, block_size=args.block_size, params=params, pin_share=args.pin_share,
                          size_bytes=size, policies=policies, head=args.head, prefetch_rate=args.prefetch_rate,
-                         warm_rate=args.warm_rate, cache_unit=unit)
+                         warm_rate=args.warm_rate, cache_unit=unit, rest=args.rest)
     if args.json:
         print(json.dumps(report.rows_json(results), indent=1))
     else:
         paged = unit != args.block_size
         print(f"{os.path.basename(args.trace)}: {len(trace)} requests, {trace.duration:.0f}s, image "
               f"{format_size(size)}, blocks {format_size(args.block_size)}, interval {params.interval:g}s, "
-              f"pin share {args.pin_share:g}" + _rates(args.prefetch_rate, args.warm_rate)
+              f"pin share {args.pin_share:g}, rest {args.rest}" + _rates(args.prefetch_rate, args.warm_rate)
               + (f", cache unit {format_size(unit)}" if paged else ""))
-        print(f"hit ratio ({'unit' if paged else 'block'} accesses, reads and writes):")
-        print(report.table(results))
-        if args.head is not None:
-            print(f"hit ratio over the first {args.head:g}s:")
-            print(report.table(results, first=True))
+        for measure, title in report.MEASURES.items():
+            print(f"{title}:")
+            print(report.table(results, measure=measure))
+            if args.head is not None and measure != "hits":
+                print(f"{title} over the first {args.head:g}s:")
+                print(report.table(results, measure=measure, first=True))
     if args.plot:
-        _write_plot(args.plot, report.plot_png(results, title=f"{os.path.basename(args.trace)}: hit ratio vs memory"))
+        title = f"{os.path.basename(args.trace)}: device reads vs memory"
+        _write_plot(args.plot, report.plot_png(results, title=title))
     return 0

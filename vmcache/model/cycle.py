@@ -28,8 +28,10 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
 
 Where the guest's reads are counted exactly (``reads``, a
 :class:`~vmcache.model.reads.GuestReads` from the kernel or a trace), steps
-1-2 are not needed and not taken: a block's read input is how much of it
-the guest read, pinned or not, and the read misses are the counted ones.
+1-2 are not needed and not taken: a block's read input is how often the
+guest read it, pinned or not, the read misses are the counted ones, and
+writes count by the share of written blocks the guest reads back
+(:mod:`vmcache.model.exact`).
 
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
@@ -51,6 +53,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .blocks import BlockValues, blocks_of, member, union
+from .exact import ReadBack
 from .heat import HeatModel
 from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
@@ -113,6 +116,8 @@ class Cycle:
         self._prev: BlockValues | None = None
         self._tokens = 0.0
         self._last_plan: float | None = None
+        self.read_back = ReadBack()
+        """The share of written blocks the guest reads back (exact path)."""
         self.warm: WarmStart | None = None
         """A saved hot set being restored (set before the first step), None without one."""
 
@@ -184,7 +189,7 @@ class Cycle:
             res, evidence = self._relative_reads(res, grown, evidence, seen_sample)
             self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
         else:
-            read_input, read_miss = self._exact(reads, size_bytes)
+            read_input, wr, read_miss = self._exact(reads, wr, size_bytes)
             self.model.step_blocks(read_input, wr, np.zeros(0, np.int64), now)
         if self.warm is not None:
             self.warm.seed(self.model, now)
@@ -201,21 +206,25 @@ class Cycle:
         if self.warm is not None and not self.warm.done:
             self.warm.update(blocks)
 
-    def _exact(self, reads: GuestReads, size: int) -> tuple[BlockValues, int]:
-        """The model's read input and the read-miss bytes, from the reads counted exactly.
+    def _exact(self, reads: GuestReads, written: BlockValues, size: int) -> tuple[BlockValues, BlockValues, int]:
+        """The model's read and write inputs and the read-miss bytes, from the reads counted exactly.
 
-        A block's input is the share of its pages the guest read in the
-        cycle, times ``seen_scale`` (at most 1), whether they hit or missed:
-        pinned or not, a block is as hot as it is read. Nothing is masked,
-        inferred from residency or held: residency says nothing the counts
-        do not.
+        A block's read input is how often the guest read its pages in the
+        cycle (``seen_scale`` x pages read / pages in the block, hits and
+        misses alike): pinned or not, a block is as hot as it is read, and
+        a block read ten times over is ten times as hot. Nothing is masked,
+        inferred from residency or held. The write input is weighed by the
+        share of written blocks the guest reads back (:class:`ReadBack`):
+        writes nobody reads again earn no pin.
         """
         n, p = self.nblocks, self.params
         pages = _listed(reads.pages, n, "reads.pages")
-        share = pages.value * np.float32(p.seen_scale * PAGE_SIZE / p.block_size)
-        missed = float(_listed(reads.missed, n, "reads.missed").value.sum(dtype=np.float64))
-        return (BlockValues(pages.index, np.minimum(np.float32(1.0), share).astype(np.float32)),
-                min(size, int(missed) * PAGE_SIZE))
+        missed = _listed(reads.missed, n, "reads.missed")
+        share = self.read_back.update(written.index[written.value > 0], pages.index)
+        read_input = BlockValues(pages.index, pages.value * np.float32(p.seen_scale * PAGE_SIZE / p.block_size))
+        weighed = BlockValues(written.index, written.value * np.float32(share))
+        miss_bytes = int(float(missed.value.sum(dtype=np.float64))) * PAGE_SIZE
+        return read_input, weighed, min(size, miss_bytes)
 
     def _masked(self) -> NDArray[np.int64]:
         """The blocks the model must not take residency from (ours; sorted)."""

@@ -6,11 +6,13 @@ and optionally a guaranteed minimum. All VMs share the host's page cache of
 ``pinned_cap``). The traces are merged in time order (ties: VM order) and
 replayed through these arms, all at the same memory:
 
-- ``lru``: one shared LRU of ``memory`` (the kernel's global page cache,
-  no vmcache);
+- ``lru``: one shared LRU of ``memory`` (no vmcache);
+- ``linux``: one shared cache of ``memory`` with the kernel's lists
+  (:class:`~vmcache.replay.baselines.LinuxCache`: the host without vmcache);
 - ``first-come``, ``equal``, ``proportional``, ``benefit``: vmcache on every
   VM, each VM's pins within its grant, the unpinned rest of the memory one
-  shared LRU. Grants: ``first-come`` - in VM order, each its budget while
+  shared cache of the ``rest`` policy (the kernel's lists by default).
+  Grants: ``first-come`` - in VM order, each its budget while
   the cap lasts (what the ledger did before issue 14, VMs starting in that
   order); ``equal`` - the cap shared equally, nobody above its budget (the
   surplus re-shared); ``proportional`` - in proportion to the budgets;
@@ -18,10 +20,10 @@ replayed through these arms, all at the same memory:
   VMs' demand curves (their plans at the full budget), as the agents do
   through the ledger.
 
-Every VM runs what the engine runs (:class:`vmcache.model.cycle.Cycle`, as
-the single-trace replay's ``vmcache`` arm does) at the end of each interval,
-under its grant; pinned blocks leave the shared LRU (or are loaded),
-released ones go back to it as most recently used. In the ``benefit`` arm
+Every VM runs what the engine runs (:class:`vmcache.model.cycle.Cycle`, with
+its reads counted exactly, as the single-trace replay's ``vmcache`` arm
+does) at the end of each interval, under its grant; pinned blocks leave the
+shared rest (or are loaded), released ones go back to it. In the ``benefit`` arm
 each VM's demand curve after its step feeds the split whose grants the next
 cycle runs under - the one-cycle lag of the agents, which divide through
 the ledger at the start of a cycle. Deterministic: same traces, same results.
@@ -29,23 +31,29 @@ the ledger at the start of a cycle. Deterministic: same traces, same results.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ..model.cycle import Cycle, blocks_mask
+from ..model.blocks import blocks_of
+from ..model.cycle import Cycle
 from ..model.params import ModelParams
 from ..model.region import Region
 from ..model.share import Demand, demand_of, split
-from .sim import BlockTrace, PolicyResult, cycle_ends, interval_inputs, lru, serve, to_blocks
+from . import sampling
+from .accesses import BlockTrace, cycle_ends, to_blocks
+from .baselines import linux, lru, rest_cache
+from .measures import PolicyResult, measure
+from .sim import Memory
 from .trace import Trace
 
 __all__ = ["HostVm", "HostResult", "ARMS", "SPLITS", "static_grants", "replay_host"]
 
 SPLITS = ("first-come", "equal", "proportional", "benefit")
-ARMS = ("lru",) + SPLITS
+SHARED = {"lru": lru, "linux": linux}
+ARMS = ("lru", "linux") + SPLITS
 
 
 @dataclass(frozen=True)
@@ -73,9 +81,8 @@ class HostResult:
 
     def to_json(self) -> dict[str, object]:
         return {"arm": self.arm, "cap_bytes": self.cap, "memory_bytes": self.memory,
-                "hit_ratio": round(self.total.hit_ratio, 6), "accesses": self.total.accesses,
-                "hits": self.total.hits,
-                "vms": {n: {"hit_ratio": round(r.hit_ratio, 6), "accesses": r.accesses, "hits": r.hits,
+                **{k: v for k, v in self.total.to_json().items() if k not in ("policy", "budget_bytes")},
+                "vms": {n: {**{k: v for k, v in r.to_json().items() if k not in ("policy", "budget_bytes")},
                             "grant_mean_bytes": round(self.grant_mean.get(n, 0.0)),
                             "pinned_mean_bytes": round(self.pinned_mean.get(n, 0.0))}
                         for n, r in self.vms.items()}}
@@ -107,7 +114,7 @@ class _Vm:
     nblocks: int
     size: int
     cycle: Cycle
-    pinned: NDArray[np.bool_]
+    pinned: NDArray[np.int64]
     current: list[Region] = field(default_factory=list)
     granted: int = 0
     grant_sum: float = 0.0
@@ -128,36 +135,35 @@ class _Merged:
 def _merge(vms: list[HostVm], block_size: int) -> _Merged:
     parts = [to_blocks(vm.trace, block_size, vm.size_bytes) for vm in vms]
     offsets = np.cumsum([0] + [p.nblocks for p in parts])[:-1].tolist()
-    block = np.concatenate([p.block + off for p, off in zip(parts, offsets)])
-    time = np.concatenate([p.time for p in parts])
-    write = np.concatenate([p.write for p in parts])
-    which = np.concatenate([np.full(len(p), i, dtype=np.int64) for i, p in enumerate(parts)])
-    order = np.argsort(time, kind="stable")  # ties keep VM order
-    total = sum(p.nblocks for p in parts)
-    bt = BlockTrace(block[order], time[order], write[order], block_size, total)
+    requests = np.cumsum([0] + [int(p.request[-1]) + 1 if len(p) else 0 for p in parts])[:-1].tolist()
+    order = np.argsort(np.concatenate([p.time for p in parts]), kind="stable")  # ties keep VM order
+
+    def joined(name: str, shift: list[int] | None = None) -> NDArray[Any]:
+        arrays = [getattr(p, name) + (shift[i] if shift else 0) for i, p in enumerate(parts)]
+        return np.concatenate(arrays)[order]
+
+    which = np.concatenate([np.full(len(p), i, dtype=np.int64) for i, p in enumerate(parts)])[order]
+    bt = BlockTrace(joined("block", offsets), joined("time"), joined("write"), block_size,
+                    sum(p.nblocks for p in parts), joined("pages"), joined("costly"), joined("request", requests))
     sizes = [vm.size_bytes if vm.size_bytes is not None else p.nblocks * block_size for vm, p in zip(vms, parts)]
-    return _Merged(bt, which[order], offsets, sizes, [p.nblocks for p in parts])
+    return _Merged(bt, which, offsets, sizes, [p.nblocks for p in parts])
 
 
 def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm],
              hits: NDArray[np.bool_]) -> tuple[PolicyResult, dict[str, PolicyResult]]:
-    reads = ~merged.bt.write
-
-    def result(mask: NDArray[np.bool_]) -> PolicyResult:
-        return PolicyResult(arm, cap, int(mask.sum()), int((hits & mask).sum()), int((reads & mask).sum()),
-                            int((hits & reads & mask).sum()), {"memory_bytes": memory})
-
-    total = result(np.ones(len(hits), dtype=bool))
-    return total, {vm.name: result(merged.vm == i) for i, vm in enumerate(vms)}
+    total = measure(arm, cap, merged.bt, hits, memory_bytes=memory)
+    return total, {vm.name: measure(arm, cap, merged.bt, hits, select=merged.vm == i, memory_bytes=memory)
+                   for i, vm in enumerate(vms)}
 
 
 def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: ModelParams | None = None,
                 memory: int | None = None, memory_factor: float = 2.0,
-                arms: tuple[str, ...] = ARMS) -> list[HostResult]:
+                arms: tuple[str, ...] = ARMS, rest: str = "linux") -> list[HostResult]:
     """Every arm at every cap; ``memory`` (default ``memory_factor * cap``) is the host page cache.
 
     ``params``: the model of every VM (its ``block_size`` is replaced by
-    ``block_size``). Raises ValueError for no VMs, duplicate names, an
+    ``block_size``); ``rest``: the policy of the memory nobody pins
+    (``linux`` or ``lru``). Raises ValueError for no VMs, duplicate names, an
     unknown arm, a cap above the memory or a trace past its VM's size.
     """
     if not vms:
@@ -176,12 +182,11 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
             raise ValueError(f"cap {cap} is more than the memory {mem}")
         capacity = mem // block_size
         for arm in arms:
-            if arm == "lru":
-                hits = lru(merged.bt, capacity)
-                total, per_vm = _results(arm, cap, mem, merged, vms, hits)
+            if arm in SHARED:
+                total, per_vm = _results(arm, cap, mem, merged, vms, SHARED[arm](merged.bt, capacity))
                 out.append(HostResult(arm, cap, mem, total, per_vm))
                 continue
-            hits, states = _run_split(arm, merged, vms, cap, capacity, p)
+            hits, states = _run_split(arm, merged, vms, cap, capacity, p, rest)
             total, per_vm = _results(arm, cap, mem, merged, vms, hits)
             cycles = max(1, len(cycle_ends(merged.bt, p.interval)))
             out.append(HostResult(arm, cap, mem, total, per_vm,
@@ -191,52 +196,56 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
 
 
 def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity: int,
-               params: ModelParams) -> tuple[NDArray[np.bool_], list[_Vm]]:
+               params: ModelParams, rest: str) -> tuple[NDArray[np.bool_], list[_Vm]]:
     """Hits per access of one split arm, and the VMs' states at the end.
 
     Each VM's cycle runs under the grant of the previous split; its demand
     curve after the step feeds the next split (the agents' one-cycle lag).
     """
     bt = merged.bt
-    states = [_Vm(vm, i, off, nb, size, Cycle(params, nb), np.zeros(nb, dtype=bool))
+    states = [_Vm(vm, i, off, nb, size, Cycle(params, nb), np.zeros(0, dtype=np.int64))
               for i, (vm, off, nb, size) in enumerate(zip(vms, merged.offsets, merged.nblocks, merged.sizes))]
     benefit = arm == "benefit"
     grants = _benefit_grants(states, None, cap) if benefit else static_grants(arm, vms, cap)
     hits = bytearray(len(bt))
     if len(bt) == 0:
         return np.zeros(0, dtype=bool), states
-    cache: OrderedDict[int, None] = OrderedDict()  # unpinned resident blocks, all VMs
-    pinset: set[int] = set()
-    blocks = bt.block.tolist()
+    memory = Memory(rest_cache(rest, capacity, bt.block_size), capacity)
+    block, write = bt.block.tolist(), bt.write.tolist()
     t0 = float(bt.time[0])
     begin = 0
     for k, end in enumerate(cycle_ends(bt, params.interval)):
-        serve(blocks, begin, end, hits, pinset, cache, capacity - len(pinset))
-        resident = np.zeros(bt.nblocks, dtype=bool)
-        if cache:
-            resident[np.fromiter(cache.keys(), dtype=np.int64, count=len(cache))] = True
+        memory.serve(block, write, begin, end, hits)
+        served = np.frombuffer(bytes(hits[begin:end]), dtype=bool)
+        resident = np.sort(np.fromiter(memory.resident(), dtype=np.int64))
+        wanted = []
         for s in states:
             s.granted = grants[s.vm.name]
-            _step(s, merged, begin, end, resident, t0 + params.interval * (k + 1))
-            _apply(s, cache, pinset)
+            _step(s, merged, begin, end, served, resident, t0 + params.interval * (k + 1))
+            wanted.append(s.pinned + s.offset)
             s.grant_sum += s.granted
-            s.pinned_sum += int(s.pinned.sum()) * params.block_size
+            s.pinned_sum += int(s.pinned.size) * params.block_size
+        memory.pin(np.concatenate(wanted))
+        for s in states:
+            s.cycle.pinned(s.current)
         begin = end
-        while len(cache) > capacity - len(pinset):
-            cache.popitem(last=False)
         if benefit:
             grants = _benefit_grants(states, params, cap)
     return np.frombuffer(bytes(hits), dtype=bool).copy(), states
 
 
-def _step(s: _Vm, merged: _Merged, begin: int, end: int, resident: NDArray[np.bool_], now: float) -> None:
+def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_], resident: NDArray[np.int64],
+          now: float) -> None:
     """One VM's cycle at the end of an interval, on its accesses in [begin, end) and its residency."""
     mine = merged.vm[begin:end] == s.index
-    block = merged.bt.block[begin:end][mine] - s.offset
-    written, seen = interval_inputs(block, merged.bt.write[begin:end][mine], s.pinned, merged.bt.block_size)
-    res = resident[s.offset:s.offset + s.nblocks] | s.pinned
-    s.current = s.cycle.step(res.astype(np.float32), written, s.current, size_bytes=s.size, budget=s.granted,
-                             now=now, seen=seen).regions
+    bt = merged.bt
+    block = bt.block[begin:end][mine] - s.offset
+    write = bt.write[begin:end][mine]
+    own = resident[(resident >= s.offset) & (resident < s.offset + s.nblocks)] - s.offset
+    reads = sampling.guest_reads(block, write, bt.pages[begin:end][mine], hit[mine], 1, bt.block_size)
+    s.current = s.cycle.step(sampling.residency(own.tolist(), 1), sampling.written(block, write, 1, bt.block_size),
+                             s.current, size_bytes=s.size, budget=s.granted, now=now, reads=reads).regions
+    s.pinned = blocks_of(s.current, s.cycle.params.block_size, s.nblocks)
 
 
 def _benefit_grants(states: list[_Vm], params: ModelParams | None, cap: int) -> dict[str, int]:
@@ -247,17 +256,3 @@ def _benefit_grants(states: list[_Vm], params: ModelParams | None, cap: int) -> 
                                                     budget=s.vm.budget, current=s.current)
         demands[s.vm.name] = Demand(budget=s.vm.budget, minimum=s.vm.minimum, curve=curve, granted=s.granted)
     return split(demands, cap).grants
-
-
-def _apply(s: _Vm, cache: OrderedDict[int, None], pinset: set[int]) -> None:
-    """Pin ``s.current``: released blocks go back to the shared LRU (most recent), new ones leave it."""
-    wanted = blocks_mask(s.current, s.cycle.params.block_size, s.nblocks)
-    released = np.flatnonzero(s.pinned & ~wanted) + s.offset
-    pinset.difference_update(released.tolist())
-    for b in released.tolist():
-        cache[b] = None
-    for b in (np.flatnonzero(wanted & ~s.pinned) + s.offset).tolist():
-        cache.pop(b, None)
-        pinset.add(b)
-    s.pinned = wanted
-    s.cycle.pinned(s.current)

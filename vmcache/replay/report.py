@@ -1,9 +1,10 @@
-"""Replay results as a text table, JSON rows and a PNG plot of hit ratio against memory (Pillow, pure).
+"""Replay results as a text table, JSON rows and a PNG plot against memory (Pillow, pure).
 
-:func:`table` prints one row per budget and one column per policy (hit
-ratio over all block accesses). :func:`plot_png` draws the same numbers:
-memory on the x axis (log scale when the budgets span a factor of 4 or
-more), hit ratio 0..1 on the y axis, one coloured line with dots per
+:func:`table` prints one row per budget and one column per policy, of one
+measure (:data:`MEASURES`: device reads per request by default, the
+headline; read hit ratio; hit ratio over all accesses). :func:`plot_png`
+draws device reads per request: memory on the x axis (log scale when the
+budgets span a factor of 4 or more), one coloured line with dots per
 policy, a legend. It returns PNG bytes; writing them is the caller's job.
 """
 
@@ -16,13 +17,21 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from ..units import format_size
-from .sim import PolicyResult
+from .measures import PolicyResult
 
-__all__ = ["table", "host_table", "rows_json", "plot_png", "COLOURS"]
+__all__ = ["MEASURES", "table", "host_table", "rows_json", "plot_png", "COLOURS"]
+
+MEASURES = {
+    "reads": "device reads per guest request",
+    "read_hits": "read hit ratio",
+    "hits": "hit ratio over all accesses",
+}
 
 COLOURS = {
     "vmcache": (31, 119, 180),   # blue: vmcache's pins (the heat-map palette)
+    "inferred": (148, 103, 189),  # purple: vmcache without read counts
     "lru": (214, 39, 40),        # red
+    "linux": (255, 187, 120),    # light orange: the kernel's lists
     "belady": (90, 90, 90),      # grey: the bound
     "static": (44, 160, 44),     # green
     "warm": (23, 190, 207),      # cyan: vmcache warm-started
@@ -44,17 +53,22 @@ def _grid(results: list[PolicyResult]) -> tuple[list[int], list[str], dict[tuple
     return budgets, policies, {(r.budget, r.policy): r for r in results}
 
 
-def _ratio(r: PolicyResult, reads: bool, first: bool) -> str:
+def _cell(r: PolicyResult, measure: str, first: bool) -> str:
+    if measure not in MEASURES:
+        raise ValueError(f"unknown measure {measure!r} (known: {', '.join(MEASURES)})")
     if first:
-        return f"{r.extra['head_hit_ratio']:.3f}" if "head_hit_ratio" in r.extra else "-"
-    return f"{(r.read_hit_ratio if reads else r.hit_ratio):.3f}"
+        key = {"reads": "head_reads_per_request", "read_hits": "head_read_hit_ratio"}.get(measure, "")
+        return f"{r.extra[key]:.4f}" if key in r.extra else "-"
+    if measure == "reads":
+        return f"{r.reads_per_request:.4f}"
+    return f"{(r.read_hit_ratio if measure == 'read_hits' else r.hit_ratio):.3f}"
 
 
-def table(results: list[PolicyResult], *, reads: bool = False, first: bool = False, corner: str = "budget") -> str:
-    """The results as aligned text: ``budget`` (or ``corner``) then one hit-ratio column per policy.
+def table(results: list[PolicyResult], *, measure: str = "reads", first: bool = False, corner: str = "budget") -> str:
+    """The results as aligned text: ``budget`` (or ``corner``) then one column per policy, of ``measure``.
 
-    ``reads``: show read hit ratios instead of hit ratios over all accesses;
-    ``first``: the hit ratios over the first seconds (``replay(head=...)``).
+    ``measure``: a key of :data:`MEASURES`; ``first``: the figures over the
+    first seconds (``replay(head=...)``). ValueError for an unknown measure.
     """
     budgets, policies, cell = _grid(results)
     head = [corner] + policies
@@ -63,7 +77,7 @@ def table(results: list[PolicyResult], *, reads: bool = False, first: bool = Fal
         row = [format_size(b)]
         for p in policies:
             r = cell.get((b, p))
-            row.append("-" if r is None else _ratio(r, reads, first))
+            row.append("-" if r is None else _cell(r, measure, first))
         lines.append(row)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = []
@@ -73,7 +87,8 @@ def table(results: list[PolicyResult], *, reads: bool = False, first: bool = Fal
 
 
 def host_table(results: list[Any]) -> str:
-    """Host-mode results (vmcache.replay.host.HostResult) per VM: ``cap arm`` then ``hit ratio/mean grant`` per VM."""
+    """Host-mode results (vmcache.replay.host.HostResult) per VM: ``cap arm``, then per VM device reads per request
+    and the mean grant."""
     if not results:
         return ""
     names = list(results[0].vms)
@@ -82,7 +97,8 @@ def host_table(results: list[Any]) -> str:
         cells = []
         for n in names:
             grant = r.grant_mean.get(n)
-            cells.append(f"{r.vms[n].hit_ratio:.3f}" + (f"/{format_size(int(grant))}" if grant is not None else ""))
+            shown = f"/{format_size(int(grant))}" if grant is not None else ""
+            cells.append(f"{r.vms[n].reads_per_request:.4f}{shown}")
         lines.append([format_size(r.cap), r.arm] + cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
@@ -95,10 +111,14 @@ def rows_json(results: list[PolicyResult]) -> list[dict[str, Any]]:
 
 def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, height: int = 500,
              x_label: str = "memory (same for every policy)") -> bytes:
-    """A PNG of hit ratio against memory, one line per policy. ValueError if there is nothing to plot."""
+    """A PNG of device reads per request against memory, one line per policy. ValueError if nothing to plot."""
     budgets, policies, cell = _grid(results)
     if not budgets:
         raise ValueError("no results to plot")
+    top_value = max(r.reads_per_request for r in results)
+    scale = 10 ** math.ceil(math.log10(top_value)) if top_value > 0 else 1.0
+    if top_value <= scale / 2:
+        scale /= 2
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
     font = ImageFont.load_default()
@@ -114,13 +134,13 @@ def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, 
         return left + (right - left) * (b - lo) / (hi - lo)
 
     def fy(v: float) -> float:
-        return bottom - (bottom - top) * v
+        return bottom - (bottom - top) * v / scale
 
     # axes and grid
     for i in range(11):
-        y = fy(i / 10)
+        y = fy(scale * i / 10)
         draw.line([(left, y), (right, y)], fill=(225, 225, 225) if i else (0, 0, 0))
-        draw.text((left - 8, y), f"{i / 10:.1f}", fill="black", font=font, anchor="rm")
+        draw.text((left - 8, y), f"{scale * i / 10:.3g}", fill="black", font=font, anchor="rm")
     draw.line([(left, top), (left, bottom)], fill="black")
     for b in budgets:
         x = fx(b)
@@ -128,15 +148,16 @@ def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, 
         draw.text((x, bottom + 8), format_size(b), fill="black", font=font, anchor="mt")
     draw.text(((left + right) / 2, height - 18), x_label + (", log scale" if logx else ""),
               fill="black", font=font, anchor="mm")
-    draw.text((14, (top + bottom) / 2), "hit", fill="black", font=font, anchor="lm")
-    draw.text((10, (top + bottom) / 2 + 14), "ratio", fill="black", font=font, anchor="lm")
+    draw.text((6, (top + bottom) / 2), "device", fill="black", font=font, anchor="lm")
+    draw.text((6, (top + bottom) / 2 + 14), "reads /", fill="black", font=font, anchor="lm")
+    draw.text((6, (top + bottom) / 2 + 28), "request", fill="black", font=font, anchor="lm")
     if title:
         draw.text(((left + right) / 2, 16), title, fill="black", font=font, anchor="mm")
 
     # one line per policy, legend on the right
     for p in reversed(policies):  # the first policy (vmcache) drawn last, on top
         colour = COLOURS.get(p, _FALLBACK)
-        points = [(fx(b), fy(cell[(b, p)].hit_ratio)) for b in budgets if (b, p) in cell]
+        points = [(fx(b), fy(cell[(b, p)].reads_per_request)) for b in budgets if (b, p) in cell]
         if len(points) > 1:
             draw.line(points, fill=colour, width=3)
         for x, y in points:

@@ -1,0 +1,68 @@
+"""What the exact read counts teach the cycle about one disk's writes (pure).
+
+With the guest's reads counted (:class:`~vmcache.model.reads.GuestReads`)
+the cycle can measure what the inferred path had to assume:
+:class:`ReadBack`, the share of the blocks the guest writes that it reads
+back soon after. Under ``cache='writethrough'`` a write goes to the device
+whatever is cached; keeping written data pays only when it is read again.
+A database log or a web server's access logs are written and never read; a
+guest whose own page cache evicts and re-reads files reads back what it
+wrote. The cycle weighs the write input by this share.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .blocks import member
+
+__all__ = ["ReadBack", "READ_BACK_HORIZON"]
+
+READ_BACK_HORIZON = 6
+"""Cycles after a write in which a read of the block counts as reading it back (one minute at 10 s)."""
+
+
+class ReadBack:
+    """The share of written blocks read back within ``horizon`` cycles, a running mean over ``memory`` outcomes.
+
+    Starts at ``prior`` (1.0: writes count in full until the guest shows it
+    does not read them back, as the inferred path assumes).
+    """
+
+    def __init__(self, *, horizon: int = READ_BACK_HORIZON, memory: float = 200.0, prior: float = 1.0) -> None:
+        self.horizon = horizon
+        self._memory = memory
+        self.share = prior
+        self._written: dict[int, int] = {}  # block -> cycles since its last write, not read since
+
+    def update(self, written: NDArray[np.int64], read: NDArray[np.int64]) -> float:
+        """One cycle: the blocks written, the blocks read (both sorted); the share after it.
+
+        A pending write's outcome is "read back" when its block is read
+        within ``horizon`` cycles, "not read back" when the horizon passes
+        or the block is written again first (the data it kept was never
+        read).
+        """
+        pending = self._written
+        hits = 0
+        if pending and read.size:
+            known = np.fromiter(pending, np.int64, len(pending))
+            known.sort()
+            for block in read[member(read, known)].tolist():
+                del pending[block]
+                hits += 1
+        misses = 0
+        for block in [b for b, age in pending.items() if age >= self.horizon]:
+            del pending[block]
+            misses += 1
+        for block in pending:
+            pending[block] += 1
+        for block in written.tolist():
+            misses += block in pending
+            pending[block] = 0
+        outcomes = hits + misses
+        if outcomes:
+            weight = min(1.0, outcomes / self._memory)
+            self.share += weight * (hits / outcomes - self.share)
+        return self.share
