@@ -6,7 +6,7 @@ import numpy as np
 
 from vmcache.model.blocks import BlockValues
 from vmcache.model.cycle import Cycle
-from vmcache.model.exact import ReadBack
+from vmcache.model.exact import PinShare, ReadBack
 from vmcache.model.params import PAGE_SIZE, ModelParams
 from vmcache.model.reads import GuestReads
 from vmcache.model.region import Region
@@ -103,3 +103,45 @@ def test_writes_nobody_reads_back_are_not_pinned() -> None:
         history.append(bool(pinned))
     assert any(history[:5]) and not any(history[-10:])
     assert c.read_back.share < 0.05
+
+
+def test_a_paused_guest_leaves_the_plan_where_it_is() -> None:
+    """Nothing read or written: every block cools alike, so the pinned window neither moves nor grows."""
+    c = Cycle(P, N)
+    rng = np.random.default_rng(3)
+    pinned: list[Region] = []
+    for t in range(1, 20):  # a hot zone of 30 blocks, read unevenly, larger than the 8-block budget
+        counts = rng.integers(1, PAGES, size=30).astype(np.float32)
+        pinned = step(c, GuestReads(BlockValues(np.arange(40, 70, dtype=np.int64), counts), BlockValues.empty()),
+                      float(t), pinned)
+    spans = {tuple(r.span for r in pinned)}
+    for t in range(20, 40):
+        pinned = step(c, GuestReads.empty(), float(t), pinned)
+        if pinned:
+            spans.add(tuple(r.span for r in pinned))
+    assert len(spans) == 1
+
+
+def test_pin_share_follows_the_side_whose_ghosts_miss() -> None:
+    share = PinShare(step=0.1, memory=2)
+    blocks = np.arange(10, dtype=np.int64)
+    share.remember(left_out=blocks[:5], kernel_held=blocks[5:])
+    pages = np.full(10, 16, np.float32)
+    assert share.update(blocks[5:], pages[5:]) == 0.9  # misses on what the kernel's cache held: pin less
+    share.remember(left_out=blocks[:5], kernel_held=blocks[5:])
+    assert share.update(blocks[:5], pages[:5]) == 1.0  # misses on what the plan wanted: pin more
+    assert share.update(np.zeros(0, np.int64), np.zeros(0, np.float32)) == 1.0  # no misses: as it was
+
+
+def test_pins_the_kernel_would_keep_anyway_give_way() -> None:
+    """Misses fall on blocks the kernel's cache held a moment ago: the cycle pins less of its budget."""
+    c = Cycle(P, N)
+    pinned: list[Region] = []
+    hot = BlockValues(np.arange(20, 28, dtype=np.int64), np.full(8, PAGES, np.float32))
+    for t in range(1, 40):
+        churn = np.arange(60 + (t % 3) * 10, 70 + (t % 3) * 10, dtype=np.int64)  # evicted and read again
+        reads = GuestReads(hot, BlockValues(churn, np.full(churn.size, PAGES, np.float32)))
+        pinned = step(c, reads, float(t), pinned, resident=BlockValues(np.arange(60, 90, dtype=np.int64),
+                                                                       np.ones(30, np.float32)))
+    assert c.pin_share.value < 0.5
+    assert sum(r.length for r in pinned) < 8 * BS

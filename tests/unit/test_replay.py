@@ -289,7 +289,8 @@ def test_warm_start_beats_a_cold_start_over_the_first_minute() -> None:
     results = sim.replay(trace, [64 * MiB], block_size=BS, pin_share=0.5, policies=("vmcache", "warm", "lru"),
                          head=60.0)
     cold, warm, _lru = results
-    assert warm.extra["head_read_hit_ratio"] > cold.extra["head_read_hit_ratio"] + 0.05, (warm.extra, cold.extra)
+    # exact reads teach the cold start within a few cycles (0.850 here, the inferred path was further behind)
+    assert warm.extra["head_read_hit_ratio"] > cold.extra["head_read_hit_ratio"] + 0.02, (warm.extra, cold.extra)
     assert 0 < warm.extra["warm_restored_blocks"] <= warm.extra["warm_saved_blocks"] <= 32 * MiB // BS
     assert warm.extra["pinned_blocks_max"] <= 32 * MiB // BS
     assert warm.extra["pinned_blocks_mean"] <= warm.extra["pinned_blocks_max"]

@@ -53,7 +53,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .blocks import BlockValues, blocks_of, member, union
-from .exact import ReadBack
+from .exact import PinShare, ReadBack
 from .heat import HeatModel
 from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
@@ -118,6 +118,8 @@ class Cycle:
         self._last_plan: float | None = None
         self.read_back = ReadBack()
         """The share of written blocks the guest reads back (exact path)."""
+        self.pin_share = PinShare()
+        """The share of the pin budget used, balanced against the kernel's cache (exact path)."""
         self.warm: WarmStart | None = None
         """A saved hot set being restored (set before the first step), None without one."""
 
@@ -196,6 +198,8 @@ class Cycle:
         held = pinned if self.warm is None else [*pinned, *self.warm.held()]  # saved regions count as held
         regions = plan_active(self.model.active, params=self.params, size_bytes=size_bytes, budget=budget,
                               current=held)
+        if reads is not None:
+            regions = self._balanced(regions, reads, res, size_bytes, budget, held)
         regions, waiting = self._limit_prefetch(regions, res, pinned, budget, now)
         return CycleResult(regions, read_miss, waiting)
 
@@ -225,6 +229,26 @@ class Cycle:
         weighed = BlockValues(written.index, written.value * np.float32(share))
         miss_bytes = int(float(missed.value.sum(dtype=np.float64))) * PAGE_SIZE
         return read_input, weighed, min(size, miss_bytes)
+
+    def _balanced(self, wanted: list[Region], reads: GuestReads, resident: BlockValues, size: int, budget: int,
+                  held: Sequence[Region]) -> list[Region]:
+        """The plan under the share of the budget the misses say pins are worth (:class:`PinShare`).
+
+        ``wanted``: the plan at the whole budget; what it wanted and the
+        share left out, and what the kernel's cache holds, are remembered
+        as the two ghost lists the next cycles' misses are weighed against.
+        """
+        n, bs = self.nblocks, self.params.block_size
+        missed = _listed(reads.missed, n, "reads.missed")
+        share = self.pin_share.update(missed.index, missed.value)
+        regions = wanted
+        if share < 1.0:
+            regions = plan_active(self.model.active, params=self.params, size_bytes=size,
+                                  budget=int(budget * share), current=held)
+        taken = blocks_of(regions, bs, n)
+        want = blocks_of(wanted, bs, n)
+        self.pin_share.remember(want[~member(want, taken)], resident.index[~member(resident.index, taken)])
+        return regions
 
     def _masked(self) -> NDArray[np.int64]:
         """The blocks the model must not take residency from (ours; sorted)."""

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from .blocks import member
 
-__all__ = ["ReadBack", "READ_BACK_HORIZON"]
+__all__ = ["PinShare", "ReadBack", "READ_BACK_HORIZON"]
 
 READ_BACK_HORIZON = 6
 """Cycles after a write in which a read of the block counts as reading it back (one minute at 10 s)."""
@@ -66,3 +66,44 @@ class ReadBack:
             weight = min(1.0, outcomes / self._memory)
             self.share += weight * (hits / outcomes - self.share)
         return self.share
+
+
+class PinShare:
+    """The share of its pin budget the cycle uses, balanced by misses as ARC balances its two lists.
+
+    A pin takes memory from the kernel's own cache. Which of the two would
+    have saved this cycle's read misses shows where the next byte is worth
+    more: misses on blocks the plan wanted but the share left out (the
+    pins' ghosts) say pin more; misses on blocks the kernel's cache held a
+    few cycles ago and evicted since (its ghosts) say leave it more. The
+    share moves by ``step`` towards the side with more ghost misses, in
+    proportion to the difference, between 0 and 1. Each ghost list
+    remembers ``memory`` cycles.
+    """
+
+    def __init__(self, *, step: float = 0.05, memory: int = 6, start: float = 1.0) -> None:
+        self.value = start
+        self._step = step
+        self._memory = memory
+        self._pin_ghosts: list[NDArray[np.int64]] = []
+        self._rest_ghosts: list[NDArray[np.int64]] = []
+
+    def update(self, missed_index: NDArray[np.int64], missed_pages: NDArray[np.float32]) -> float:
+        """Weigh this cycle's misses (blocks, pages) against both ghost lists; the share after it."""
+        pin = float(missed_pages[member(missed_index, _union(self._pin_ghosts))].sum(dtype=np.float64))
+        rest = float(missed_pages[member(missed_index, _union(self._rest_ghosts))].sum(dtype=np.float64))
+        if pin + rest > 0:
+            self.value = min(1.0, max(0.0, self.value + self._step * (pin - rest) / (pin + rest)))
+        return self.value
+
+    def remember(self, left_out: NDArray[np.int64], kernel_held: NDArray[np.int64]) -> None:
+        """After the plan: the blocks it wanted but left out, and the blocks the kernel's cache holds (sorted)."""
+        for ghosts, blocks in ((self._pin_ghosts, left_out), (self._rest_ghosts, kernel_held)):
+            ghosts.append(blocks)
+            del ghosts[:-self._memory]
+
+
+def _union(arrays: list[NDArray[np.int64]]) -> NDArray[np.int64]:
+    if not arrays:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate(arrays))

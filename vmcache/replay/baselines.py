@@ -216,6 +216,9 @@ class LinuxCache:
     def active_units(self) -> int:
         return len(self._active)
 
+    def is_active(self, unit: int) -> bool:
+        return unit in self._active
+
     def __contains__(self, unit: object) -> bool:
         return unit in self._inactive or unit in self._active
 

@@ -82,6 +82,7 @@ class Memory:
         self.rest.resize(self.capacity - len(wanted))
         for u in released:
             self.rest.release(u)
+        self.rest.resize(self.capacity - len(wanted))  # what came back past the room: the oldest go
         return loaded
 
     def resident(self) -> Iterator[int]:
