@@ -47,6 +47,8 @@ def test_host_replay_is_deterministic_and_within_the_cap():
         assert r.total.hits == sum(v.hits for v in r.vms.values())
         assert r.total.device_reads == sum(v.device_reads for v in r.vms.values())
         assert r.total.requests == sum(v.requests for v in r.vms.values())
+        for vm in vms:  # each VM's own accesses, reads and requests
+            assert r.vms[vm.name].read_accesses == int((~vm.trace.write).sum()) and r.vms[vm.name].requests == len(vm.trace)
         assert sum(r.grant_mean.values()) <= 8 * MiB
         assert sum(r.pinned_mean.values()) <= 8 * MiB
     by_arm = {r.arm: r for r in first}
@@ -103,3 +105,14 @@ def test_stream_generator_is_sequential():
     steps = np.diff(t.offset) % MiB
     assert set(steps.tolist()) == {BS}
     assert not t.write.any()
+
+
+def test_merged_accesses_keep_each_vm_s_own() -> None:
+    vms = small_case()
+    merged = host._merge(vms, BS)
+    assert merged.bt.write.dtype == bool and merged.bt.costly.dtype == bool
+    for i, vm in enumerate(vms):
+        mine = merged.vm == i
+        assert int(merged.bt.write[mine].sum()) == int(vm.trace.write.sum())
+        assert np.unique(merged.bt.request[mine]).size == len(vm.trace)
+        assert merged.bt.block[mine].min() >= merged.offsets[i]

@@ -139,7 +139,7 @@ def _merge(vms: list[HostVm], block_size: int) -> _Merged:
     order = np.argsort(np.concatenate([p.time for p in parts]), kind="stable")  # ties keep VM order
 
     def joined(name: str, shift: list[int] | None = None) -> NDArray[Any]:
-        arrays = [getattr(p, name) + (shift[i] if shift else 0) for i, p in enumerate(parts)]
+        arrays = [getattr(p, name) + shift[i] if shift else getattr(p, name) for i, p in enumerate(parts)]
         return np.concatenate(arrays)[order]
 
     which = np.concatenate([np.full(len(p), i, dtype=np.int64) for i, p in enumerate(parts)])[order]
