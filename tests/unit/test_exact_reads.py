@@ -69,13 +69,31 @@ def test_a_pinned_block_the_guest_keeps_reading_stays_pinned() -> None:
     assert pinned == [Region(20 * BS, 4 * BS, pinned[0].priority)]
 
 
-def test_a_block_read_more_often_is_hotter() -> None:
+def test_a_one_pass_read_is_never_pinned() -> None:
+    """A backup streaming through the disk reads each block in full, once: one cycle of input, under the threshold."""
     c = Cycle(P, N)
-    for t in range(1, 4):
-        step(c, GuestReads(BlockValues(np.array([20, 60], np.int64), np.array([PAGES, 10 * PAGES], np.float32)),
-                           BlockValues.empty()), float(t), [])
-    heat = c.model.heat
-    assert heat[60] > 5 * heat[20] > 0
+    pinned: list[Region] = []
+    for t in range(1, N // 4):
+        stream = range(4 * (t - 1), 4 * t)
+        pinned = step(c, GuestReads(listed(stream, PAGES), listed(stream, PAGES)), float(t), pinned)
+        assert not pinned
+
+
+def test_a_slow_guest_s_hot_zone_is_pinned() -> None:
+    """20 reads a cycle, 90% in 16 of 4000 blocks: a page per hot block per cycle, judged against the guest's rate."""
+    n = 4000
+    c = Cycle(P, n)
+    rng = np.random.default_rng(5)
+    pinned: list[Region] = []
+    for t in range(1, 15):
+        hot = rng.random(20) < 0.9
+        blocks = np.where(hot, rng.integers(100, 116, 20), rng.integers(0, n, 20))
+        index, counts = np.unique(blocks, return_counts=True)
+        reads = GuestReads(BlockValues(index.astype(np.int64), counts.astype(np.float32)), BlockValues.empty())
+        pinned = c.step(BlockValues.empty(), BlockValues.empty(), pinned, size_bytes=n * BS, budget=32 * BS,
+                        now=float(t), reads=reads).regions
+    taken = {b for r in pinned for b in range(r.start // BS, r.end // BS)}
+    assert len(taken & set(range(100, 116))) >= 12 and len(taken - set(range(100, 116))) <= 4
 
 
 def test_read_back_share_follows_what_the_guest_reads_again() -> None:

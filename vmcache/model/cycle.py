@@ -213,19 +213,28 @@ class Cycle:
     def _exact(self, reads: GuestReads, written: BlockValues, size: int) -> tuple[BlockValues, BlockValues, int]:
         """The model's read and write inputs and the read-miss bytes, from the reads counted exactly.
 
-        A block's read input is how often the guest read its pages in the
-        cycle (``seen_scale`` x pages read / pages in the block, hits and
-        misses alike): pinned or not, a block is as hot as it is read, and
-        a block read ten times over is ten times as hot. Nothing is masked,
-        inferred from residency or held. The write input is weighed by the
-        share of written blocks the guest reads back (:class:`ReadBack`):
-        writes nobody reads again earn no pin.
+        A block's read input is how much of it the guest read in the cycle
+        (``seen_scale`` x pages read / pages in the block, hits and misses
+        alike), or, where more, its share of the cycle's reads against its
+        fair share (``miss_contrast`` times the cycle's pages spread evenly
+        over the disk: a slow guest's hot blocks show at once), at most 1
+        either way: a block read in one cycle only - a one-pass read, a
+        backup's stream - heats to ``1 - decay``, under the threshold, and
+        only reads over several cycles pin it. Pinned or not, a block is as
+        hot as it is read: nothing is masked, inferred from residency or
+        held. The write input is weighed by the share of written blocks the
+        guest reads back (:class:`ReadBack`): writes nobody reads again earn
+        no pin.
         """
         n, p = self.nblocks, self.params
         pages = _listed(reads.pages, n, "reads.pages")
         missed = _listed(reads.missed, n, "reads.missed")
         share = self.read_back.update(written.index[written.value > 0], pages.index)
-        read_input = BlockValues(pages.index, pages.value * np.float32(p.seen_scale * PAGE_SIZE / p.block_size))
+        value = pages.value * np.float32(p.seen_scale * PAGE_SIZE / p.block_size)
+        total = float(pages.value.sum(dtype=np.float64))
+        if total > 0 and p.miss_contrast > 0:
+            np.maximum(value, pages.value * np.float32(n / (p.miss_contrast * total)), out=value)
+        read_input = BlockValues(pages.index, np.minimum(np.float32(1.0), value))
         weighed = BlockValues(written.index, written.value * np.float32(share))
         miss_bytes = int(float(missed.value.sum(dtype=np.float64))) * PAGE_SIZE
         return read_input, weighed, min(size, miss_bytes)

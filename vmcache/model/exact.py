@@ -74,8 +74,8 @@ class PinShare:
     A pin takes memory from the kernel's own cache. Which of the two would
     have saved this cycle's read misses shows where the next byte is worth
     more: misses on blocks the plan wanted but the share left out (the
-    pins' ghosts) say pin more; misses on blocks the kernel's cache held a
-    few cycles ago and evicted since (its ghosts) say leave it more. The
+    pins' ghosts) say pin more; misses on other blocks the kernel's cache
+    held a few cycles ago and evicted since (its ghosts) say leave it more. The
     share moves by ``step`` towards the side with more ghost misses, in
     proportion to the difference, between 0 and 1. Each ghost list
     remembers ``memory`` cycles.
@@ -90,8 +90,10 @@ class PinShare:
 
     def update(self, missed_index: NDArray[np.int64], missed_pages: NDArray[np.float32]) -> float:
         """Weigh this cycle's misses (blocks, pages) against both ghost lists; the share after it."""
-        pin = float(missed_pages[member(missed_index, _union(self._pin_ghosts))].sum(dtype=np.float64))
-        rest = float(missed_pages[member(missed_index, _union(self._rest_ghosts))].sum(dtype=np.float64))
+        wanted = member(missed_index, _union(self._pin_ghosts))  # the plan wanted it: the pins' miss
+        pin = float(missed_pages[wanted].sum(dtype=np.float64))
+        held = member(missed_index, _union(self._rest_ghosts)) & ~wanted
+        rest = float(missed_pages[held].sum(dtype=np.float64))
         if pin + rest > 0:
             self.value = min(1.0, max(0.0, self.value + self._step * (pin - rest) / (pin + rest)))
         return self.value
