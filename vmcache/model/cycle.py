@@ -23,8 +23,9 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
 4. plans the regions to pin (:func:`~vmcache.model.planner.plan`, the
    pinned regions as ``current`` for hysteresis, own heat for trimming);
 5. cuts new regions to the chunks whose uncached bytes the prefetch token
-   bucket can pay for (``prefetch_rate``, ``warm_rate`` while restoring),
-   highest priority first; the rest waits for the next cycles.
+   bucket can pay for (:mod:`vmcache.model.prefetch`: ``prefetch_rate``,
+   ``warm_rate`` while restoring), highest priority first; the rest waits
+   for the next cycles.
 
 Where the guest's reads are counted exactly (``reads``, a
 :class:`~vmcache.model.reads.GuestReads` from the kernel or a trace), steps
@@ -53,10 +54,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .blocks import BlockValues, blocks_of, member, union
-from .exact import PinShare, ReadBack
+from .exact import PinShare, ReadBack, read_input
 from .heat import HeatModel
 from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
+from .prefetch import PrefetchBucket
 from .reads import GuestReads
 from .region import Region
 from .warm import WarmStart
@@ -109,19 +111,28 @@ class Cycle:
     def __init__(self, params: ModelParams, nblocks: int = 0, *, prefetch_rate: int | None = None,
                  warm_rate: int | None = None) -> None:
         self.params = params
-        self.prefetch_rate = prefetch_rate
-        self.warm_rate = warm_rate
+        self._bucket = PrefetchBucket(params, prefetch_rate, warm_rate)
         self.model = HeatModel(params, nblocks)
         self._ours = np.zeros(0, dtype=np.int64)  # sorted blocks
         self._prev: BlockValues | None = None
-        self._tokens = 0.0
-        self._last_plan: float | None = None
         self.read_back = ReadBack()
         """The share of written blocks the guest reads back (exact path)."""
         self.pin_share = PinShare()
         """The share of the pin budget used, balanced against the kernel's cache (exact path)."""
         self.warm: WarmStart | None = None
         """A saved hot set being restored (set before the first step), None without one."""
+
+    @property
+    def prefetch_rate(self) -> int | None:
+        return self._bucket.prefetch_rate
+
+    @property
+    def warm_rate(self) -> int | None:
+        return self._bucket.warm_rate
+
+    @property
+    def _restoring(self) -> bool:
+        return self.warm is not None and not self.warm.done
 
     @property
     def nblocks(self) -> int:
@@ -200,7 +211,7 @@ class Cycle:
                               current=held)
         if reads is not None:
             regions = self._balanced(regions, reads, res, size_bytes, budget, held)
-        regions, waiting = self._limit_prefetch(regions, res, pinned, budget, now)
+        regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self._restoring)
         return CycleResult(regions, read_miss, waiting)
 
     def pinned(self, regions: Iterable[Region]) -> None:
@@ -213,50 +224,28 @@ class Cycle:
     def _exact(self, reads: GuestReads, written: BlockValues, size: int) -> tuple[BlockValues, BlockValues, int]:
         """The model's read and write inputs and the read-miss bytes, from the reads counted exactly.
 
-        A block's read input is how much of it the guest read in the cycle
-        (``seen_scale`` x pages read / pages in the block, hits and misses
-        alike), or, where more, its share of the cycle's reads against its
-        fair share (``miss_contrast`` times the cycle's pages spread evenly
-        over the disk: a slow guest's hot blocks show at once), at most 1
-        either way: a block read in one cycle only - a one-pass read, a
-        backup's stream - heats to ``1 - decay``, under the threshold, and
-        only reads over several cycles pin it. Pinned or not, a block is as
-        hot as it is read: nothing is masked, inferred from residency or
-        held. The write input is weighed by the share of written blocks the
-        guest reads back (:class:`ReadBack`): writes nobody reads again earn
-        no pin.
+        The read input is :func:`~vmcache.model.exact.read_input`; the
+        write input is weighed by the share of written blocks the guest
+        reads back (:class:`ReadBack`): writes nobody reads again earn no pin.
         """
-        n, p = self.nblocks, self.params
+        n = self.nblocks
         pages = _listed(reads.pages, n, "reads.pages")
         missed = _listed(reads.missed, n, "reads.missed")
         share = self.read_back.update(written.index[written.value > 0], pages.index)
-        value = pages.value * np.float32(p.seen_scale * PAGE_SIZE / p.block_size)
-        total = float(pages.value.sum(dtype=np.float64))
-        if total > 0 and p.miss_contrast > 0:
-            np.maximum(value, pages.value * np.float32(n / (p.miss_contrast * total)), out=value)
-        read_input = BlockValues(pages.index, np.minimum(np.float32(1.0), value))
         weighed = BlockValues(written.index, written.value * np.float32(share))
         miss_bytes = int(float(missed.value.sum(dtype=np.float64))) * PAGE_SIZE
-        return read_input, weighed, min(size, miss_bytes)
+        return read_input(pages, self.params, n), weighed, min(size, miss_bytes)
 
     def _balanced(self, wanted: list[Region], reads: GuestReads, resident: BlockValues, size: int, budget: int,
                   held: Sequence[Region]) -> list[Region]:
-        """The plan under the share of the budget the misses say pins are worth (:class:`PinShare`).
-
-        ``wanted``: the plan at the whole budget; what it wanted and the
-        share left out, and what the kernel's cache holds, are remembered
-        as the two ghost lists the next cycles' misses are weighed against.
-        """
-        n, bs = self.nblocks, self.params.block_size
-        missed = _listed(reads.missed, n, "reads.missed")
+        """The plan under the share of the budget the misses say pins are worth (:class:`PinShare`)."""
+        missed = _listed(reads.missed, self.nblocks, "reads.missed")
         share = self.pin_share.update(missed.index, missed.value)
         regions = wanted
         if share < 1.0:
             regions = plan_active(self.model.active, params=self.params, size_bytes=size,
                                   budget=int(budget * share), current=held)
-        taken = blocks_of(regions, bs, n)
-        want = blocks_of(wanted, bs, n)
-        self.pin_share.remember(want[~member(want, taken)], resident.index[~member(resident.index, taken)])
+        self.pin_share.remember_plans(wanted, regions, resident.index, self.params.block_size, self.nblocks)
         return regions
 
     def _masked(self) -> NDArray[np.int64]:
@@ -358,84 +347,6 @@ class Cycle:
         pooled = _window_mean(index, value, 0 if sample is None else pages // max(1, min(sample, pages)) // 2)
         held = np.minimum(np.float32(p.threshold * p.keep_factor), pooled * scale) / np.float32(p.seen_scale)
         return BlockValues(index, np.maximum(value, held).astype(np.float32))
-
-    def _rate(self) -> float | None:
-        """Bytes per second the bucket fills at now: ``warm_rate`` while a saved set is restored; None: no limit."""
-        if self.prefetch_rate is None:
-            return None
-        if self.warm_rate is not None and self.warm is not None and not self.warm.done:
-            return float(max(self.prefetch_rate, self.warm_rate))
-        return float(self.prefetch_rate)
-
-    def _limit_prefetch(self, regions: list[Region], resident: BlockValues, pinned: Sequence[Region],
-                        budget: int, now: float) -> tuple[list[Region], int]:
-        """Keep the device reads that pinning new regions causes under the prefetch rate.
-
-        mlock reads every page of a new region that is not cached yet: the
-        hot part of a disk is mostly cached already, but a large or cold
-        region would be read at once, competing with the guest's own I/O.
-        A token bucket (filled at :meth:`_rate`, holding at most one
-        interval's worth: a quiet start never saves up a burst) pays for the
-        uncached bytes of new regions, highest priority first. A region the
-        tokens cannot pay for whole gets a chunk: its first blocks, as many
-        as the tokens pay for (:meth:`_chunk`); the next cycles grow that
-        pin until the region is whole, so a large region is loaded piece by
-        piece from the first cycle. Regions below it wait (no starving a
-        large region with small ones). The pinned regions a waiting region
-        overlaps and its chunk does not replace stay, so a region that grows
-        never loses what it had.
-        """
-        rate = self._rate()
-        if rate is None:
-            return regions, 0
-        elapsed = self.params.interval if self._last_plan is None else max(0.0, now - self._last_plan)
-        self._last_plan = now
-        cap = max(float(self.params.block_size), min(float(budget), rate * self.params.interval))
-        self._tokens = min(cap, self._tokens + rate * elapsed)
-        current = {r.span: r for r in pinned}
-        kept: dict[tuple[int, int], Region] = {}
-        waiting = 0
-        for region in regions:
-            if region.span in current:
-                kept[region.span] = region
-                continue
-            part = None if waiting else self._chunk(region, resident, current.values())
-            if part is not None:
-                kept[part.span] = part
-            if part is None or part.span != region.span:
-                waiting += 1
-                for old in current.values():
-                    if old.overlap(region) and (part is None or not old.overlap(part)):
-                        kept.setdefault(old.span, old)
-        return sorted(kept.values(), key=lambda r: -r.priority), waiting
-
-    def _chunk(self, region: Region, resident: BlockValues, pins: Iterable[Region]) -> Region | None:
-        """The part of ``region`` from its start the tokens pay for (all of it if they can); None: not a block.
-
-        The cost of a block is its uncached bytes (none for a block of a
-        pin overlapping the region); a chunk that would end
-        inside a pin overlapping the region reaches the pin's end (its bytes
-        are cached), so the chunk replaces whole pins, never cuts one.
-        """
-        bs = self.params.block_size
-        first, end = region.start // bs, -(-region.end // bs)
-        lo, hi = np.searchsorted(resident.index, [first, end])
-        cold = np.full(end - first, float(bs))
-        cold[resident.index[lo:hi] - first] -= resident.value[lo:hi].astype(np.float64) * bs
-        overlapping = sorted((pin for pin in pins if pin.overlap(region)), key=lambda r: r.start)
-        for pin in overlapping:  # locked: cached, whatever the residency sample says
-            cold[max(pin.start // bs, first) - first : min(-(-pin.end // bs), end) - first] = 0.0
-        paid = np.cumsum(np.maximum(cold, 0.0))
-        stop = min(region.end, (first + int(np.searchsorted(paid, self._tokens, side="right"))) * bs)
-        for pin in overlapping:
-            if pin.start < stop < pin.end:
-                stop = min(region.end, pin.end)
-        if stop <= region.start:
-            return None
-        blocks = -(-stop // bs) - first
-        self._tokens = max(0.0, self._tokens - float(paid[blocks - 1]))
-        return region if stop >= region.end else Region(region.start, stop - region.start, region.priority)
-
 
 def _window_mean(index: NDArray[np.int64], value: NDArray[np.float32], reach: int) -> NDArray[np.float32]:
     """Per listed block, the mean ``value`` of the listed blocks within ``reach`` blocks of it (``index`` sorted)."""

@@ -1,9 +1,13 @@
-"""What the exact read counts teach the cycle about one disk's writes (pure).
+"""The cycle's exact path: what the guest's reads counted exactly make of the model's inputs (pure).
 
 With the guest's reads counted (:class:`~vmcache.model.reads.GuestReads`)
-the cycle can measure what the inferred path had to assume:
-:class:`ReadBack`, the share of the blocks the guest writes that it reads
-back soon after. Under ``cache='writethrough'`` a write goes to the device
+:func:`read_input` gives each block what it was read, and the cycle can
+measure what the inferred path had to assume: :class:`ReadBack`, the share
+of the blocks the guest writes that it reads back soon after, and
+:class:`PinShare`, how much of its budget pins are worth against the
+kernel's own cache.
+
+On writes: :class:`ReadBack`. Under ``cache='writethrough'`` a write goes to the device
 whatever is cached; keeping written data pays only when it is read again.
 A database log or a web server's access logs are written and never read; a
 guest whose own page cache evicts and re-reads files reads back what it
@@ -15,12 +19,36 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from .blocks import member
+from collections.abc import Sequence
 
-__all__ = ["PinShare", "ReadBack", "READ_BACK_HORIZON"]
+from .blocks import BlockValues, blocks_of, member
+from .params import PAGE_SIZE, ModelParams
+from .region import Region
+
+__all__ = ["PinShare", "ReadBack", "READ_BACK_HORIZON", "read_input"]
 
 READ_BACK_HORIZON = 6
 """Cycles after a write in which a read of the block counts as reading it back (one minute at 10 s)."""
+
+
+def read_input(pages: BlockValues, params: ModelParams, nblocks: int) -> BlockValues:
+    """Each block's read input for one cycle, from the pages the guest read in it (hits and misses).
+
+    How much of the block was read (``seen_scale`` x pages read / pages in
+    the block) or, where more, its share of the cycle's reads against its
+    fair share (``miss_contrast`` times the cycle's pages spread evenly
+    over the disk: a slow guest's hot blocks show at once), at most 1
+    either way: a block read in one cycle only - a one-pass read, a
+    backup's stream - heats to ``1 - decay``, under the threshold, and only
+    reads over several cycles pin it. Pinned or not, a block is as hot as
+    it is read: nothing is masked, inferred from residency or held.
+    """
+    p = params
+    value = pages.value * np.float32(p.seen_scale * PAGE_SIZE / p.block_size)
+    total = float(pages.value.sum(dtype=np.float64))
+    if total > 0 and p.miss_contrast > 0:
+        np.maximum(value, pages.value * np.float32(nblocks / (p.miss_contrast * total)), out=value)
+    return BlockValues(pages.index, np.minimum(np.float32(1.0), value))
 
 
 class ReadBack:
@@ -97,6 +125,13 @@ class PinShare:
         if pin + rest > 0:
             self.value = min(1.0, max(0.0, self.value + self._step * (pin - rest) / (pin + rest)))
         return self.value
+
+    def remember_plans(self, wanted: Sequence[Region], taken: Sequence[Region], resident: NDArray[np.int64],
+                       block_size: int, nblocks: int) -> None:
+        """After the plan: the blocks the plan at the whole budget ``wanted`` and the share left out of what
+        was ``taken``, and the ``resident`` blocks the kernel's cache holds (sorted)."""
+        want, took = blocks_of(wanted, block_size, nblocks), blocks_of(taken, block_size, nblocks)
+        self.remember(want[~member(want, took)], resident[~member(resident, took)])
 
     def remember(self, left_out: NDArray[np.int64], kernel_held: NDArray[np.int64]) -> None:
         """After the plan: the blocks it wanted but left out, and the blocks the kernel's cache holds (sorted)."""
