@@ -136,9 +136,19 @@ class PrefixSums:
 
 def blocks_of(regions: Iterable[Region], block_size: int, nblocks: int) -> Index:
     """The blocks below ``nblocks`` with any byte in one of ``regions`` (sorted, unique)."""
-    spans = [np.arange(max(r.start // block_size, 0), min(-(-r.end // block_size), nblocks), dtype=np.int64)
-             for r in regions if r.length > 0]
-    return union(*spans) if spans else np.zeros(0, dtype=np.int64)
+    spans = np.array([(r.start // block_size, -(-r.end // block_size)) for r in regions if r.length > 0],
+                     dtype=np.int64).reshape(-1, 2)
+    starts = np.maximum(spans[:, 0], 0)
+    lengths = np.maximum(np.minimum(spans[:, 1], nblocks) - starts, 0)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    blocks: Index = np.repeat(starts, lengths) + offsets
+    if spans.shape[0] > 1:
+        blocks.sort()
+        blocks = blocks[np.concatenate(([True], blocks[1:] != blocks[:-1]))]
+    return blocks
 
 
 def binned(values: BlockValues, factor: int, nblocks: int, *, hottest: bool = False) -> NDArray[np.float32]:
