@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit import dense_reference as dense
-from vmcache.model.blocks import BlockValues, dilate
+from vmcache.model.blocks import BlockValues, blocks_of, dilate
 from vmcache.model.heat import DROP_SHARE, HeatModel
 from vmcache.model.params import ModelParams
 from vmcache.model.planner import plan, plan_active
@@ -117,3 +119,14 @@ def test_binned_takes_the_mean_or_the_largest_and_a_short_last_bin_is_its_own_me
     assert binned(values, 4, 10).tolist() == [0.375, 0.0625, 0.5]
     assert binned(values, 4, 10, hottest=True).tolist() == [1.0, 0.25, 1.0]
     np.testing.assert_array_equal(binned(values, 1, 10), values.to_dense(10))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60 * 4096), st.integers(0, 12 * 4096)), max_size=6),
+       st.sampled_from([4096, 3 * 4096]), st.integers(0, 80))
+def test_blocks_of_is_every_block_a_region_touches(spans: list[tuple[int, int]], block_size: int,
+                                                   nblocks: int) -> None:
+    regions = [Region(start, length, 1.0) for start, length in spans]
+    want = sorted({b for r in regions if r.length > 0
+                   for b in range(r.start // block_size, -(-r.end // block_size)) if b < nblocks})
+    assert blocks_of(regions, block_size, nblocks).tolist() == want
