@@ -47,6 +47,15 @@ def test_linux_writes_do_not_activate() -> None:
     assert not run(LinuxCache(4, unit_bytes=BS), ops)[-1]
 
 
+def test_linux_two_marks_activate_a_written_unit_and_a_mark_never_loads() -> None:
+    stream = [(10 + i, False) for i in range(20)]
+    cache = LinuxCache(4, unit_bytes=BS)
+    run(cache, [(1, True), (2, True)])
+    assert cache.mark(1) and cache.mark(1) and cache.is_active(1)
+    assert not cache.mark(7) and 7 not in cache  # not resident: left alone (no device read)
+    assert [hit for hit in run(cache, [*stream, (1, False), (2, False)])][-2:] == [True, False]
+
+
 def test_linux_refault_within_the_active_size_comes_back_active() -> None:
     cache = LinuxCache(4, unit_bytes=BS)
     run(cache, [(1, False), (1, False), (2, False), (2, False)])  # 1, 2 active

@@ -194,6 +194,20 @@ class LinuxCache:
         unit, referenced = self._active.popitem(last=False)
         self._inactive[unit] = referenced
 
+    def mark(self, unit: int) -> bool:
+        """A read of a resident ``unit`` from another file descriptor: whether it was resident.
+
+        What a ``pread`` of a cached page does to it (``filemap_read`` calls
+        ``folio_mark_accessed``): referenced, or active when it was
+        referenced already - two marks activate a written unit. A unit not
+        cached is left alone: the reader checks residency first, so a mark
+        never reads the device.
+        """
+        if unit not in self:
+            return False
+        self.access(unit, False)
+        return True
+
     def discard(self, unit: int) -> bool:
         """Take ``unit`` off the lists (it was pinned: mlocked pages are unevictable); whether it was cached."""
         self._shadow.pop(unit, None)
