@@ -11,7 +11,9 @@ said), by device reads per guest request:
   activate (:meth:`LinuxCache.mark`). Which written units: all of them,
   those written in an earlier interval within ``h`` intervals too
   (``rewritten``: what the bitmap's history shows), at most a share of the
-  resident units (``cap``, most often written first), or - the bound of
+  resident units (``cap``, most often written first), only while the
+  share of written units written or read again within a minute is at least
+  0.5 (``re-accessed``: a per-disk gate the agent can learn), or - the bound of
   any such gate - those whose next costly access comes within ``T``
   seconds of the mark (``hindsight``);
 - **B, pins by cost** (``--set b``): each 10 s cycle, a per-unit score of
@@ -47,8 +49,8 @@ from vmcache.replay.trace import read_trace
 from vmcache.units import parse_size
 
 UNIT = 64 * 1024
-Choose = Callable[[list[int], int, float], list[int]]
-"""(resident units written in the interval, interval index, trace time of the mark) -> the units to mark."""
+Choose = Callable[[list[int], int, float, slice], list[int]]
+"""(resident units written in the interval, its index, the mark's trace time, its accesses) -> the units to mark."""
 
 
 def footprint_budgets(bt: BlockTrace) -> list[int]:
@@ -67,7 +69,7 @@ def marked(bt: BlockTrace, capacity: int, interval: float, marks: int, choose: C
             hits[i] = cache.access(block[i], write[i])
         written = [u for u in np.unique(bt.block[begin:end][bt.write[begin:end]]).tolist() if u in cache]
         if choose is not None:
-            written = choose(written, k, t0 + interval * (k + 1))
+            written = choose(written, k, t0 + interval * (k + 1), slice(begin, end))
         for _ in range(marks):
             for u in written:
                 cache.mark(u)
@@ -79,7 +81,7 @@ def rewritten(horizon: int) -> Choose:
     """Units also written in an earlier interval, at most ``horizon`` intervals ago (the bitmap's history)."""
     last: dict[int, int] = {}
 
-    def choose(units: list[int], k: int, now: float) -> list[int]:
+    def choose(units: list[int], k: int, now: float, span: slice) -> list[int]:
         out = [u for u in units if k - last.get(u, -horizon - 1) <= horizon]
         last.update((u, k) for u in units)
         return out
@@ -90,7 +92,7 @@ def capped(share: float, capacity: int) -> Choose:
     """At most ``share`` of the memory's units a mark, the most often written (halved every 6 intervals) first."""
     score: defaultdict[int, float] = defaultdict(float)
 
-    def choose(units: list[int], k: int, now: float) -> list[int]:
+    def choose(units: list[int], k: int, now: float, span: slice) -> list[int]:
         for u in units:
             score[u] += 1.0
         out = sorted(units, key=lambda u: -score[u])[:int(share * capacity)]
@@ -103,6 +105,26 @@ def capped(share: float, capacity: int) -> Choose:
     return choose
 
 
+def reaccessed(bt: BlockTrace, horizon: int, least: float = 0.5) -> Choose:
+    """Every written unit while the share of written units accessed again within ``horizon`` intervals is at
+    least ``least`` (a running mean over ~200 outcomes, from 1; what the bitmap and the read counter show)."""
+    pending: list[tuple[set[int], set[int]]] = []  # per interval: units written, those accessed since
+    share = 1.0
+
+    def choose(units: list[int], k: int, now: float, span: slice) -> list[int]:
+        nonlocal share
+        touched = set(np.unique(bt.block[span]).tolist())
+        for written, again in pending:
+            again |= written & touched
+        pending.append((set(np.unique(bt.block[span][bt.write[span]]).tolist()), set()))
+        if len(pending) > horizon:
+            written, again = pending.pop(0)
+            if written:
+                share += min(1.0, len(written) / 200) * (len(again) / len(written) - share)
+        return units if share >= least else []
+    return choose
+
+
 def hindsight(bt: BlockTrace, seconds: float) -> Choose:
     """Units whose next costly access comes within ``seconds`` of the mark (known from the future)."""
     nxt, cost, time = next_use(bt.block).tolist(), bt.costly.tolist(), bt.time.tolist()
@@ -110,7 +132,7 @@ def hindsight(bt: BlockTrace, seconds: float) -> Choose:
     order = bt.block.tolist()
     seen = 0
 
-    def choose(units: list[int], k: int, now: float) -> list[int]:
+    def choose(units: list[int], k: int, now: float, span: slice) -> list[int]:
         nonlocal seen
         while seen < len(time) and time[seen] < now:
             last[order[seen]] = seen
@@ -165,6 +187,7 @@ def arms(name: str, bt: BlockTrace, capacity: int) -> dict[str, NDArray[np.bool_
         out = {f"all x{m} @{iv:g}s": marked(bt, capacity, iv, m) for iv in (10.0, 1.0, 0.1) for m in (1, 2)}
         out |= {f"rewritten h{h} @10s": marked(bt, capacity, 10.0, 2, rewritten(h)) for h in (3, 30)}
         out |= {f"cap {c:g} @10s": marked(bt, capacity, 10.0, 2, capped(c, capacity)) for c in (0.02, 0.1)}
+        out |= {"re-accessed within 6 cycles >= 0.5 @10s": marked(bt, capacity, 10.0, 2, reaccessed(bt, 6))}
         out |= {f"hindsight {t:g}s @10s": marked(bt, capacity, 10.0, 2, hindsight(bt, t)) for t in (10.0, 300.0)}
         return out
     return {f"share {s:g} w {w:g}": pins_by_cost(bt, capacity, s, w) for s in (0.25, 0.5) for w in (0.0, 0.25, 1.0)
