@@ -54,7 +54,7 @@ from tests.live.livelib import (
     wait_for,
 )
 from vmcache.host.files import file_stem
-from vmcache.service.launcher import pidfile_holder
+from vmcache.host.files import lock_holder
 from vmcache.units import parse_duration, parse_size
 
 import libvirt
@@ -98,7 +98,7 @@ def write_config(tmp: Path, interval: str) -> Path:
 
 def hook_agents(names: list[str], agents_dir: Path) -> list[int]:
     """The pids of the agents the installed hook started for ``names`` (their pidfiles' holders)."""
-    return [wait_for(lambda n=name: pidfile_holder(str(agents_dir / (file_stem(n) + ".pid"))),
+    return [wait_for(lambda n=name: lock_holder(str(agents_dir / (file_stem(n) + ".pid"))),
                      f"the hook to start {name}'s agent", timeout=120) for name in names]
 
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.standin_agent import kill_agents  # noqa: E402
 from vmcache.host.configfile import CACHE_DIR, cache_path  # noqa: E402
-from vmcache.service.launcher import pidfile_holder  # noqa: E402
+from vmcache.host.files import lock_holder  # noqa: E402
 from vmcache.settings.metadata import NAMESPACE  # noqa: E402
 
 GOAL_SECONDS = 0.100
@@ -113,7 +113,7 @@ def main() -> int:
                 results["migrate"].append(timed(str(hook), ["bench-on", "migrate", "begin", "-"], on))
                 results["start"].append(timed(str(hook), ["bench-on", "started", "begin", "-"], on))
                 # the launcher recorded the agent's pid before its exec
-                pid = pidfile_holder(pidfile)
+                pid = lock_holder(pidfile)
                 if not pid:
                     raise SystemExit("bench: the start hook started no agent")
                 wait_ready(f"{tmp}/run/agents/bench-on.json")

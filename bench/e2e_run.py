@@ -41,7 +41,7 @@ from tests.lab import GuestSpec, domain_xml, fio_results
 from tests.live.livelib import HOOK_LOCK, REPO, destroy_domains, open_conn, wait_for
 from tests.live.livelib import qemu_pid as _qemu_pid
 from vmcache.observe.status import file_stem
-from vmcache.service.launcher import pidfile_holder
+from vmcache.host.files import lock_holder
 from vmcache.settings.metadata import DomainSettings
 
 PREFIX = "vmcache-bench-e2e-"
@@ -99,7 +99,7 @@ def destroy_ours() -> None:
 
 def agent_pid(domain: str) -> int:
     """The pid of ``domain``'s agent started by the installed hook (its pidfile lock holder); 0 if none."""
-    return pidfile_holder(str(AGENTS_DIR / f"{file_stem(domain)}.pid")) or 0
+    return lock_holder(str(AGENTS_DIR / f"{file_stem(domain)}.pid")) or 0
 
 
 def agent_log(domain: str) -> Path:

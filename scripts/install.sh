@@ -9,7 +9,9 @@
 # Full install: a venv in PREFIX/venv (default /opt/vmcache) made from
 # /usr/bin/python3 --system-site-packages with `pip install .`; the
 # /usr/local/bin/vmcache symlink; /etc/vmcache/vmcache.yaml if absent; the
-# systemd unit vmcache-agent@.service where systemd runs; the libvirt hook.
+# systemd units vmcache-agent@.service and vmcache.service (enabled: `systemctl
+# reload vmcache` runs `vmcache reconcile`) where systemd runs; the libvirt
+# hook; then a reconcile (agents for running domains that should have one).
 #
 # The hook goes to HOOKS_DIR/qemu (default /etc/libvirt/hooks) unless another
 # program's hook is there: that one is never overwritten, vmcache then goes
@@ -34,6 +36,7 @@ UNINSTALL=0
 RELOAD=1
 MARKER=vmcache-hook
 UNIT=vmcache-agent@.service
+RECONCILE_UNIT=vmcache.service
 UNIT_DIR=/etc/systemd/system
 
 while [ $# -gt 0 ]; do
@@ -156,6 +159,11 @@ fi
 if [ "$UNINSTALL" = 1 ]; then
   uninstall_hook
   stop_agents
+  if [ -f "$UNIT_DIR/$RECONCILE_UNIT" ]; then
+    have_systemd && systemctl disable -q "$RECONCILE_UNIT" 2>/dev/null || true
+    rm -f "$UNIT_DIR/$RECONCILE_UNIT"
+    say "removed $UNIT_DIR/$RECONCILE_UNIT"
+  fi
   if [ -f "$UNIT_DIR/$UNIT" ]; then
     rm -f "$UNIT_DIR/$UNIT"
     have_systemd && systemctl daemon-reload
@@ -193,10 +201,18 @@ fi
 
 if have_systemd; then
   install -D -m 644 "hooks/$UNIT" "$UNIT_DIR/$UNIT"
+  install -D -m 644 "hooks/$RECONCILE_UNIT" "$UNIT_DIR/$RECONCILE_UNIT"
   systemctl daemon-reload
-  say "unit: $UNIT_DIR/$UNIT"
+  systemctl enable -q "$RECONCILE_UNIT"
+  say "units: $UNIT_DIR/$UNIT, $UNIT_DIR/$RECONCILE_UNIT (enabled)"
 else
   say "no systemd here: agents run as detached processes (pidfiles in /run/vmcache/agents)"
 fi
 
 install_hook
+# Agents for the running domains that should have one (metadata, host rules).
+if have_systemd; then
+  systemctl reload-or-restart "$RECONCILE_UNIT" || say "WARNING: systemctl reload-or-restart $RECONCILE_UNIT failed"
+else
+  /usr/local/bin/vmcache reconcile --host-config "$CONFIG" || say "WARNING: vmcache reconcile failed (see above)"
+fi

@@ -25,7 +25,7 @@ MAX_LIFETIME = 300.0  # never outlive a test run by long, even if nobody stops i
 
 def kill_agents(agents_dir: str) -> list[int]:
     """Test cleanup: SIGKILL every agent holding a pidfile lock in ``agents_dir``; their pids."""
-    from vmcache.service.launcher import pidfile_holder
+    from vmcache.host.files import lock_holder
 
     killed: list[int] = []
     try:
@@ -34,7 +34,7 @@ def kill_agents(agents_dir: str) -> list[int]:
         return killed
     for name in names:
         deadline = time.monotonic() + 5
-        while (pid := pidfile_holder(os.path.join(agents_dir, name))) == 0 and time.monotonic() < deadline:
+        while (pid := lock_holder(os.path.join(agents_dir, name))) == 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # being started: it records its pid just before its exec
         if pid:
             try:

@@ -12,6 +12,9 @@ all of them only for ``vmcache --help``, an unknown command or a module whose
 so ``vmcache scan IMAGE`` does not pay for them. A module that never logs
 may set ``LOGS = False``: logging (~6 ms of imports) is then configured only
 with ``-v``.
+
+Every command exits quietly (status 141, as if killed by SIGPIPE) when the
+reader of its output goes away: ``vmcache status --json | head -c 10``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a command killed by a closed pipe exits with
 
 
 def _command_modules() -> list[ModuleType]:
@@ -108,7 +112,16 @@ def _configure_logging(verbose: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit status."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        try:
+            return _run(sys.argv[1:] if argv is None else list(argv))
+        finally:
+            sys.stdout.flush()  # here, not at exit: a reader that went away is a BrokenPipeError to handle
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _run(argv: list[str]) -> int:
     parser = build_parser(_command_name(argv))
     args = parser.parse_args(argv)
     if args.verbose or getattr(sys.modules.get(args.func.__module__), "LOGS", True):
@@ -123,6 +136,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``vmcache status --json | head -c 10``): stop quietly.
+
+    What is still buffered cannot be written, and Python would try again
+    (and print a traceback) as it exits: stdout is pointed at /dev/null.
+    """
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (a test's capture): nothing to flush at exit either
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

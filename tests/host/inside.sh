@@ -10,7 +10,8 @@
 #  2. `make demo` (shortened): one opted-in TCG domain, its agent started by
 #     the hook as vmcache-agent@vmcache\x2ddemo.service, pinning, metrics.
 #  3. tests/host/test_systemd_host.py: unit names, memlock, kill -9 and
-#     restart, systemctl stop, domain shutdown, the journal.
+#     restart, systemctl stop, domain shutdown, the journal, a host rule
+#     added and `systemctl reload vmcache` (reconcile).
 #  4. `make demo-clean`, `make uninstall`: nothing of vmcache left.
 #  5. `make deb` (its build dependencies from Debian's mirror), apt install,
 #     the same checks against the package, upgrade over itself (an edited
@@ -39,8 +40,8 @@ PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --no-header)
 # What vmcache leaves on the host: must be nothing after uninstall/remove/purge.
 vmcache_files() {
   ls -d /etc/libvirt/hooks/qemu /etc/libvirt/hooks/qemu.d/vmcache /etc/systemd/system/vmcache-agent@.service \
-    /lib/systemd/system/vmcache-agent@.service /usr/local/bin/vmcache /usr/bin/vmcache /opt/vmcache \
-    /usr/lib/vmcache 2>/dev/null || true
+    /lib/systemd/system/vmcache-agent@.service /lib/systemd/system/vmcache.service /usr/local/bin/vmcache \
+    /usr/bin/vmcache /opt/vmcache /usr/lib/vmcache 2>/dev/null || true
 }
 agents_running() { systemctl list-units --plain --no-legend --state=active 'vmcache-agent@*' | grep -c . || true; }
 
@@ -99,6 +100,8 @@ ok "$(virsh -c qemu:///system version | tr '\n' ' ')"
 step "make install"
 make install
 [ -f /etc/systemd/system/vmcache-agent@.service ] || fail "no unit installed"
+[ "$(systemctl is-enabled vmcache.service)" = enabled ] && systemctl is-active -q vmcache.service \
+  || fail "vmcache.service is not enabled and active"
 grep -q vmcache-hook /etc/libvirt/hooks/qemu || fail "no hook installed"
 # An operator's edit: shorter cycles, so the checks below take seconds.
 sed -i 's/^interval: .*/interval: 2s/' /etc/vmcache/vmcache.yaml
@@ -118,6 +121,8 @@ for i in $(seq 1 30); do systemctl is-active -q "$DEMO_UNIT" || break; sleep 1; 
 systemctl is-active -q "$DEMO_UNIT" && fail "$DEMO_UNIT still active after the domain was destroyed"
 make uninstall
 [ -z "$(vmcache_files)" ] || fail "left after make uninstall: $(vmcache_files)"
+[ ! -e /etc/systemd/system/vmcache.service ] && [ ! -L /etc/systemd/system/multi-user.target.wants/vmcache.service ] \
+  || fail "vmcache.service left after make uninstall"
 [ "$(agents_running)" = 0 ] || fail "agents still running after make uninstall"
 [ -f /etc/vmcache/vmcache.yaml ] || fail "make uninstall removed the config"
 rm -rf /etc/vmcache   # a new start for the package
@@ -134,12 +139,15 @@ if [ "$DEB" = 1 ]; then
   dpkg-query -W -f='${Status}\n' vmcache | grep -q 'install ok installed' || fail "not installed"
   [ -f /lib/systemd/system/vmcache-agent@.service ] || fail "no unit"
   grep -q '^ExecStart=/usr/bin/vmcache ' /lib/systemd/system/vmcache-agent@.service || fail "unit runs the wrong vmcache"
+  grep -q '^ExecReload=/usr/bin/vmcache reconcile ' /lib/systemd/system/vmcache.service || fail "no vmcache.service"
+  [ "$(systemctl is-enabled vmcache.service)" = enabled ] && systemctl is-active -q vmcache.service \
+    || fail "vmcache.service is not enabled and active after apt install"
   grep -q 'VMCACHE_PYTHON=/usr/lib/vmcache/venv/bin/python' /etc/libvirt/hooks/qemu || fail "hook not installed"
   dpkg-query --showformat='${Conffiles}\n' -W vmcache | grep -q /etc/vmcache/vmcache.yaml || fail "config is not a conffile"
   journalctl -u libvirtd.service --since "$since" --no-pager | grep -qi 'reload' || fail "libvirtd was not reloaded"
   ok "installed: /usr/bin/vmcache, the unit, the hook, /etc/vmcache/vmcache.yaml (conffile), libvirtd reloaded"
   sed -i 's/^interval: .*/interval: 2s/' /etc/vmcache/vmcache.yaml
-  "${PYTEST[@]}" tests/host -k "hook_starts or kill_9 or shutdown"
+  "${PYTEST[@]}" tests/host -k "hook_starts or kill_9 or shutdown or reload"
 
   step "the Debian package: upgrade over itself"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall "$DEB" | tail -2
@@ -167,7 +175,10 @@ EOF
   step "the Debian package: apt purge"
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -q vmcache | tail -2
   [ ! -e /etc/vmcache ] || fail "/etc/vmcache left after purge: $(ls -la /etc/vmcache)"
-  [ ! -e /var/log/vmcache ] && [ ! -e /run/vmcache ] && [ ! -e /run/lock/vmcache ] || fail "logs or runtime files left after purge"
+  [ ! -e /var/log/vmcache ] && [ ! -e /var/lib/vmcache ] && [ ! -e /run/vmcache ] && [ ! -e /run/lock/vmcache ] \
+    || fail "logs, state or runtime files left after purge"
+  [ ! -e /etc/systemd/system/vmcache.service ] && [ ! -L /etc/systemd/system/multi-user.target.wants/vmcache.service ] \
+    || fail "vmcache.service links left after purge"
   dpkg-query -W vmcache 2>/dev/null | grep -q . && fail "dpkg still knows vmcache" || true
   ok "purged: nothing left"
 fi

@@ -224,3 +224,36 @@ def test_domain_shutdown_stops_the_unit_and_leaves_nothing_behind(conn: Any) -> 
     assert info["Result"] == "success" and info["NRestarts"] == "0", info
     assert not Path(f"/proc/{pid}").exists()
     assert_nothing_left(None, name)
+
+
+# -- systemctl reload vmcache: a host rule added while the domain runs ------------------------------
+
+
+def test_systemctl_reload_starts_the_agent_a_new_host_rule_wants_and_stops_it_when_the_rule_goes(conn: Any) -> None:
+    """The operator's path for a fleet manager's domain (no vmcache metadata): edit the config, reload."""
+    name = PREFIX + "rule"
+    unit = unit_of(name)
+    config = Path("/etc/vmcache/vmcache.yaml")
+    kept = config.read_text()
+    assert systemctl("is-enabled", "vmcache.service").strip() == "enabled"
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    disk = create_disk(IMAGES / f"{file_stem(name)}.raw", 64 * MiB)
+    start_paused(conn, domain_xml(name, disk))  # no metadata: the hook starts nothing
+    time.sleep(2)
+    assert show(unit)["ActiveState"] == "inactive"
+    try:
+        import yaml
+
+        edited = yaml.safe_load(kept) or {}
+        edited["domains"] = [{"match": {"name": f"{PREFIX}ru*"}, "budget": "8M"}]
+        config.write_text(yaml.safe_dump(edited))
+        systemctl("reload", "vmcache.service")
+        pid = agent_running(name)
+        status = read_status(AGENTS, name)
+        assert status["managed_by"] == f"rule 1: name={PREFIX}ru*" and status["budget_bytes"] == 8 * MiB
+        config.write_text(kept)
+        systemctl("reload", "vmcache.service")
+        wait_for(lambda: show(unit)["ActiveState"] == "inactive", f"reconcile to stop {unit}")
+        assert not Path(f"/proc/{pid}").exists()
+    finally:
+        config.write_text(kept)

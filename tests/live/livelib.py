@@ -29,7 +29,7 @@ from xml.sax.saxutils import escape
 import libvirt
 import libvirt_qemu
 
-from vmcache.service.launcher import pidfile_holder
+from vmcache.host.files import lock_holder
 from vmcache.settings.metadata import NAMESPACE
 from vmcache.host.files import file_stem
 
@@ -287,11 +287,11 @@ def stop_agents(agents: Path, grace: float = 10.0) -> None:
         return
     deadline = time.monotonic() + grace
     for pidfile in agents.glob("*.pid"):
-        while (pid := pidfile_holder(str(pidfile))) == 0 and time.monotonic() < deadline:
+        while (pid := lock_holder(str(pidfile))) == 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # being started: it records its pid just before its exec
         if pid:
             _signal(pid, signal.SIGTERM)
-        while (pid := pidfile_holder(str(pidfile))) and time.monotonic() < deadline:
+        while (pid := lock_holder(str(pidfile))) and time.monotonic() < deadline:
             time.sleep(0.1)
         if pid:
             _signal(pid, signal.SIGKILL)
@@ -328,7 +328,7 @@ class LiveEnv:
         return read_status(self.agents, name)
 
     def agent_pid(self, name: str) -> int | None:
-        return pidfile_holder(str(self.agents / (file_stem(name) + ".pid")))
+        return lock_holder(str(self.agents / (file_stem(name) + ".pid")))
 
     def agent_log(self, name: str) -> str:
         try:

@@ -31,7 +31,7 @@ import pytest
 libvirt = pytest.importorskip("libvirt")
 
 from vmcache.cli import main  # noqa: E402
-from vmcache.service.launcher import pidfile_holder  # noqa: E402
+from vmcache.host.files import lock_holder  # noqa: E402
 from vmcache.settings.metadata import NAMESPACE  # noqa: E402
 from vmcache.host.files import file_stem  # noqa: E402
 
@@ -94,7 +94,7 @@ def test_opted_in_domain_gets_an_agent_that_stops_with_it(env: Env):
     pid = agent_pid(env, name)
     record = json.loads(env.started(name).read_text())
     assert record["argv"][-6:] == ["--host-config", str(env.config), "--domain-id", str(dom.ID()), "--domain", name]
-    assert pidfile_holder(str(env.agents / (file_stem(name) + ".pid"))) == pid
+    assert lock_holder(str(env.agents / (file_stem(name) + ".pid"))) == pid
     assert f"hook.start domain={name} op=started" in env.hook_log()
     # the agent is detached from libvirtd: not its child, stdin is /dev/null
     assert record["ppid"] != livelib.libvirtd_pid()

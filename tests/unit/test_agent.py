@@ -29,6 +29,7 @@ from vmcache.service.budget import Budget
 from vmcache.service.diskset import DiskSet
 from vmcache.settings.config import HostConfig, PinnedCap
 from vmcache.settings.metadata import DiskInfo, DomainInfo, DomainSettings
+from vmcache.settings.rules import Match, Rule
 from vmcache.model.extents import BitmapRead
 
 MiB = 1 << 20
@@ -176,8 +177,9 @@ class RecordingWake(threading.Event):
 
 def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: list[float] | None = None,
             failing: set[str] = frozenset(), cap: int | None = None,  # type: ignore[assignment]
-            interval: float = 0.001, wake: threading.Event | None = None, run_lock: RunLock | None = None) -> Harness:
-    config = HostConfig(interval=interval, runtime_dir=str(tmp_path / "run"),
+            interval: float = 0.001, wake: threading.Event | None = None, run_lock: RunLock | None = None,
+            rules: tuple[Rule, ...] = (), config_watch: Any = None, request_reconcile: Any = None) -> Harness:
+    config = HostConfig(interval=interval, runtime_dir=str(tmp_path / "run"), rules=rules,
                         pinned_cap=PinnedCap() if cap is None else PinnedCap(size=cap, fraction=None))
     holder: list[Agent] = []
     link = FakeLink(info, events, holder)
@@ -201,7 +203,7 @@ def harness(tmp_path: Path, info: DomainInfo, events: list[Pending], *, psi: lis
                     images=lambda _m: {os.path.realpath(d.source or '') for d in link.info.disks})
     agent = Agent("d", config, link=link, disks=disks, budget=budget,  # type: ignore[arg-type]
                   telemetry=FakeTelemetry(), wake=wake or threading.Event(), available_memory=lambda: total,  # type: ignore[arg-type]
-                  run_lock=run_lock)
+                  run_lock=run_lock, config_watch=config_watch, request_reconcile=request_reconcile)
     holder.append(agent)
     return Harness(agent, link, workers, config)
 
@@ -446,3 +448,63 @@ def test_the_run_lock_is_held_while_the_agent_runs_and_removed_after(tmp_path: P
     assert h.agent.run() == EXIT_OK
     assert seen and all(seen)
     assert not os.listdir(tmp_path / "locks")
+
+
+def _bare(*disks: str) -> DomainInfo:
+    """A domain whose XML has no vmcache metadata (what Nova defines)."""
+    return DomainInfo("d", "uuid-1", tuple(DiskInfo(t, source=f"/img/{t}.raw", cache="writethrough") for t in disks),
+                      None)
+
+
+class ScriptedWatch:
+    """A ConfigWatch whose polls return the configs given, one per cycle (None: unchanged)."""
+
+    def __init__(self, *configs: HostConfig | None) -> None:
+        self.configs = deque(configs)
+
+    def poll(self) -> HostConfig | None:
+        return self.configs.popleft() if self.configs else None
+
+
+def test_a_host_rule_manages_a_domain_without_metadata_with_its_budget(tmp_path: Path) -> None:
+    rule = Rule(1, Match(name="d"), budget=48 * MiB)
+    h = harness(tmp_path, _bare("vda"), [Pending()] * 2, rules=(rule,))
+    seen: list[dict[str, Any]] = []
+    real_write = h.agent._write_status
+
+    def spy() -> None:
+        real_write()
+        seen.append(h.status())
+
+    h.agent._write_status = spy  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    assert h.workers["vda"].budgets == [48 * MiB] * 2
+    assert seen[-1]["managed_by"] == "rule 1: name=d" and seen[-1]["budget_bytes"] == 48 * MiB
+
+
+def test_without_metadata_or_a_matching_rule_the_agent_does_nothing(tmp_path: Path) -> None:
+    h = harness(tmp_path, _bare("vda"), [Pending()], rules=(Rule(1, Match(name="web-*")),))
+    assert h.agent.run() == EXIT_OK
+    assert h.workers == {}
+    assert h.agent.status.managed_by == "no vmcache metadata, no rule matches"
+
+
+def test_a_changed_config_asks_for_a_reconcile_and_its_rules_apply_at_once(tmp_path: Path) -> None:
+    """New budget from a changed rule; then a config whose rules leave the domain out: the agent exits."""
+    first = Rule(1, Match(name="d"), budget=48 * MiB)
+    wider = HostConfig(rules=(Rule(1, Match(name="d*"), budget=16 * MiB),))
+    other = HostConfig(rules=(Rule(1, Match(name="web-*")),))
+    asked: list[int] = []
+    h = harness(tmp_path, _bare("vda"), [Pending()] * 6, rules=(first,),
+                config_watch=ScriptedWatch(None, wider, None, other), request_reconcile=lambda: asked.append(1))
+    assert h.agent.run() == EXIT_OK
+    assert h.workers["vda"].budgets == [48 * MiB, 16 * MiB, 16 * MiB]  # stopped before a fourth cycle
+    assert h.workers["vda"].closed is True and len(asked) == 2
+    assert h.agent.status.managed_by == "no vmcache metadata, no rule matches"
+
+
+def test_the_domains_metadata_still_wins_over_a_changed_rule(tmp_path: Path) -> None:
+    h = harness(tmp_path, _info("vda", budget=8 * MiB), [Pending()] * 3,
+                config_watch=ScriptedWatch(HostConfig(rules=(Rule(1, Match(name="d"), budget=MiB),))))
+    assert h.agent.run() == EXIT_OK
+    assert h.workers["vda"].budgets == [8 * MiB] * 3 and h.agent.status.managed_by == "metadata"

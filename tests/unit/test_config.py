@@ -49,7 +49,8 @@ def test_shipped_default_file_equals_builtin_defaults():
     # every key is present (commented or not) in the shipped file
     for key in ("budget", "min_free", "interval", "cache_modes", "pinned_cap", "model", "runtime_dir",
                 "log_dir", "agent_command", "metrics", "listen", "ports", "tls", "certfile", "keyfile",
-                "client_cafile", "client_auth_required", "basic_auth", "username", "password_file", "heatmap", "every", "blocks_per_pixel", "aspect"):
+                "client_cafile", "client_auth_required", "basic_auth", "username", "password_file", "heatmap", "every", "blocks_per_pixel", "aspect",
+                "domains", "match", "nova_flavor", "nova_project"):
         assert f"{key}:" in text, key
 
 

@@ -79,7 +79,7 @@ def test_enable_live_sets_metadata_and_starts_the_agent(host, capsys):
     assert len((markers / "test.started").read_text().splitlines()) == 1
     # status shows it (the stand-in wrote its status file)
     wait_for(lambda: Path(status_path(f"{tmp_path}/run/agents", "test")).exists())
-    assert main(["status", "--json", "--host-config", opts[1]]) == 0
+    assert main(["status", "--json", "--host-config", opts[1], "--uri", URI]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["domain"], r["running"], r["state"]) for r in rows] == [("test", True, "running")]
     # disable: metadata says no, the agent is stopped
@@ -129,13 +129,13 @@ def test_status_human_and_dead_agents(host, capsys, tmp_path):
                           last_cycle_seconds=0.25,
                           last_cycle_at=time.time()),
                DiskStatus("vdb", "/img/b", "none", False, reason="cache=none bypasses the page cache")]))
-    assert main(["status", "--host-config", opts[1]]) == 0
+    assert main(["status", "--host-config", opts[1], "--uri", URI]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB, demand -, granted 1GiB, pinned 1MiB, resident 2MiB")
     assert "  last error: boom" in out
     assert "vda    cache=writethrough budget 1GiB pinned 1MiB resident 2MiB dirtied 4KiB/s (64KiB granules) last cycle 0.250s" in out
     assert "vdb    cache=none         skipped: cache=none bypasses the page cache" in out
-    assert main(["status", "other", "--host-config", opts[1]]) == 1
+    assert main(["status", "other", "--host-config", opts[1], "--uri", URI]) == 1
     assert "no vmcache agent for domain 'other'" in capsys.readouterr().err
 
 
@@ -145,7 +145,7 @@ def test_status_shows_warm_start_progress_and_the_last_save(host, capsys, tmp_pa
         domain="web", pid=os.getpid(), state="running", hotset_saved_at=time.time() - 30,
         disks=[DiskStatus("vda", "/img/a", "writethrough", True, budget_bytes=GiB, pinned_bytes=96 << 20,
                           warm_restored_bytes=96 << 20, warm_total_bytes=256 << 20)]))
-    assert main(["status", "web", "--host-config", opts[1]]) == 0
+    assert main(["status", "web", "--host-config", opts[1], "--uri", URI]) == 0
     out = capsys.readouterr().out
     assert ", hot set saved 30s ago" in out.splitlines()[0] or ", hot set saved 31s ago" in out.splitlines()[0]
     assert " warm 96MiB/256MiB" in out

@@ -232,6 +232,43 @@ def test_bad_host_config_skips_start_but_still_stops(tmp_path, caplog):
     assert launcher.calls == [("stop", "web-1")]
 
 
+def test_a_host_rule_opts_a_domain_in_without_a_word_in_its_xml(tmp_path, caplog):
+    """The XML Nova writes: no vmcache namespace at all; the rule by flavor (Nova 1.1 metadata) decides."""
+    from tests.nova import nova_instance
+
+    caplog.set_level("INFO", logger="vmcache.service.hook")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("domains:\n  - match: {name: 'web-*'}\n    budget: 2G\n"
+                     "  - match: {nova_flavor: m1.large}\n    budget: 4G\n")
+    nova = domain_xml(name="instance-0000002a", metadata=nova_instance(flavor="m1.large"))
+    assert NAMESPACE.encode() not in nova
+    decision, _, launcher = run_hook(["instance-0000002a", "started", "begin", "-"], nova, config_path=str(rules))
+    assert (decision.action, decision.reason) == (Action.START, "opted in by rule 2: nova_flavor=m1.large")
+    assert launcher.calls == [("start", "instance-0000002a")]
+    decision, _, _ = run_hook(["web-7", "started", "begin", "-"], domain_xml(name="web-7", metadata=""),
+                              config_path=str(rules))
+    assert (decision.action, decision.reason) == (Action.START, "opted in by rule 1: name=web-*")
+    # the domain's own metadata wins: enabled=no keeps it out whatever a rule says
+    off = domain_xml(name="web-8", metadata=f"<vmcache:cache xmlns:vmcache='{NAMESPACE}' enabled='no'/>")
+    decision, _, launcher = run_hook(["web-8", "started", "begin", "-"], off, config_path=str(rules))
+    assert (decision.action, decision.reason, launcher.calls) == (Action.IGNORE, "vmcache metadata says enabled=no",
+                                                                  [])
+    decision, _, _ = run_hook(["db-1", "started", "begin", "-"], domain_xml(name="db-1", metadata=""),
+                              config_path=str(rules))
+    assert (decision.action, decision.reason) == (Action.IGNORE, "no vmcache metadata, no rule matches")
+
+
+def test_a_broken_config_starts_nothing_and_says_why_for_every_start(tmp_path, caplog):
+    caplog.set_level("INFO", logger="vmcache.service.hook")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("domains:\n  - match: {flavour: m1.large}\n")
+    decision, _, launcher = run_hook(["web-1", "started", "begin", "-"], domain_xml(name="web-1", metadata=""),
+                                     config_path=str(bad))
+    assert decision.action is Action.IGNORE and launcher.calls == []
+    assert decision.reason.startswith("host config: domains[1] (line 2) match.flavour: 'm1.large': unknown key")
+    assert "hook.ignore domain=web-1" in caplog.text
+
+
 def test_launcher_failure_is_logged_not_raised(caplog):
     caplog.set_level("INFO", logger="vmcache.service.hook")
     _, _, launcher = run_hook(["web-1", "started", "begin", "-"], domain_xml(), launcher=FakeLauncher(fail=True))
@@ -349,6 +386,31 @@ def test_settled_config_is_read_from_the_cache_without_yaml(host, tmp_path):
     assert "vmcache.settings.config" in modules
     assert [m for m in modules if m.split(".")[0] in ("yaml", "defusedxml", "xml")] == []
     assert "vmcache.service.launcher" not in modules and "logging.handlers" not in modules
+
+
+def test_with_rules_a_settled_config_is_still_read_without_yaml_and_the_xml_decides(host, tmp_path):
+    _, config, markers = host
+    with open(config, "a") as f:
+        f.write("domains:\n  - match: {name: 'web-*'}\n")
+    time.sleep(2.1)
+    hook_process(config, ["plain", "started", "begin", "-"], domain_xml(name="plain", metadata=""))  # caches it
+    dump = tmp_path / "modules.json"
+    code = (
+        "import json, sys\n"
+        "from vmcache.service.hook import main\n"
+        f"main(['--config', {config!r}, 'web-9', 'started', 'begin', '-'])\n"
+        f"open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", code], input=domain_xml(name="web-9", metadata=""),
+                          capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(dump.read_text())
+    assert "yaml" not in modules and "defusedxml" in modules and "vmcache.service.launcher" in modules
+    deadline = time.monotonic() + 10
+    while not (markers / "web-9.started").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (markers / "web-9.started").exists()  # the rule started its agent
+    assert not (markers / "plain.started").exists()
 
 
 def test_start_passes_the_run_id_of_the_xml_to_the_launcher():

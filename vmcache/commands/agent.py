@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from ._host import add_host_options, host_config
 
@@ -26,4 +27,5 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(logging.INFO)
     config = host_config(args)
     wait_for_pidfile(args.domain, args.domain_id)  # a successor started while the previous run's agent was stopping
-    return build_agent(args.domain, config, uri=args.uri, domain_id=args.domain_id).run()
+    return build_agent(args.domain, config, uri=args.uri, domain_id=args.domain_id,
+                       config_path=os.path.abspath(args.host_config)).run()

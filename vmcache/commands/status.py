@@ -1,8 +1,14 @@
-"""``vmcache status [DOMAIN] [--json]``: what every agent on this host is doing.
+"""``vmcache status [DOMAIN] [--json]``: what every agent on this host is doing, and which domain lacks one.
 
 Reads the agents' status files (vmcache.observe.status) and, for agents that run
 but have written none yet, their pidfiles. An agent whose process is gone
-is shown as not running, with what it last said.
+is shown as not running, with what it last said. Running domains vmcache
+should manage (metadata, host rules) but no agent does are listed as ``no
+agent`` (libvirt is asked, as ``vmcache reconcile`` does).
+
+A broken host config does not hide anything: its error comes first, the
+agents (which run on the config they started with) after it, found in the
+file's ``runtime_dir`` where that can still be read; the exit status is 2.
 """
 
 from __future__ import annotations
@@ -10,16 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from typing import Any
 from urllib.parse import unquote
 
-from ..errors import DomainError, VmcacheError
+from ..errors import ConfigError, DomainError, VmcacheError
+from ..host.configfile import load_or_salvage
+from ..host.files import lock_holder
 from ..host.ledger import HostShare, Ledger
-from ..service.launcher import pidfile_holder
 from ..observe.status import AgentEntry, read_statuses
+from ..settings.rules import Rule
 from ..units import format_size
-from ._host import add_host_options, host_config
+from ._host import add_host_options
 
 NAME = "status"
 HELP = ("show every agent: domain, disks, cache mode, budget, grant, demand, pinned, resident, dirtied rate, "
@@ -29,7 +38,7 @@ HELP = ("show every agent: domain, disks, cache mode, budget, grant, demand, pin
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("domain", nargs="?", help="only this domain")
     parser.add_argument("--json", action="store_true", help="print a JSON list")
-    add_host_options(parser, uri=False)
+    add_host_options(parser)
 
 
 def _starting(agents_dir: str, known: set[str]) -> list[dict[str, Any]]:
@@ -43,7 +52,7 @@ def _starting(agents_dir: str, known: set[str]) -> list[dict[str, Any]]:
         stem = name[:-4]
         if stem in known:
             continue
-        pid = pidfile_holder(os.path.join(agents_dir, name))
+        pid = lock_holder(os.path.join(agents_dir, name))
         if pid is not None:
             found.append({"domain": unquote(stem), "pid": pid or None, "running": True, "state": "starting",
                           "disks": []})
@@ -91,8 +100,13 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
         if row.get("state") == "unreadable":
             lines.append(f"? {row['file']}: {row['problem']}")
             continue
+        if row.get("state") == "no agent":
+            lines.append(f"{row['domain']}: no agent, though opted in by {row['managed_by']}"
+                         " (`vmcache reconcile` starts it)")
+            continue
         head = (f"{row['domain']}: {row['state']}"
                 + (f" pid {row['pid']}" if row.get("pid") else "")
+                + (f" ({row['managed_by']})" if row.get("managed_by") else "")
                 + f", budget {_size(row.get('budget_bytes'))}"
                 + (f", min {_size(row['minimum_bytes'])}" if row.get("minimum_bytes") else "")
                 + f", demand {_size(row.get('demand_bytes'))}, granted {_size(row.get('granted_bytes'))}"
@@ -146,15 +160,39 @@ def _host_share(config: Any) -> HostShare | None:
         return None
 
 
+def missing_agents(uri: str, rules: tuple[Rule, ...], known: set[str]) -> tuple[list[dict[str, Any]], str | None]:
+    """Rows for the running domains vmcache should manage that no agent manages; or why libvirt could not tell."""
+    from ..host.virtdomain import connect  # libvirt: only here
+    from ..service.reconcile import plan, survey
+
+    try:
+        conn = connect(uri)
+        try:
+            todo = plan(survey(conn, rules))
+        finally:
+            conn.close()
+    except VmcacheError as err:
+        return [], f"running domains without an agent unknown: {err}"
+    return [{"domain": d.name, "uuid": d.uuid, "domain_id": d.run, "running": False, "state": "no agent",
+             "managed_by": d.opt_in.why, "disks": []} for d in todo.start if d.name not in known], None
+
+
 def run(args: argparse.Namespace) -> int:
-    config = host_config(args)
+    config, config_error = load_or_salvage(args.host_config)
     rows = collect(config.agents_dir, args.domain)
+    missing, unknown = missing_agents(args.uri, config.rules, {r["domain"] for r in rows if r.get("running")})
+    rows = sorted(rows + [r for r in missing if args.domain in (None, r["domain"])],
+                  key=lambda r: r.get("domain") or r.get("file", ""))
+    notes = [f"host config: {config_error} (agents run on the config they started with; the hook starts none"
+             " until it is fixed, then `vmcache reconcile`)"] if config_error else []
+    notes += [unknown] if unknown else []
     if args.domain is not None and not rows:
         raise DomainError(f"no vmcache agent for domain {args.domain!r} (status files in {config.agents_dir})")
     if args.json:
         print(json.dumps(rows, indent=1, sort_keys=True))
+        for note in notes:
+            print(f"vmcache status: {note}", file=sys.stderr)
     else:
         host = host_line(_host_share(config)) if args.domain is None else None
-        print((host + "\n" if host and rows else "") + render(rows, time.time()))
-    return 0
-
+        print("\n".join(notes + ([host] if host and rows else []) + [render(rows, time.time())]))
+    return 2 if isinstance(config_error, ConfigError) else 0

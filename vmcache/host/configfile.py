@@ -17,13 +17,13 @@ from ..errors import ConfigError, HostError
 from ..settings.config import DEFAULT_PATH, HostConfig, config_from_json, config_to_json, parse_host_config
 from .files import file_stem, write_atomic
 
-__all__ = ["CACHE_DIR", "cache_path", "load_host_config"]
+__all__ = ["CACHE_DIR", "cache_path", "config_identity", "load_host_config", "load_or_salvage"]
 
 #: Where load_host_config(cache_dir=CACHE_DIR) keeps validated configs (beside the
 #: default runtime_dir: it is read before the config, and so its runtime_dir, is known).
 CACHE_DIR = "/run/vmcache/config-cache"
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: the domains: rules
 _SETTLE_NS = 2_000_000_000
 
 
@@ -46,7 +46,7 @@ def load_host_config(path: str = DEFAULT_PATH, *, check_model: bool = True,
         raise ConfigError(path, None, f"cannot read: {err}") from err
     try:
         st = os.fstat(fd)
-        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        key = _identity(st)
         cached = _read_cache(cache_path(path, cache_dir), path, key) if cache_dir is not None else None
         if cached is not None:
             if check_model:
@@ -63,6 +63,53 @@ def load_host_config(path: str = DEFAULT_PATH, *, check_model: bool = True,
     if cache_dir is not None and _settled(st):
         _write_cache(cache_path(path, cache_dir), path, key, config)
     return config
+
+
+def load_or_salvage(path: str = DEFAULT_PATH, *, check_model: bool = True,
+                    cache_dir: str | None = None) -> tuple[HostConfig, ConfigError | None]:
+    """The host config, or where it is not valid the defaults and the error.
+
+    The defaults keep the file's ``runtime_dir`` and ``log_dir`` when they
+    can be read at all: a broken config must not hide the agents (their
+    status files, pidfiles) and logs of the directories it names.
+    """
+    try:
+        return load_host_config(path, check_model=check_model, cache_dir=cache_dir), None
+    except ConfigError as err:
+        return _salvage(path), err
+
+
+def _salvage(path: str) -> HostConfig:
+    import dataclasses
+
+    from ..settings.yamltext import abs_path, load_yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = load_yaml(f.read(), path)
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return HostConfig()
+    def kept(key: str, default: str) -> str:
+        try:
+            return abs_path(data[key], key) if isinstance(data, dict) and key in data else default
+        except ConfigError:
+            return default
+
+    defaults = HostConfig()
+    return dataclasses.replace(defaults, runtime_dir=kept("runtime_dir", defaults.runtime_dir),
+                               log_dir=kept("log_dir", defaults.log_dir))
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def config_identity(path: str) -> list[int] | None:
+    """What tells one version of the config file from another (None: there is no file, or it cannot be seen)."""
+    try:
+        return _identity(os.stat(path))
+    except OSError:
+        return None
 
 
 def cache_path(path: str, cache_dir: str = CACHE_DIR) -> str:

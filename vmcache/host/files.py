@@ -1,5 +1,5 @@
-"""Files vmcache writes: one atomic writer, one lock file taker, one name for a domain (or path) as a file name,
-one short name.
+"""Files vmcache writes: one atomic writer, one lock file taker and one reader of its holder, one name for a
+domain (or path) as a file name, one short name.
 
 Cheap to import (os and re only): the libvirt hook uses it on its fast path.
 """
@@ -12,7 +12,7 @@ import re
 
 from ..errors import HostError
 
-__all__ = ["file_stem", "names_fd", "short_name", "try_lock", "write_atomic"]
+__all__ = ["file_stem", "lock_holder", "names_fd", "pid_in", "short_name", "try_lock", "write_atomic"]
 
 _SAFE = re.compile(r"[A-Za-z0-9_.+-]")
 _MAX_STEM = 200
@@ -125,3 +125,38 @@ def try_lock(path: str, owner: bytes, *, mode: int = 0o644) -> tuple[int | None,
             os.pwrite(fd, owner, 0)
             return fd, b""
         os.close(fd)
+
+
+def pid_in(raw: bytes) -> int | None:
+    """The pid a lock file (pidfile) holds (None: empty or not a number)."""
+    try:
+        text = raw.decode("ascii").strip()
+        return int(text) if text else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def lock_holder(path: str) -> int | None:
+    """If a process holds the flock on lock file ``path`` (a pidfile, a run lock): the pid it wrote there
+    (0: none written yet).
+
+    None when no process holds it (none runs, or the file is stale or absent). Raises HostError.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise HostError(f"cannot open lock file: {err.strerror}", path=path, errno=err.errno) from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            return pid_in(os.pread(fd, 32, 0)) or 0
+        except OSError:
+            return 0
+    except OSError as err:
+        raise HostError(f"cannot lock {path}: {err.strerror}", path=path, errno=err.errno) from err
+    finally:
+        os.close(fd)  # also drops our shared lock, if we got it
+    return None

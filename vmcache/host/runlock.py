@@ -16,12 +16,24 @@ import os
 from typing import Final
 
 from ..errors import HostError, RunClaimedError
-from .files import try_lock
+from .files import lock_holder, try_lock
 
-__all__ = ["RUN_LOCK_DIR", "RunLock"]
+__all__ = ["RUN_LOCK_DIR", "RunLock", "run_holder"]
 
 #: Host-wide (not under a config's runtime_dir): tmpfs, root's, gone at reboot like the runs it names.
 RUN_LOCK_DIR: Final = "/run/lock/vmcache"
+
+
+def _path(directory: str, uuid: str, run: int) -> str:
+    return os.path.join(directory, f"{uuid}.{run}.lock")
+
+
+def run_holder(uuid: str, run: int, directory: str = RUN_LOCK_DIR) -> int | None:
+    """The pid of the agent that manages run ``run`` of domain ``uuid`` (0: not written yet); None: none does.
+
+    Raises HostError when the lock file cannot be read.
+    """
+    return lock_holder(_path(directory, uuid, run))
 
 
 class RunLock:
@@ -38,7 +50,7 @@ class RunLock:
         Raises RunClaimedError when another process holds it, HostError when
         the lock file cannot be made.
         """
-        path = os.path.join(self.directory, f"{uuid}.{run}.lock")
+        path = _path(self.directory, uuid, run)
         try:
             os.makedirs(self.directory, mode=0o755, exist_ok=True)
             fd, holder = try_lock(path, f"{os.getpid()}\n".encode())

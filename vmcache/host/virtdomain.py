@@ -17,7 +17,7 @@ from ..errors import DomainError, DomainGoneError
 from ..settings.hotset import HOTSET_NAMESPACE, HOTSET_PREFIX, HotSet, build_hotset, parse_hotset
 from ..settings.metadata import NAMESPACE, PREFIX, DomainSettings, build_settings, parse_settings
 
-__all__ = ["DEFAULT_URI", "Affect", "VirtDomain", "connect"]
+__all__ = ["DEFAULT_URI", "Affect", "VirtDomain", "active_domains", "connect"]
 
 DEFAULT_URI = "qemu:///system"
 
@@ -43,6 +43,25 @@ def connect(uri: str = DEFAULT_URI, *, open_: Callable[[str], Any] = libvirt.ope
         return open_(uri)
     except libvirt.libvirtError as err:
         raise _error(f"cannot connect to {uri}", err) from err
+
+
+def active_domains(conn: Any) -> list[tuple[str, str]]:
+    """``(name, live XML)`` of every running domain. Raises DomainError when libvirt cannot list them.
+
+    A domain that stops between the listing and the read of its XML is left out.
+    """
+    try:
+        domains = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+    except libvirt.libvirtError as err:
+        raise _error("cannot list the running domains", err) from err
+    found = []
+    for dom in domains:
+        try:
+            found.append((dom.name(), dom.XMLDesc(0)))
+        except libvirt.libvirtError as err:
+            if err.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # else a transient domain stopped meanwhile
+                raise _error("cannot read a running domain's XML", err) from err
+    return found
 
 
 class VirtDomain:

@@ -17,8 +17,10 @@ Schema (version 1), all sizes in bytes, times in seconds since the epoch::
      "minimum_bytes": 0,              # its guaranteed share (metadata min=)
      "share_error": null,             # e.g. the minimums of all domains exceed the cap
      "metrics_url": "http://127.0.0.1:9470/metrics", "last_error": null,
+     "managed_by": "rule 2: nova_flavor=m1.large",   # or "metadata": why vmcache manages it
      "disks": [{"target": "vda", "source": "/var/lib/libvirt/images/web-1.img",
                 "cache": "writethrough", "eligible": true, "reason": null,
+                "size_bytes": 21474836480,
                 "budget_bytes": 2147483648, "pinned_bytes": 0, "resident_bytes": 0,
                 "dirtied_bytes_per_second": 0.0, "dirty_granule_bytes": 65536,
                 "last_cycle_seconds": 0.012,
@@ -90,10 +92,12 @@ class DiskStatus:
     warm_total_bytes: int = 0      # bytes of that saved set (0: the disk started cold)
     image_deleted: bool = False    # no path names the image file any more
     layer_of: str | None = None    # a read-only backing layer of this target's top image (None: the top)
+    size_bytes: int | None = None  # of the image file (None: not scanned yet)
 
     def update(self, stats: CycleStats, *, elapsed: float, wall_time: float) -> None:
         """Take the figures of one engine cycle; ``elapsed`` seconds since the previous one."""
         self.budget_bytes = stats.budget_bytes
+        self.size_bytes = stats.size_bytes
         self.pinned_bytes = stats.pinned_bytes
         self.resident_bytes = stats.resident_bytes
         self.dirtied_bytes_per_second = stats.guest_written_bytes / elapsed if elapsed > 0 else 0.0
@@ -126,6 +130,7 @@ class AgentStatus:
     metrics_url: str | None = None
     last_error: str | None = None
     hotset_saved_at: float | None = None  # wall time the agent last saved the domain's hot set
+    managed_by: str | None = None  # why vmcache manages the domain: "metadata", "rule 2: nova_flavor=m1.large"
     disks: list[DiskStatus] = field(default_factory=list)
     version: int = SCHEMA_VERSION
 

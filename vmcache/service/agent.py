@@ -8,7 +8,10 @@ Once per interval the loop
    stops when the domain stops, re-reads its metadata when it changes
    (budget, exclusions, model; disabled -> exit), re-syncs its disks on
    hotplug/unplug or when a disk starts failing; reconnects when libvirtd
-   went away, keeping its pins;
+   went away, keeping its pins; notices a changed host config
+   (:class:`~vmcache.service.configwatch.ConfigWatch`): applies its host
+   rules (no longer managed -> exit) and asks for a reconcile of every
+   domain (``vmcache reconcile``);
 2. asks its :class:`~vmcache.service.budget.Budget` for this cycle's bytes
    (memory-pressure back-off, the host-wide cap);
 3. runs every disk once (:class:`~vmcache.service.diskset.DiskSet`) and
@@ -33,6 +36,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from .. import __version__
 from ..errors import ConfigError, DomainError, RunClaimedError, RunEndedError, VmcacheError
@@ -41,9 +45,11 @@ from ..host.runlock import RunLock
 from ..logfmt import domain_logger, event
 from ..observe.status import AgentStatus, status_path, write_status
 from ..settings.config import HostConfig
-from ..settings.metadata import DomainInfo
+from ..settings.metadata import DomainInfo, DomainSettings
 from ..model.share import Curve
 from ..settings.policy import domain_budget, domain_minimum
+from ..settings.rules import decide
+from .configwatch import ConfigWatch
 from .budget import Budget
 from .diskset import DiskSet
 from .domainlink import DomainLink
@@ -73,10 +79,13 @@ class Agent:
     def __init__(self, domain: str, config: HostConfig, *, link: DomainLink, disks: DiskSet, budget: Budget,
                  telemetry: Telemetry, wake: threading.Event, available_memory: Callable[[], int],
                  clock: Callable[[], float] = time.monotonic, hotsets: HotSetKeeper | None = None,
-                 run_lock: RunLock | None = None) -> None:
+                 run_lock: RunLock | None = None, config_watch: ConfigWatch | None = None,
+                 request_reconcile: Callable[[], None] | None = None) -> None:
         """``wake`` is set by the link's events and by :meth:`request_stop` to end the wait between cycles;
         ``hotsets``: loads and saves the domain's hot set (None: the agent neither warms nor saves);
-        ``run_lock``: claimed for the run once attached, so no second agent manages it (None: not claimed)."""
+        ``run_lock``: claimed for the run once attached, so no second agent manages it (None: not claimed);
+        ``config_watch``: tells a changed host config (None: the one given is kept), after which
+        ``request_reconcile`` is called."""
         self.domain = domain
         self.config = config
         self.nbd_dir = nbd_dir(config.runtime_dir, domain)
@@ -90,6 +99,10 @@ class Agent:
         self._clock = clock
         self._hotsets = hotsets
         self._run_lock = run_lock
+        self._config_watch = config_watch
+        self._request_reconcile = request_reconcile
+        self._rules = config.rules
+        self._facts: DomainInfo | None = None  # the XML as libvirt has it (the metadata as written)
         self._log = domain_logger("vmcache.service.agent", domain)
         self._stop = threading.Event()
         self._info: DomainInfo | None = None
@@ -139,7 +152,7 @@ class Agent:
         return code
 
     def _attach(self) -> None:
-        self._info = self._link.attach()
+        self._info = self._effective(self._link.attach())
         self.status.uuid = self._info.uuid
         self.status.domain_id = self._link.domain_id
 
@@ -170,6 +183,9 @@ class Agent:
                 return False
         if pending.metadata_changed and not self._reload():
             return False
+        changed = self._config_watch.poll() if self._config_watch is not None else None
+        if changed is not None and not self._apply_config(changed):
+            return False
         # A snapshot or a block-job pivot replaces a disk's image; a snapshot sends no event at all.
         if (pending.devices_changed or pending.metadata_changed or self._resync
                 or self._disks.replaced(self._link.monitor())):
@@ -195,8 +211,32 @@ class Agent:
         self._resync = result.resync
         self._write_status()
 
-    def _reload(self) -> bool:
-        """Metadata changed: re-read it. False when vmcache was disabled for the domain.
+    def _effective(self, info: DomainInfo) -> DomainInfo:
+        """``info`` with the settings the agent goes by: its metadata's, or the host rule's that opts it in."""
+        self._facts = info
+        opt_in = decide(info, self._rules)
+        self.status.managed_by = opt_in.why
+        return replace(info, settings=opt_in.settings)
+
+    def _still_managed(self, settings: DomainSettings | None) -> bool:
+        """Whether the domain is managed with metadata ``settings`` (a hot set is saved only then)."""
+        return self._facts is not None and decide(replace(self._facts, settings=settings), self._rules).enabled
+
+    def _apply_config(self, config: HostConfig) -> bool:
+        """A changed, valid host config: ask for a reconcile, apply its rules. False when no longer managed.
+
+        Only the rules are taken up by a running agent; the other keys apply to agents started after.
+        """
+        if self._request_reconcile is not None:
+            self._request_reconcile()
+        if config.rules == self._rules:
+            return True
+        self._rules = config.rules
+        self._resync = True  # budgets, minimum: applied by the disks' sync
+        return self._reload(what="agent.rules_changed")
+
+    def _reload(self, what: str = "agent.metadata_changed") -> bool:
+        """Metadata (or the host rules) changed: re-read it. False when vmcache no longer manages the domain.
 
         The disks keep their engines - heat and pins - unless the model's
         parameters changed: budgets, minimums and exclusions are applied by
@@ -205,17 +245,17 @@ class Agent:
         """
         before = self._info.settings if self._info is not None else None
         try:
-            self._info = self._link.read_xml()
+            self._info = self._effective(self._link.read_xml())
         except (DomainError, ConfigError) as err:
             self._log.warning(event("agent.metadata_unusable", error=err))
             self.status.last_error = str(err)
             return True
         settings = self._info.settings
         if settings is None or not settings.enabled:
-            self._log.info(event("agent.disabled"))
+            self._log.info(event("agent.disabled", why=self.status.managed_by))
             return False
         model_changed = before is None or dict(before.model) != dict(settings.model)
-        self._log.info(event("agent.metadata_changed", budget=domain_budget(settings, self.config),
+        self._log.info(event(what, budget=domain_budget(settings, self.config), managed_by=self.status.managed_by,
                              engines="rebuilt" if model_changed else "kept"))
         if model_changed:
             self._disks.drop_all(qemu_alive=self._link.alive())
@@ -224,7 +264,7 @@ class Agent:
     def _sync_disks(self) -> None:
         """Re-read the XML; make the disks match it (a failed read keeps them as they are)."""
         try:
-            self._info = self._link.read_xml()
+            self._info = self._effective(self._link.read_xml())
         except (DomainError, ConfigError) as err:
             self._log.warning(event("agent.xml_unusable", error=err))
             return
@@ -284,7 +324,7 @@ class Agent:
 
     def _save_hotset(self, *, live: bool) -> None:
         assert self._hotsets is not None
-        self._hotsets.save(self._disks.workers(), live=live)
+        self._hotsets.save(self._disks.workers(), live=live, managed=self._still_managed)
         self.status.hotset_saved_at = self._hotsets.saved_at
 
     def _shutdown(self) -> None:

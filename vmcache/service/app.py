@@ -27,11 +27,13 @@ from ..settings.config import HostConfig
 from ..settings.policy import DiskChoice
 from .agent import Agent, nbd_dir
 from .budget import Budget
+from .configwatch import ConfigWatch
 from .diskset import DiskSet, WorkerFactory
 from .diskworker import DiskWorker
 from .domainlink import DomainLink
 from .hotsets import HotSetKeeper
 from .layers import Layers
+from .reconcile import ReconcileRequest
 from .telemetry import Telemetry
 
 __all__ = ["build_agent"]
@@ -39,12 +41,14 @@ __all__ = ["build_agent"]
 
 def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, domain_id: int | None = None,
                 connect_: Callable[[str], Any] = connect, granularity: int = 64 * 1024,
-                pressure: Callable[[], MemoryPressure | None] | None = None) -> Agent:
+                pressure: Callable[[], MemoryPressure | None] | None = None,
+                config_path: str | None = None) -> Agent:
     """The agent of ``domain`` on libvirt at ``uri``, wired to this host.
 
     ``domain_id``: the run (libvirt domain id) to follow, None for the one
     running when the agent attaches; ``pressure`` reads memory PSI (default:
-    /proc/pressure/memory).
+    /proc/pressure/memory); ``config_path``: the file ``config`` was read
+    from, watched for changes (None: not watched).
     """
     logger = domain_logger("vmcache.service.agent", domain)
     wake = threading.Event()
@@ -60,8 +64,11 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
                     psi_threshold=config.psi_threshold, pressure=pressure or read_pressure,
                     meminfo=read_meminfo, logger=logger)
     hotsets = HotSetKeeper(link.virt, every=config.hotset_interval, logger=logger)
+    watch = ConfigWatch(config_path, logger=logger) if config_path is not None else None
+    reconcile = ReconcileRequest(config, config_path, uri, logger=logger) if config_path is not None else None
     return Agent(domain, config, link=link, disks=disks, budget=budget, telemetry=telemetry, wake=wake,
-                 available_memory=lambda: read_meminfo().available_bytes, hotsets=hotsets, run_lock=RunLock())
+                 available_memory=lambda: read_meminfo().available_bytes, hotsets=hotsets, run_lock=RunLock(),
+                 config_watch=watch, request_reconcile=reconcile)
 
 
 def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid: Callable[[], str],

@@ -3,8 +3,12 @@
 libvirt runs ``/etc/libvirt/hooks/qemu DOMAIN OP SUBOP EXTRA`` with the
 domain XML on stdin (hooks/qemu runs ``python -m vmcache.service.hook``):
 
-- ``started``, ``reconnect``, ``attach`` of a domain whose vmcache metadata
-  says enabled: make sure its agent runs (:mod:`vmcache.service.launcher`);
+- ``started``, ``reconnect``, ``attach`` of a domain vmcache manages - its
+  metadata says enabled, or it has none and a host rule opts it in
+  (:func:`vmcache.settings.rules.decide`): make sure its agent runs
+  (:mod:`vmcache.service.launcher`); with a broken host config nothing
+  starts (which rules apply is unknown), and ``vmcache reconcile`` mends
+  that once it is fixed;
 - ``stopped``, ``release``: stop its agent (a no-op when none runs);
 - ``migrate``, ``restore``: XML filters; the XML is written back unchanged;
 - ``prepare`` (before libvirt starts a new QEMU for any domain): fence the
@@ -21,12 +25,12 @@ prometheus_client: tests/unit/test_hook.py checks that.
 
 libvirtd waits for every call, so the hook does the cheapest checks first
 (docs/install.md, "The hook"): the operation alone settles filters, stops
-and operations vmcache ignores; a domain XML that does not contain
-vmcache's namespace URI (every opted-in domain's does) is ignored before
-any XML parser is loaded; the host config comes from the JSON cache
+and operations vmcache ignores; the host config comes from the JSON cache
 :func:`vmcache.host.configfile.load_host_config` keeps (no PyYAML while the file is
-unchanged); the XML parser (defusedxml) and the launcher are imported only
-when needed.
+unchanged); on a host without rules a domain XML that does not contain
+vmcache's namespace URI (every domain with vmcache metadata has it) is
+ignored before any XML parser is loaded; the XML parser (defusedxml) and
+the launcher are imported only when needed.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
     from typing import BinaryIO
 
     from ..settings.config import HostConfig
+    from ..settings.rules import Rule
     from .launcher import Launcher
 
 __all__ = ["Action", "Decision", "run", "main", "START_OPS", "STOP_OPS", "FILTER_OPS", "FENCE_OPS"]
@@ -99,8 +104,9 @@ def _decide_by_op(argv: Sequence[str]) -> Decision | None:
     return None
 
 
-def _decide_by_xml(domain: str, op: str, xml: bytes | str) -> Decision:
+def _decide_by_xml(domain: str, op: str, xml: bytes | str, rules: Sequence[Rule]) -> Decision:
     from ..settings.metadata import parse_domain  # defusedxml and xml.etree: only for XML that may opt in
+    from ..settings.rules import decide
 
     try:
         info = parse_domain(xml)
@@ -108,11 +114,14 @@ def _decide_by_xml(domain: str, op: str, xml: bytes | str) -> Decision:
         return Decision(Action.IGNORE, domain, op, f"unusable XML or metadata: {err}")
     if info.name != domain:
         return Decision(Action.IGNORE, domain, op, f"XML is for domain {info.name!r}")
-    if info.settings is None:
-        return Decision(Action.IGNORE, domain, op, "no vmcache metadata")
-    if not info.settings.enabled:
+    opt_in = decide(info, rules)
+    if opt_in.enabled:
+        return Decision(Action.START, domain, op, f"opted in by {opt_in.why}", domain_id=info.id)
+    if opt_in.settings is None:
+        return Decision(Action.IGNORE, domain, op, opt_in.why)
+    if info.settings is not None:
         return Decision(Action.IGNORE, domain, op, "vmcache metadata says enabled=no")
-    return Decision(Action.START, domain, op, "opted in", domain_id=info.id)
+    return Decision(Action.IGNORE, domain, op, f"kept out by {opt_in.why}")
 
 
 def _mentions_namespace(xml: bytes | str) -> bool:
@@ -186,14 +195,10 @@ def _parse_args(argv: Sequence[str]) -> tuple[str, list[str]]:
 
 
 def _host_config(config_path: str, cache_dir: str | None) -> tuple[HostConfig, ConfigError | None]:
-    """The host config (the defaults, and why, when it is not valid); imported only when acting."""
-    from ..host.configfile import load_host_config
-    from ..settings.config import HostConfig
+    """The host config (the defaults, with its directories where they can be read, and why, when it is not valid)."""
+    from ..host.configfile import load_or_salvage
 
-    try:
-        return load_host_config(config_path, check_model=False, cache_dir=cache_dir), None
-    except ConfigError as err:
-        return HostConfig(), err
+    return load_or_salvage(config_path, check_model=False, cache_dir=cache_dir)
 
 
 def run(
@@ -221,18 +226,19 @@ def run(
         _fence(decision.domain, data, lambda: setup_logging(_host_config(config_path, cache_dir)[0].log_dir)
                if setup_logging is not None else None)
         return decision
-    if decision is None and not _mentions_namespace(data):
-        decision = Decision(Action.IGNORE, args[0], op, "no vmcache metadata")
-    if decision is not None and decision.action is not Action.STOP and decision.op not in START_OPS:
+    if decision is not None and decision.action is not Action.STOP:
         return decision  # a filter, or nothing vmcache acts on: nothing to do or log
     config, config_error = _host_config(config_path, cache_dir)
     if setup_logging is not None:
         setup_logging(config.log_dir)
     if decision is None:
-        decision = _decide_by_xml(args[0], op, data)
+        if config_error is None and (config.rules or _mentions_namespace(data)):
+            decision = _decide_by_xml(args[0], op, data, config.rules)
+        else:
+            decision = Decision(Action.IGNORE, args[0], op, "no vmcache metadata")
     fields = {"domain": decision.domain, "op": decision.op}
-    if config_error is not None and decision.action in (Action.START, Action.STOP):
-        if decision.action is Action.START:
+    if config_error is not None:
+        if decision.action is not Action.STOP:  # which rules apply is not known: nothing starts (reconcile mends it)
             log.error(event("hook.ignore", **fields, reason=f"host config: {config_error}"))
             return Decision(Action.IGNORE, decision.domain, decision.op, f"host config: {config_error}")
         log.warning(event("hook.config_error", **fields, error=str(config_error), using="defaults"))

@@ -65,6 +65,10 @@ def _image_size(path: str) -> int:
         os.close(fd)
 
 
+def _by_metadata(settings: DomainSettings | None) -> bool:
+    return settings is not None and settings.enabled
+
+
 class HotSetKeeper:
     """One agent's saved hot set: :meth:`load` once, :meth:`warm` each new disk, :meth:`save`."""
 
@@ -152,11 +156,14 @@ class HotSetKeeper:
             self._last_save = now
         return now - self._last_save >= self.every
 
-    def save(self, disks: Iterable[ManagedDisk], *, live: bool) -> bool:
+    def save(self, disks: Iterable[ManagedDisk], *, live: bool,
+             managed: Callable[[DomainSettings | None], bool] = _by_metadata) -> bool:
         """Write the regions every disk holds: live definition if ``live``, persistent if the domain is.
 
         With nothing held the element is removed.
-        Skipped (False) when vmcache was disabled or its element removed.
+        Skipped (False) when vmcache no longer manages the domain: ``managed``
+        of its metadata now (disabled, or its element removed and no host rule
+        opts it in).
         Errors are logged, never raised; True when the set was written.
         """
         self._last_save = self._clock()
@@ -172,7 +179,7 @@ class HotSetKeeper:
         except VmcacheError as err:
             self._log.log(logging.WARNING if live else logging.INFO, event("hotset.save_failed", error=err))
             return False
-        if settings is None or not settings.enabled:
+        if not managed(settings):
             self._log.info(event("hotset.not_saved", reason="vmcache is disabled for the domain"))
             return False
         flags = (Affect.LIVE if live else Affect(0)) | (Affect.CONFIG if persistent else Affect(0))

@@ -45,7 +45,7 @@ from ..settings.config import DEFAULT_PATH, HostConfig
 from ..errors import HostError
 from ..host.procs import cmdline
 from ..logfmt import event
-from ..host.files import file_stem, names_fd, try_lock
+from ..host.files import file_stem, lock_holder, names_fd, pid_in, try_lock
 
 if TYPE_CHECKING:
     import subprocess
@@ -57,7 +57,6 @@ __all__ = [
     "DetachedLauncher",
     "make_launcher",
     "systemd_escape",
-    "pidfile_holder",
     "remove_own_pidfile",
     "wait_for_pidfile",
     "default_agent_command",
@@ -186,7 +185,7 @@ class DetachedLauncher:
 
         0 means an agent is being started and has not recorded its pid yet.
         """
-        return pidfile_holder(self.pidfile(domain))
+        return lock_holder(self.pidfile(domain))
 
     def start(self, domain: str, domain_id: int | None = None) -> LaunchResult:
         """Start the agent of run ``domain_id`` unless one runs; returns once it is exec'd. Raises HostError.
@@ -208,7 +207,7 @@ class DetachedLauncher:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    pid = _read_pid(fd)
+                    pid = _pread_pid(fd)
                     # An agent holds it - or a reader (running()) for a moment: look again.
                     if pid and self._is_agent(pid, domain):
                         if domain_id is None or _run_of(cmdline(pid, proc=self._proc)) == domain_id:
@@ -362,19 +361,10 @@ def _agent_of(argv: list[str] | None, domain: str) -> bool:
     return argv is not None and argv[-2:] == ["--domain", domain]
 
 
-def _read_pid(fd: int) -> int | None:
+def _pread_pid(fd: int) -> int | None:
     try:
-        return _pid_of(os.pread(fd, 32, 0))
+        return pid_in(os.pread(fd, 32, 0))
     except OSError:
-        return None
-
-
-def _pid_of(raw: bytes) -> int | None:
-    """The pid a pidfile holds (None: empty or not a number)."""
-    try:
-        text = raw.decode("ascii").strip()
-        return int(text) if text else None
-    except (ValueError, UnicodeDecodeError):
         return None
 
 
@@ -412,7 +402,7 @@ def wait_for_pidfile(domain: str, domain_id: int | None, environ: dict[str, str]
             env[PIDFILE_FD_ENV] = str(fd)
             env.pop(PIDFILE_WAIT_ENV, None)
             return True
-        holder = _pid_of(owner)
+        holder = pid_in(owner)
         argv = cmdline(holder, proc=proc) if holder else None
         ours = _agent_of(argv, domain)
         if ours and domain_id is not None and _run_of(argv) == domain_id:
@@ -453,28 +443,6 @@ def remove_own_pidfile(environ: dict[str, str] | None = None) -> bool:
     except OSError:
         return False
     return True
-
-
-def pidfile_holder(path: str) -> int | None:
-    """If a process holds the flock on pidfile ``path``: its recorded pid (0: not recorded yet).
-
-    None when no process holds it (no agent, or a stale pidfile). Raises HostError.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise HostError(f"cannot open pidfile: {err.strerror}", path=path, errno=err.errno) from err
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return _read_pid(fd) or 0
-    except OSError as err:
-        raise HostError(f"cannot lock pidfile: {err.strerror}", path=path, errno=err.errno) from err
-    finally:
-        os.close(fd)  # also drops our shared lock, if we got it
-    return None
 
 
 def make_launcher(config: HostConfig, *, config_path: str = DEFAULT_PATH, systemd_dir: str = SYSTEMD_RUN_DIR,

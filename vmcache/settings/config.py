@@ -3,7 +3,8 @@
 Every key has a default that works, so a missing file means "all defaults".
 Anything wrong - invalid YAML, an unknown or duplicated key, a bad value -
 raises :class:`~vmcache.errors.ConfigError`, whose ``str()`` is one line
-naming the key (dotted for nested keys: ``metrics.listen``) and the value.
+naming the key (dotted for nested keys: ``metrics.listen``; a host rule by
+its place and line: ``domains[2] (line 14) match.flavor``) and the value.
 docs/configuration.md describes every key; hooks/vmcache.yaml is the
 commented default file ``make install`` puts in place.
 
@@ -13,7 +14,8 @@ vmcache.host.configfile's. No libvirt, numpy or socket code: the libvirt
 hook loads this module on every domain start, with ``check_model=False``
 (vmcache.model's package imports numpy; the hook needs no model, and the
 agent it starts checks the ``model`` section and reports it). PyYAML is
-imported only when a text is parsed.
+imported only when a text is parsed (vmcache.settings.yamltext); the
+``domains:`` rules are vmcache.settings.rules'.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..units import parse_duration, parse_size
+from .rules import Rule, parse_rules, rules_from_json
+from .yamltext import abs_path, key_text, load_yaml, no_unknown, whole
+from .yamltext import section as mapping_section
 
 if TYPE_CHECKING:
     from ..model.params import ModelParams
@@ -141,6 +146,7 @@ class HostConfig:
     agent_command: tuple[str, ...] | None = None
     metrics: MetricsConfig = MetricsConfig()
     heatmap: HeatmapConfig = HeatmapConfig()
+    rules: tuple[Rule, ...] = ()        # the domains: list, in order (vmcache.settings.rules)
 
     def model_params(self, overrides: Mapping[str, Any] | None = None) -> ModelParams:
         """ModelParams from the host's ``model`` section, ``interval`` and a domain's overrides.
@@ -164,41 +170,6 @@ class HostConfig:
     def ledger_path(self) -> str:
         """The shared ledger of pinned bytes (see vmcache.host.ledger)."""
         return os.path.join(self.runtime_dir, "ledger.json")
-
-
-# --- parsing ----------------------------------------------------------------
-
-_strict_loader: type | None = None
-
-
-def _loader() -> type:
-    """SafeLoader that refuses duplicated keys instead of keeping the last one (PyYAML imported here)."""
-    global _strict_loader
-    if _strict_loader is None:
-        import yaml
-
-        class StrictLoader(yaml.SafeLoader):
-            pass
-
-        StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-        _strict_loader = StrictLoader
-    return _strict_loader
-
-
-def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-        except TypeError:  # an unhashable key: let PyYAML report it
-            break
-        if duplicate:
-            mark = key_node.start_mark
-            raise ConfigError(_key_text(key), None, f"key given twice (line {mark.line + 1})")
-        seen.add(key)
-    mapping: dict[Any, Any] = loader.construct_mapping(node, deep=deep)
-    return mapping
 
 
 # --- the JSON form of a validated config (what vmcache.host.configfile caches) ---
@@ -233,24 +204,13 @@ def config_from_json(data: dict[str, Any]) -> HostConfig:
         "agent_command": None if command is None else tuple(command),
         "metrics": MetricsConfig(**metrics),
         "heatmap": HeatmapConfig(**data["heatmap"]),
+        "rules": rules_from_json(data["rules"]),
     })
 
 
 def parse_host_config(text: str, *, source: str = DEFAULT_PATH, check_model: bool = True) -> HostConfig:
-    """Parse the YAML text of a host config; ConfigError naming key and value if it is wrong."""
-    import yaml  # here, not at import time: the hook mostly reads the cache (vmcache.host.configfile)
-
-    try:
-        data = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
-        raise ConfigError(where, line.strip(), f"invalid YAML: {err.problem}") from None
-    except yaml.YAMLError as err:  # e.g. a character YAML does not allow
-        raise ConfigError(source, None, "invalid YAML: " + " ".join(str(err).split())) from None
-    except RecursionError:
-        raise ConfigError(source, None, "invalid YAML: nested too deeply") from None
+    """Parse the YAML text of a host config; ConfigError naming key and value (and line) if it is wrong."""
+    data = load_yaml(text, source)
     if data is None:
         return HostConfig()
     if not isinstance(data, dict):
@@ -259,7 +219,7 @@ def parse_host_config(text: str, *, source: str = DEFAULT_PATH, check_model: boo
 
 
 def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
-    _no_unknown(data, _TOP_KEYS, "")
+    no_unknown(data, _TOP_KEYS, "")
     values: dict[str, Any] = {}
     if "budget" in data:
         values["budget"] = parse_size(data["budget"], key="budget")
@@ -287,13 +247,15 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
         values["model"] = _model(data["model"])
     for key in ("runtime_dir", "log_dir"):
         if key in data:
-            values[key] = _abs_path(data[key], key)
+            values[key] = abs_path(data[key], key)
     if "agent_command" in data:
         values["agent_command"] = _command(data["agent_command"])
     if "metrics" in data:
         values["metrics"] = _metrics(data["metrics"])
     if "heatmap" in data:
         values["heatmap"] = _heatmap(data["heatmap"])
+    if "domains" in data:
+        values["rules"] = parse_rules(data["domains"])
     config = HostConfig(**values)
     if check_model:
         config.model_params()  # every value and cross-field checks (e.g. pinned_decay >= decay)
@@ -302,7 +264,7 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
 
 _TOP_KEYS = ("budget", "min_free", "prefetch_rate", "warm_rate", "psi_threshold", "interval", "hotset_interval",
              "cache_modes", "pinned_cap", "model",
-             "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap")
+             "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap", "domains")
 _METRICS_KEYS = ("listen", "ports", "tls", "basic_auth")
 _TLS_KEYS = ("certfile", "keyfile", "client_cafile", "client_auth_required")
 _AUTH_KEYS = ("username", "password_file")
@@ -319,25 +281,6 @@ def _warm_rate(value: object) -> int:
         raise ConfigError("warm_rate", value, "must be more than 0 (a saved hot set is restored at the higher of "
                           "prefetch_rate and warm_rate)")
     return rate
-
-
-def _key_text(key: object) -> str:
-    """A key as it can be shown on one line."""
-    return key if isinstance(key, str) and key.isprintable() else repr(key)
-
-
-def _no_unknown(data: Mapping[Any, Any], known: tuple[str, ...], prefix: str) -> None:
-    for key, value in data.items():
-        if key not in known:
-            raise ConfigError(f"{prefix}{_key_text(key)}", value, "unknown key (known: " + ", ".join(known) + ")")
-
-
-def _section(value: object, key: str) -> Mapping[Any, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(key, value, "must be a mapping")
-    return value
 
 
 def _cache_modes(value: object) -> frozenset[str]:
@@ -383,23 +326,17 @@ def _pinned_cap(value: object) -> PinnedCap:
 
 
 def _model(value: object) -> Mapping[str, Any]:
-    section = _section(value, "model")
+    section = mapping_section(value, "model")
     if "interval" in section:
         raise ConfigError("model.interval", section["interval"], "set the top-level interval key instead")
     for key, value in section.items():
         if not isinstance(key, str) or not _PARAM_RE.match(key):
-            raise ConfigError(f"model.{_key_text(key)}", value, "unknown model parameter")
+            raise ConfigError(f"model.{key_text(key)}", value, "unknown model parameter")
     return MappingProxyType(dict(section))
 
 
-def _abs_path(value: object, key: str) -> str:
-    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
-        raise ConfigError(key, value, "must be an absolute path")
-    return os.path.normpath(value)
-
-
 def _optional_path(value: object, key: str) -> str | None:
-    return None if value is None else _abs_path(value, key)
+    return None if value is None else abs_path(value, key)
 
 
 def _command(value: object) -> tuple[str, ...] | None:
@@ -434,8 +371,8 @@ def _ports(value: object) -> tuple[int, int]:
 
 
 def _metrics(value: object) -> MetricsConfig:
-    section = _section(value, "metrics")
-    _no_unknown(section, _METRICS_KEYS, "metrics.")
+    section = mapping_section(value, "metrics")
+    no_unknown(section, _METRICS_KEYS, "metrics.")
     values: dict[str, Any] = {}
     if "listen" in section:
         import ipaddress  # here: the hook loads this module on every domain start
@@ -448,20 +385,20 @@ def _metrics(value: object) -> MetricsConfig:
     if "ports" in section:
         values["port_first"], values["port_last"] = _ports(section["ports"])
     if section.get("tls") is not None:
-        values["tls"] = _tls(_section(section["tls"], "metrics.tls"))
+        values["tls"] = _tls(mapping_section(section["tls"], "metrics.tls"))
     if section.get("basic_auth") is not None:
-        auth = _section(section["basic_auth"], "metrics.basic_auth")
-        _no_unknown(auth, _AUTH_KEYS, "metrics.basic_auth.")
+        auth = mapping_section(section["basic_auth"], "metrics.basic_auth")
+        no_unknown(auth, _AUTH_KEYS, "metrics.basic_auth.")
         username = auth.get("username")
         if not isinstance(username, str) or not username or ":" in username or not username.isprintable():
             raise ConfigError("metrics.basic_auth.username", username, "must be a non-empty name without ':'")
         values["basic_auth"] = MetricsBasicAuth(
-            username, _abs_path(auth.get("password_file"), "metrics.basic_auth.password_file"))
+            username, abs_path(auth.get("password_file"), "metrics.basic_auth.password_file"))
     return MetricsConfig(**values)
 
 
 def _tls(section: Mapping[Any, Any]) -> MetricsTLS:
-    _no_unknown(section, _TLS_KEYS, "metrics.tls.")
+    no_unknown(section, _TLS_KEYS, "metrics.tls.")
     required = section.get("client_auth_required", False)
     if not isinstance(required, bool):
         raise ConfigError("metrics.tls.client_auth_required", required, "must be true or false")
@@ -469,32 +406,26 @@ def _tls(section: Mapping[Any, Any]) -> MetricsTLS:
     if required and cafile is None:
         raise ConfigError("metrics.tls.client_auth_required", required, "needs client_cafile")
     return MetricsTLS(
-        certfile=_abs_path(section.get("certfile"), "metrics.tls.certfile"),
-        keyfile=_abs_path(section.get("keyfile"), "metrics.tls.keyfile"),
+        certfile=abs_path(section.get("certfile"), "metrics.tls.certfile"),
+        keyfile=abs_path(section.get("keyfile"), "metrics.tls.keyfile"),
         client_cafile=cafile,
         client_auth_required=required,
     )
 
 
 def _heatmap(value: object) -> HeatmapConfig:
-    section = _section(value, "heatmap")
-    _no_unknown(section, _HEATMAP_KEYS, "heatmap.")
+    section = mapping_section(value, "heatmap")
+    no_unknown(section, _HEATMAP_KEYS, "heatmap.")
     values: dict[str, Any] = {}
     if "dir" in section:
-        values["dir"] = _abs_path(section["dir"], "heatmap.dir")
+        values["dir"] = abs_path(section["dir"], "heatmap.dir")
     if "every" in section:
-        values["every"] = _whole(section["every"], "heatmap.every", 0)
+        values["every"] = whole(section["every"], "heatmap.every", 0)
     if "blocks_per_pixel" in section and section["blocks_per_pixel"] not in (None, "auto"):
-        values["blocks_per_pixel"] = _whole(section["blocks_per_pixel"], "heatmap.blocks_per_pixel", 1)
+        values["blocks_per_pixel"] = whole(section["blocks_per_pixel"], "heatmap.blocks_per_pixel", 1)
     if "aspect" in section:
         aspect = section["aspect"]
         if isinstance(aspect, bool) or not isinstance(aspect, (int, float)) or not 0.01 <= aspect <= 100:
             raise ConfigError("heatmap.aspect", aspect, "must be a number in [0.01, 100] (width / height)")
         values["aspect"] = float(aspect)
     return HeatmapConfig(**values)
-
-
-def _whole(value: object, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(key, value, f"must be a whole number >= {minimum}")
-    return value

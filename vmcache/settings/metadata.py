@@ -1,4 +1,4 @@
-"""The domain XML as vmcache reads it: opt-in metadata, disks, name and uuid (pure).
+"""The domain XML as vmcache reads it: opt-in metadata, disks, name, uuid and Nova's metadata (pure).
 
 An operator opts a domain in with one element in the domain's
 ``<metadata>``, in vmcache's own namespace (docs/metadata.md)::
@@ -31,6 +31,7 @@ from defusedxml import DefusedXmlException
 
 from ..errors import ConfigError
 from ..units import number_or_text, parse_size
+from .nova import NovaInstance, nova_instance
 
 __all__ = [
     "NAMESPACE",
@@ -136,6 +137,8 @@ class DomainInfo:
     id: int | None = None
     #: uid and gid QEMU runs as (the running domain's DAC ``<seclabel>``); None when the XML does not say.
     qemu_user: tuple[int, int] | None = None
+    #: what OpenStack Nova wrote about the instance (host rules match on it); None on other hosts
+    nova: NovaInstance | None = None
 
 
 def parse_xml(text: str | bytes, what: str) -> Element:
@@ -178,7 +181,8 @@ def parse_domain(xml: str | bytes) -> DomainInfo:
             settings = _settings(element, _NS)
     run_id = root.get("id", "")
     return DomainInfo(name=name, uuid=uuid, disks=disks, settings=settings,
-                      id=int(run_id) if run_id.isdigit() else None, qemu_user=_dac_user(root))
+                      id=int(run_id) if run_id.isdigit() else None, qemu_user=_dac_user(root),
+                      nova=nova_instance(metadata))
 
 
 def _dac_user(root: Element) -> tuple[int, int] | None:
