@@ -90,7 +90,7 @@ def memory(pid: int) -> dict[str, float]:
 def write_config(tmp: Path, interval: str) -> Path:
     config = tmp / "vmcache.yaml"
     config.write_text(
-        f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\ninterval: {interval}\nmin_free: 256M\n"
+        f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\nhotset_dir: {tmp}/hotsets\ninterval: {interval}\nmin_free: 256M\n"
         "pinned_cap: 4G\nmetrics:\n  ports: 19850-19999\n"
     )
     return config

@@ -99,7 +99,8 @@ class Soak:
         tmp.chmod(0o755)
         self.env = LiveEnv(None, tmp, tmp / "vmcache.yaml")
         self.env.config.write_text(yaml.safe_dump({
-            "runtime_dir": str(self.env.run), "log_dir": str(self.env.logs), "interval": "1s",
+            "runtime_dir": str(self.env.run), "log_dir": str(self.env.logs), "hotset_dir": str(tmp / "hotsets"),
+            "interval": "1s",
             "min_free": "512M", "pinned_cap": "256M",
             "agent_command": [sys.executable, "-m", "vmcache", "agent"],
             "model": {"decay": 0.8, "block_size": "1M"},

@@ -69,12 +69,12 @@ def format_size(size: int | float) -> str:
     raise AssertionError("unreachable")
 
 
-_DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|)\s*$")
-_DURATION_SCALE = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d|)\s*$")
+_DURATION_SCALE = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(value: object, *, key: str = "interval", minimum: float = 0.0) -> float:
-    """Return ``value`` in seconds: a number, or ``500ms``, ``5s``, ``2m``, ``1h``.
+    """Return ``value`` in seconds: a number, or ``500ms``, ``5s``, ``2m``, ``1h``, ``30d``.
 
     Raises ConfigError naming ``key`` when it is not a duration or is below
     ``minimum``.

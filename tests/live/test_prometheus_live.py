@@ -37,7 +37,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from vmcache.observe.exporter import DEFAULT_PORTS, MetricsServer, serve_metrics
-from vmcache.settings.config import MetricsBasicAuth, MetricsTLS
+from vmcache.settings.metrics import MetricsBasicAuth, MetricsTLS
 from vmcache.observe.filesd import TargetsFile
 from vmcache.observe.metrics import AgentMetrics
 from vmcache.model.stats import CycleStats
@@ -229,7 +229,8 @@ def host(live_tmp: Path, prometheus: Prometheus, hooked) -> Iterator[Any]:
 
     config = live_tmp / "vmcache.yaml"
     config.write_text(yaml.safe_dump({
-        "runtime_dir": str(prometheus.runtime_dir), "log_dir": f"{live_tmp}/log", "interval": "1s",
+        "runtime_dir": str(prometheus.runtime_dir), "log_dir": f"{live_tmp}/log", "hotset_dir": f"{live_tmp}/hotsets",
+        "interval": "1s",
         "min_free": "256M", "pinned_cap": "256M", "agent_command": [sys.executable, "-m", "vmcache", "agent"],
         "model": {"decay": 0.5, "block_size": "1M"},
     }))

@@ -8,13 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmcache.settings.config import (
-    HostConfig,
-    MetricsBasicAuth,
-    MetricsTLS,
-    PinnedCap,
-    parse_host_config,
-)
+from vmcache.settings.config import HostConfig, PinnedCap, parse_host_config
+from vmcache.settings.metrics import MetricsBasicAuth, MetricsTLS
 from vmcache.host.configfile import load_host_config
 from vmcache.errors import ConfigError
 from vmcache.model.params import ModelParams
@@ -50,7 +45,8 @@ def test_shipped_default_file_equals_builtin_defaults():
     for key in ("budget", "min_free", "interval", "cache_modes", "pinned_cap", "model", "runtime_dir",
                 "log_dir", "agent_command", "metrics", "listen", "ports", "tls", "certfile", "keyfile",
                 "client_cafile", "client_auth_required", "basic_auth", "username", "password_file", "heatmap", "every", "blocks_per_pixel", "aspect",
-                "domains", "match", "nova_flavor", "nova_project"):
+                "domains", "match", "nova_flavor", "nova_project", "hotset_interval", "hotset_dir", "hotset_keep",
+                "hotset_max_age"):
         assert f"{key}:" in text, key
 
 
@@ -406,3 +402,15 @@ def test_settings_package_does_no_io() -> None:
             else:
                 continue
             assert not {n.split(".")[0] for n in names} & (forbidden | {"open()"}), f"{path.name}: {names}"
+
+
+def test_the_hosts_hot_set_copies_keys():
+    config = parse_host_config("hotset_dir: /srv/vmcache/hot/\nhotset_keep: 20\nhotset_max_age: 7d\n")
+    assert (config.hotset_dir, config.hotset_keep, config.hotset_max_age) == ("/srv/vmcache/hot", 20, 7 * 86400.0)
+    assert parse_host_config("hotset_dir: null\n").hotset_dir is None
+    for text, message in (("hotset_dir: hot\n", "hotset_dir: 'hot': must be an absolute path"),
+                          ("hotset_keep: 0\n", "hotset_keep: 0: must be a whole number >= 1"),
+                          ("hotset_max_age: 10m\n", "hotset_max_age: '10m': must be at least 3600s")):
+        with pytest.raises(ConfigError) as err:
+            parse_host_config(text)
+        assert str(err.value) == message

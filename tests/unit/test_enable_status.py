@@ -39,7 +39,7 @@ def host(tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
     config = tmp_path / "vmcache.yaml"
-    config.write_text(f"runtime_dir: {tmp_path}/run\nlog_dir: {tmp_path}/log\nbudget: 3G\n"
+    config.write_text(f"runtime_dir: {tmp_path}/run\nlog_dir: {tmp_path}/log\nbudget: 3G\nhotset_dir: {tmp_path}/hotsets\n"
                       f"agent_command: [{sys.executable}, {STANDIN}, {markers}]\n")
     libvirt.registerErrorHandler(lambda _c, _e: None, None)
     _held.append(libvirt.open(URI))
@@ -194,3 +194,44 @@ def test_agents_started_by_a_command_get_the_config_by_absolute_path(tmp_path, m
     _host.ensure_agent(argparse.Namespace(host_config="vmcache.yaml"), None, "d", running=True)
     # the agent runs detached from /: a relative path would name another file
     assert seen["path"] == str(tmp_path / "vmcache.yaml")
+
+
+def test_hotset_shows_the_newest_set_and_where_it_is_kept_and_clear_removes_every_copy(host, capsys):
+    from vmcache.host.hotstore import HotStore
+    from vmcache.host.virtdomain import Affect, VirtDomain
+    from vmcache.model.region import Region
+    from vmcache.settings.hotset import DiskHotSet, HotSet
+
+    opts, tmp_path, _ = host
+    MiB = 1 << 20
+    dom = VirtDomain(_held[0], "test")
+    record = DiskHotSet("vda", "/img/a.raw", 64 * MiB, None, MiB, (Region(0, 2 * MiB, 2.0),))
+    dom.set_hotset(HotSet(1000, (record,)), Affect.LIVE | Affect.CONFIG)
+    store = HotStore(f"{tmp_path}/hotsets")
+    newer = HotSet(2000, (DiskHotSet("vda", "/img/a.raw", 64 * MiB, None, MiB, (Region(0, 4 * MiB, 2.0),)),))
+    store.save(dom.uuid(), newer)
+    assert main(["hotset", "test", *opts]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"test: hot set from the host's copy ({store.path(dom.uuid())}), saved ")
+    assert "  vda: 1 regions, 4MiB of /img/a.raw" in out
+    assert "also in: the live definition saved 1000 (older); the persistent definition saved 1000 (older)" in out
+    assert main(["hotset", "test", "--json", *opts]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["source"] == "host" and shown["saved"] == 2000 and shown["places"]["live"]["saved"] == 1000
+    assert main(["hotset", "test", "--live", *opts]) == 0
+    assert capsys.readouterr().out.startswith("test: hot set from the live definition, saved ")
+    assert main(["hotset", "test", "--clear", *opts]) == 0
+    assert "removed from the live definition, the persistent definition, the host's copy" in capsys.readouterr().out
+    assert store.load(dom.uuid()) is None and dom.hotset(Affect.LIVE) is None and dom.hotset(Affect.CONFIG) is None
+    assert main(["hotset", "test", *opts]) == 0
+    assert capsys.readouterr().out.strip() == "test: no saved hot set"
+
+
+def test_disable_remove_says_when_a_host_rule_still_manages_the_domain(host, capsys, tmp_path):
+    opts, _, markers = host
+    config = Path(opts[1])
+    config.write_text(config.read_text() + "domains:\n  - match: {name: te*}\n    budget: 1G\n")
+    assert main(["enable", "test", "--config", *opts]) == 0
+    assert main(["disable", "test", "--remove", "--live", *opts]) == 0
+    out = capsys.readouterr().out
+    assert "test: still managed by rule 1: name=te* (host config)" in out and "agent stopping" not in out

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vmcache.errors import ConfigError, HostError
 from vmcache.observe.exporter import serve_metrics
-from vmcache.settings.config import MetricsBasicAuth, MetricsTLS
+from vmcache.settings.metrics import MetricsBasicAuth, MetricsTLS
 
 
 @pytest.fixture

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from vmcache.errors import ConfigError, DomainError, DomainGoneError
+from vmcache.host.hotstore import HotStore
 from vmcache.host.imageid import image_id
 from vmcache.host.virtdomain import Affect
 from vmcache.model.params import ModelParams
@@ -248,3 +250,104 @@ def test_saved_set_round_trips_through_the_record(image):
     disk = Disk("vda", image, FakeEngine([], 64 * MiB))
     keeper.warm(disk)  # no id saved (a file system without xattrs): path and size decide
     assert disk.engine.warm is not None
+
+
+# -- the host's copy (vmcache.host.hotstore) ----------------------------------------------------------
+
+UUID = "6f1c0d2a-8b2e-4bbc-811a-9ad2023a0426"
+
+
+def _stored(dom: FakeDomain, store: HotStore, now: list[float] | None = None,
+            wall: float = 1795430400.0) -> HotSetKeeper:
+    clock = now or [0.0]
+    return HotSetKeeper(lambda: dom, every=300.0, logger=logging.getLogger("test.hotsets"), clock=lambda: clock[0],
+                        wall=lambda: wall, store=store, uuid=lambda: UUID)
+
+
+def test_every_save_writes_the_hosts_copy_too_root_only(image, tmp_path):
+    store = HotStore(str(tmp_path / "hotsets"))
+    dom = FakeDomain()
+    held = [Region(8 * MiB, 4 * MiB, 4.0)]
+    assert _stored(dom, store).save([Disk("vda", image, FakeEngine(held, 64 * MiB))], live=True)
+    copy = store.load(UUID)
+    assert copy is not None and copy == parse_hotset(dom.saved[int(Affect.LIVE)])
+    path = tmp_path / "hotsets" / f"{UUID}.xml"
+    assert path.stat().st_mode & 0o777 == 0o600 and (tmp_path / "hotsets").stat().st_mode & 0o777 == 0o700
+    # nothing held any more: both go (the host's copy would otherwise be the newest set)
+    assert _stored(dom, store).save([Disk("vda", image, FakeEngine([], 64 * MiB))], live=True)
+    assert not dom.saved and store.load(UUID) is None
+
+
+def test_a_domain_defined_afresh_warms_from_the_hosts_copy(image, tmp_path, caplog):
+    """What Nova does on a hard reboot: undefine, define the XML without vmcache's elements, start."""
+    caplog.set_level(logging.INFO)
+    store = HotStore(str(tmp_path / "hotsets"))
+    held = [Region(8 * MiB, 4 * MiB, 4.0)]
+    _stored(FakeDomain(), store).save([Disk("vda", image, FakeEngine(held, 64 * MiB))], live=False)
+    fresh = FakeDomain()  # no element in either definition
+    keeper = _stored(fresh, store)
+    keeper.load()
+    disk = Disk("vda", image, FakeEngine([], 64 * MiB))
+    keeper.warm_all([disk])
+    assert keeper.source == "host" and disk.engine.warm is not None and disk.engine.warm.total_bytes == 4 * MiB
+    assert "hotset.loaded disks=1 saved=1795430400 definition=host" in caplog.text
+
+
+@pytest.mark.parametrize("newer", ["live", "host"])
+def test_the_newest_valid_set_wins(image, tmp_path, newer):
+    store = HotStore(str(tmp_path / "hotsets"))
+    dom = FakeDomain()
+    old, new = [Region(0, MiB, 1.0)], [Region(32 * MiB, 2 * MiB, 2.0)]
+    first, second = (("host", old), ("live", new)) if newer == "live" else (("live", old), ("host", new))
+    for wall, (where, regions) in zip((1000.0, 2000.0), (first, second)):
+        keeper = _stored(dom if where == "live" else FakeDomain(), store if where == "host" else HotStore(
+            str(tmp_path / "elsewhere")), wall=wall)
+        keeper.save([Disk("vda", image, FakeEngine(regions, 64 * MiB))], live=True)
+    keeper = _stored(dom, store)
+    keeper.load()
+    disk = Disk("vda", image, FakeEngine([], 64 * MiB))
+    keeper.warm_all([disk])
+    assert keeper.source == newer and disk.engine.warm is not None and disk.engine.warm.total_bytes == 2 * MiB
+
+
+def test_a_broken_host_copy_is_one_line_and_the_xml_set_is_used(image, tmp_path, caplog):
+    store = HotStore(str(tmp_path / "hotsets"))
+    dom = FakeDomain()
+    _stored(dom, store).save([Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))], live=True)
+    (tmp_path / "hotsets" / f"{UUID}.xml").write_text("<hotset version='9' saved='1'/>")
+    keeper = _stored(dom, store)
+    keeper.load()
+    assert keeper.source == "live"
+    (line,) = [r.getMessage() for r in caplog.records if "hotset.unusable" in r.getMessage()]
+    assert line.startswith("hotset.unusable error=\"host: hotset version") and "the live set is used" in line
+
+
+def test_a_transient_domain_gone_at_stop_keeps_the_hosts_copy(image, tmp_path):
+    class Gone(FakeDomain):
+        def is_persistent(self) -> bool:
+            raise DomainGoneError("web-1: cannot get persistence: Domain not found")
+
+    store = HotStore(str(tmp_path / "hotsets"))
+    assert _stored(Gone(), store).save([Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))],
+                                       live=False)
+    assert store.load(UUID) is not None
+
+
+def test_the_store_is_bounded_by_count_and_age_and_pruned_at_each_save(tmp_path):
+    now = [time.time()]  # a save stamps the file with the real clock
+    store = HotStore(str(tmp_path), keep=3, max_age=86400.0, clock=lambda: now[0])
+    hotset = HotSet(1, (DiskHotSet("vda", "/img/a", 64 * MiB, None, MiB, (Region(0, MiB, 1.0),)),))
+    uuids = [f"00000000-0000-0000-0000-{i:012d}" for i in range(5)]
+    for i, uuid in enumerate(uuids[:4]):
+        store.save(uuid, hotset)
+        os.utime(store.path(uuid), (now[0] - 100 * (5 - i),) * 2)  # saved 500, 400, 300, 200 s ago
+    (tmp_path / ".x.xml.1.abcd.tmp").write_text("half")  # a write killed half way, 2 h ago
+    os.utime(tmp_path / ".x.xml.1.abcd.tmp", (now[0] - 7200,) * 2)
+    store.save(uuids[4], hotset)  # now: the newest; the prune keeps it and the two next newest
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{u}.xml" for u in uuids[2:]]
+    now[0] += 86400 - 250  # uuids[2] is over a day old now, uuids[3] not yet
+    assert [os.path.basename(p) for p in store.prune()] == [f"{uuids[2]}.xml"]
+    now[0] += 10**6
+    assert store.prune(spare=store.path(uuids[4])) == [store.path(uuids[3])]  # the one just saved stays
+    with pytest.raises(ConfigError):
+        store.path("../../etc/passwd")

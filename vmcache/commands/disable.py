@@ -4,7 +4,10 @@ Sets ``enabled="no"`` in vmcache's metadata (keeping budget and overrides
 for a later ``vmcache enable``), or with ``--remove`` deletes the element
 and the saved hot set.
 When the running domain is changed its agent is stopped (it would also
-stop by itself on libvirt's metadata-change event).
+stop by itself on libvirt's metadata-change event). ``--remove`` also
+removes the host's copy of the hot set; a host rule that matches the
+domain then decides whether it is managed (and keeps its agent), which
+this says.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from ..host.hotstore import HotStore
 from ..host.virtdomain import VirtDomain, connect
 from ._host import add_host_options, ensure_agent, host_config
 from .enable import add_affect_options, affect, read_from, touches_live
@@ -37,7 +41,14 @@ def run(args: argparse.Namespace) -> int:
     if args.remove:
         dom.set_settings(None, flags)
         dom.set_hotset(None, flags)  # an agent told to stop saves nothing once the element is gone
+        if config.hotset_dir is not None:
+            HotStore(config.hotset_dir).remove(dom.uuid())
         print(f"{args.domain}: vmcache metadata and saved hot set removed")
+        rule = next((r for r in config.rules if r.match.matches(dom.info())), None)
+        if rule is not None and rule.enabled:  # the rules decide now: the domain stays managed
+            print(f"{args.domain}: still managed by {rule} (host config); `vmcache disable` without --remove "
+                  "opts it out")
+            return 0
     elif current is None:
         print(f"{args.domain}: no vmcache metadata, nothing to disable")
     else:

@@ -1,10 +1,14 @@
-"""``vmcache hotset DOMAIN [--json] [--clear]``: the hot set saved in a domain's XML.
+"""``vmcache hotset DOMAIN [--json] [--clear]``: the hot set saved for a domain's warm start, and where it is.
 
-Shows, per disk, the image the set was saved for and the regions it holds
-(with ``--json``: every region, highest priority first), or removes it
-(``--clear``): the domain's next start is then a cold one. A running agent
-saves a new set at its next save (``hotset_interval``); ``vmcache disable``
-stops that.
+An agent saves the set into the domain's XML (live and persistent
+definition) and into the host's copy, ``<hotset_dir>/<uuid>.xml``; the
+next agent warms from the newest valid one. This shows that one - saying
+where it came from - per disk the image it was saved for and the regions
+it holds (with ``--json``: every region, highest priority first, and what
+each place holds), or removes every copy (``--clear``): the domain's next
+start is then a cold one. ``--live``/``--config`` show (or clear) that
+definition's XML alone. A running agent saves a new set at its next save
+(``hotset_interval``); ``vmcache disable`` stops that.
 """
 
 from __future__ import annotations
@@ -14,22 +18,28 @@ import json
 import time
 from typing import Any
 
+from ..errors import VmcacheError
+from ..host.hotstore import HotStore
 from ..host.virtdomain import Affect, VirtDomain, connect
-from ..settings.hotset import HotSet
+from ..settings.config import HostConfig
+from ..settings.hotset import HotSet, newest
 from ..units import format_size
-from .enable import add_affect_options, affect, read_from
+from ._host import add_host_options, host_config
+from .enable import add_affect_options, affect
 
 NAME = "hotset"
-HELP = "show (or --clear) the hot set an agent saved in a domain's XML for its warm start"
+HELP = "show (or --clear) the hot set saved for a domain's warm start, and where it is kept"
+
+_WHERE = {"live": "the live definition", "persistent": "the persistent definition", "host": "the host's copy"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("domain", help="libvirt domain name")
     parser.add_argument("--json", action="store_true", help="print the set as JSON, every region")
     parser.add_argument("--clear", action="store_true",
-                        help="remove it (default: from the live definition if running and the persistent one)")
+                        help="remove it (default: from both definitions and the host's copy)")
     add_affect_options(parser)
-    parser.add_argument("--uri", default="qemu:///system", help="libvirt URI (default qemu:///system)")
+    add_host_options(parser)
 
 
 def to_json(hotset: HotSet) -> dict[str, Any]:
@@ -40,33 +50,75 @@ def to_json(hotset: HotSet) -> dict[str, Any]:
         for d in hotset.disks]}
 
 
-def _clear_flags(args: argparse.Namespace, dom: VirtDomain, active: bool) -> Affect:
-    flags = affect(args)
-    if flags != Affect.CURRENT:
-        return flags
-    flags = Affect.LIVE if active else Affect(0)
-    return flags | Affect.CONFIG if dom.is_persistent() else flags
+def _store(config: HostConfig) -> HotStore | None:
+    return None if config.hotset_dir is None else HotStore(config.hotset_dir)
+
+
+def _places(dom: VirtDomain, store: HotStore | None, flags: Affect) -> list[tuple[str, str | None]]:
+    """The places asked about: (where, the host copy's path or None)."""
+    places: list[tuple[str, str | None]] = []
+    if flags & Affect.LIVE or flags & Affect.CONFIG:
+        places += [("live", None)] if flags & Affect.LIVE else []
+        return places + ([("persistent", None)] if flags & Affect.CONFIG else [])
+    places += [("live", None)] if dom.is_active() else []
+    places += [("persistent", None)] if dom.is_persistent() else []
+    return places + ([("host", store.path(dom.uuid()))] if store is not None else [])
+
+
+def _read(dom: VirtDomain, store: HotStore | None, where: str) -> HotSet | None:
+    if where == "host":
+        assert store is not None
+        return store.load(dom.uuid())
+    return dom.hotset(Affect.LIVE if where == "live" else Affect.CONFIG)
 
 
 def run(args: argparse.Namespace) -> int:
+    store = _store(host_config(args))
     dom = VirtDomain(connect(args.uri), args.domain)
-    active = dom.is_active()
+    places = _places(dom, store, affect(args))
     if args.clear:
-        flags = _clear_flags(args, dom, active)
-        dom.set_hotset(None, flags)
-        print(f"{args.domain}: saved hot set removed")
+        flags = Affect(0)
+        for where, _ in places:
+            flags |= {"live": Affect.LIVE, "persistent": Affect.CONFIG}.get(where, Affect(0))
+        if flags:
+            dom.set_hotset(None, flags)
+        if store is not None and any(w == "host" for w, _ in places):
+            store.remove(dom.uuid())
+        print(f"{args.domain}: saved hot set removed from " + ", ".join(_WHERE[w] for w, _ in places))
         return 0
-    hotset = dom.hotset(read_from(affect(args), active))
+    found: list[tuple[str, HotSet]] = []
+    report: dict[str, Any] = {}
+    for where, path in places:
+        try:
+            hotset = _read(dom, store, where)
+        except VmcacheError as err:
+            report[where] = {"error": str(err), "path": path}
+            continue
+        report[where] = {"saved": None if hotset is None else hotset.saved, "path": path}
+        if hotset is not None:
+            found.append((where, hotset))
+    chosen = newest(found)
     if args.json:
-        print(json.dumps(None if hotset is None else to_json(hotset), indent=1))
+        out = None if chosen is None else {**to_json(chosen[1]), "source": chosen[0]}
+        print(json.dumps(None if out is None else {**out, "places": report}, indent=1))
         return 0
-    if hotset is None:
+    for where, state in report.items():
+        if "error" in state:
+            print(f"{args.domain}: {_WHERE[where]}: unusable: {state['error']}")
+    if chosen is None:
         print(f"{args.domain}: no saved hot set")
         return 0
+    where, hotset = chosen
     age = max(0, int(time.time()) - hotset.saved)
-    print(f"{args.domain}: hot set saved {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(hotset.saved))}"
-          f" ({age}s ago), {len(hotset.disks)} disk(s)")
+    path = report[where]["path"]
+    print(f"{args.domain}: hot set from {_WHERE[where]}" + (f" ({path})" if path else "")
+          + f", saved {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(hotset.saved))}"
+            f" ({age}s ago), {len(hotset.disks)} disk(s)")
     for d in hotset.disks:
         print(f"  {d.dev}: {len(d.regions)} regions, {format_size(d.bytes)} of {d.image} "
               f"({format_size(d.size)}, id {d.image_id or 'none'}), blocks {format_size(d.block_size)}")
+    others = [f"{_WHERE[w]} saved {h.saved}" + (" (same)" if h == hotset else " (older)")
+              for w, h in found if w != where]
+    if others:
+        print("  also in: " + "; ".join(others))
     return 0

@@ -15,7 +15,8 @@ import libvirt
 
 from ..errors import DomainError, DomainGoneError
 from ..settings.hotset import HOTSET_NAMESPACE, HOTSET_PREFIX, HotSet, build_hotset, parse_hotset
-from ..settings.metadata import NAMESPACE, PREFIX, DomainSettings, build_settings, parse_settings
+from ..settings.metadata import (NAMESPACE, PREFIX, DomainInfo, DomainSettings, build_settings, parse_domain,
+                                 parse_settings)
 
 __all__ = ["DEFAULT_URI", "Affect", "VirtDomain", "active_domains", "connect"]
 
@@ -83,6 +84,25 @@ class VirtDomain:
         facade._dom = dom
         facade.name = dom.name()
         return facade
+
+    def info(self, affect: Affect = Affect.CURRENT) -> DomainInfo:
+        """The domain's XML (live if running, else persistent; or as ``affect`` says), parsed.
+
+        Raises DomainError (libvirt) or ConfigError (the XML or vmcache's metadata is not acceptable).
+        """
+        flags = libvirt.VIR_DOMAIN_XML_INACTIVE if affect == Affect.CONFIG else 0
+        try:
+            xml = self._dom.XMLDesc(flags)
+        except libvirt.libvirtError as err:
+            raise _error(f"{self.name}: cannot read its XML", err) from err
+        return parse_domain(xml)
+
+    def uuid(self) -> str:
+        """The domain's uuid (the key of the host's copy of its hot set). Raises DomainError."""
+        try:
+            return str(self._dom.UUIDString())
+        except libvirt.libvirtError as err:
+            raise _error(f"{self.name}: cannot get its uuid", err) from err
 
     def is_active(self) -> bool:
         try:

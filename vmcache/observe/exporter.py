@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from ..errors import ConfigError, HostError
-from ..settings.config import MetricsBasicAuth, MetricsTLS
+from ..settings.metrics import MetricsBasicAuth, MetricsTLS
 from ..logfmt import event
 
 __all__ = [

@@ -18,6 +18,7 @@ Schema (version 1), all sizes in bytes, times in seconds since the epoch::
      "share_error": null,             # e.g. the minimums of all domains exceed the cap
      "metrics_url": "http://127.0.0.1:9470/metrics", "last_error": null,
      "managed_by": "rule 2: nova_flavor=m1.large",   # or "metadata": why vmcache manages it
+     "hotset_saved_at": 1700000090.0, "hotset_source": "host",  # live | persistent | host: what it warmed from
      "disks": [{"target": "vda", "source": "/var/lib/libvirt/images/web-1.img",
                 "cache": "writethrough", "eligible": true, "reason": null,
                 "size_bytes": 21474836480,
@@ -130,6 +131,7 @@ class AgentStatus:
     metrics_url: str | None = None
     last_error: str | None = None
     hotset_saved_at: float | None = None  # wall time the agent last saved the domain's hot set
+    hotset_source: str | None = None  # where the set it warmed from came from: live, persistent, host
     managed_by: str | None = None  # why vmcache manages the domain: "metadata", "rule 2: nova_flavor=m1.large"
     disks: list[DiskStatus] = field(default_factory=list)
     version: int = SCHEMA_VERSION

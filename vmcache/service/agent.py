@@ -134,6 +134,7 @@ class Agent:
             self._start_telemetry()
             if self._hotsets is not None:
                 self._hotsets.load()
+                self.status.hotset_source = self._hotsets.source
             self._sync_disks()
             if self._hotsets is not None:
                 self._hotsets.warm_all(self._disks.workers())

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..host.hotstore import HotStore
 from ..host.rungate import RunGate
 from ..host.runlock import RUN_LOCK_DIR, RunLock
 from ..host.ledger import Ledger
@@ -63,7 +64,9 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
     budget = Budget(domain, Ledger(config.ledger_path, None), cap=config.pinned_cap,
                     psi_threshold=config.psi_threshold, pressure=pressure or read_pressure,
                     meminfo=read_meminfo, logger=logger)
-    hotsets = HotSetKeeper(link.virt, every=config.hotset_interval, logger=logger)
+    store = (HotStore(config.hotset_dir, keep=config.hotset_keep, max_age=config.hotset_max_age)
+             if config.hotset_dir is not None else None)
+    hotsets = HotSetKeeper(link.virt, every=config.hotset_interval, logger=logger, store=store, uuid=uuid)
     watch = ConfigWatch(config_path, logger=logger) if config_path is not None else None
     reconcile = ReconcileRequest(config, config_path, uri, logger=logger) if config_path is not None else None
     return Agent(domain, config, link=link, disks=disks, budget=budget, telemetry=telemetry, wake=wake,

@@ -7,15 +7,18 @@ image (vmcache.settings.hotset.mismatch), and writes the set of regions
 every disk holds back into the domain's XML every ``hotset_interval``
 and when the agent stops: the live definition while the domain runs, and
 the persistent one of a persistent domain (so a stop/start and a host
-reboot find it too). A disk still warming keeps the record it started
+reboot find it too) - and into the host's copy (vmcache.host.hotstore,
+keyed by the domain's uuid), which outlives a fleet manager's fresh
+definition of the domain. At start the newest valid set of the three
+wins. A disk still warming keeps the record it started
 from, so an agent restarted in the middle of a warm start loses nothing;
 a disk backing off (free-memory floor, memory pressure: it holds less than
 it planned) keeps the record it had, so a host shutting down under
 pressure does not save a shrunken set.
 
 Saving never fails the agent: libvirt errors are logged and retried at
-the next save. Nothing is saved once vmcache is disabled or its element
-removed (``vmcache disable --remove`` removes the saved set too).
+the next save. Nothing is saved once vmcache no longer manages the domain
+(``vmcache disable --remove`` removes the saved set, the host's copy too).
 """
 
 from __future__ import annotations
@@ -23,16 +26,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from ..errors import DomainGoneError, VmcacheError
 from ..host.cachestat import fd_size
+from ..host.hotstore import HotStore
 from ..host.imageid import image_id
 from ..host.virtdomain import Affect
 from ..logfmt import event
 from ..model.warm import WarmStart
-from ..settings.hotset import DiskHotSet, HotSet, mismatch
+from ..settings.hotset import DiskHotSet, HotSet, mismatch, newest
 from ..settings.metadata import DomainSettings
 from .engine import DiskEngine
 
@@ -73,44 +77,75 @@ class HotSetKeeper:
     """One agent's saved hot set: :meth:`load` once, :meth:`warm` each new disk, :meth:`save`."""
 
     def __init__(self, domain: Callable[[], HotSetDomain], *, every: float, logger: logging.Logger,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
-        """``domain``: the domain as libvirt has it now (a new object after a reconnect)."""
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 store: HotStore | None = None, uuid: Callable[[], str] = lambda: "") -> None:
+        """``domain``: the domain as libvirt has it now (a new object after a reconnect); ``store``: the
+        host's copies (None: the XML only), by the domain's ``uuid`` (known once the agent attached)."""
         self._dom = domain
         self.every = every
         self._log = logger
         self._clock = clock
         self._wall = wall
+        self._store = store
+        self._uuid = uuid
         self._loaded: dict[str, DiskHotSet] = {}
         self._warming: dict[str, DiskHotSet] = {}  # by target: the record a disk started from
         self._kept: dict[str, DiskHotSet] = {}     # by target: the record last saved (or started from)
         self._last_save: float | None = None
         self.saved_at: float | None = None
         """Wall time of the last successful save (status)."""
+        self.source: str | None = None
+        """Where the set warmed from came from: live, persistent (the definitions' XML) or host (status)."""
+
+    def _sources(self) -> Iterator[tuple[str, Callable[[], HotSet | None]]]:
+        """Where a saved set may be, in the order a tie goes (the XML, which rides a migration, first)."""
+        dom = self._dom()
+        yield "live", lambda: dom.hotset(Affect.LIVE)
+        if dom.is_persistent():
+            yield "persistent", lambda: dom.hotset(Affect.CONFIG)
+        if self._store is not None:
+            store, uuid = self._store, self._uuid()
+            yield "host", lambda: store.load(uuid)
 
     def load(self) -> None:
-        """Read the saved set; one warning line and a cold start if it is unusable.
+        """Read the saved sets and keep the newest valid one; one warning line and a cold start if none is.
 
-        The live definition's, or where it has none, the persistent one's: a
+        The live definition's, the persistent one's and the host's copy: a
         start right after a stop (``virsh destroy; virsh start``, a snapshot
         revert that restarts QEMU) copies the persistent definition into the
-        new run before the stopping agent saves its set there. This agent
-        starts only once that one has exited (the pidfile lock), so the
-        persistent definition has the set by now.
+        new run before the stopping agent saves its set there (this agent
+        starts only once that one has exited, the pidfile lock), and a
+        fleet manager that defined the domain afresh left only the host's.
         """
+        found: list[tuple[str, HotSet]] = []
+        errors: list[str] = []
         try:
-            dom = self._dom()
-            hotset, where = dom.hotset(Affect.LIVE), "live"
-            if hotset is None and dom.is_persistent():
-                hotset, where = dom.hotset(Affect.CONFIG), "persistent"
-        except VmcacheError as err:  # ConfigError among them: hostile or broken element
-            self._log.warning(event("hotset.unusable", error=err, action="cold start"))
+            for where, read in self._sources():
+                try:
+                    hotset = read()
+                except VmcacheError as err:  # ConfigError among them: hostile or broken element
+                    errors.append(f"{where}: {err}")
+                    continue
+                if hotset is not None:
+                    found.append((where, hotset))
+        except VmcacheError as err:  # the domain itself (is_persistent)
+            errors.append(str(err))
+        chosen = newest(found)
+        if chosen is None:
+            if errors:
+                self._log.warning(event("hotset.unusable", error=errors[0], others=len(errors) - 1,
+                                        action="cold start"))
+            else:
+                self._log.info(event("hotset.none"))
             return
-        if hotset is None:
-            self._log.info(event("hotset.none"))
-            return
+        where, hotset = chosen
+        for error in errors:
+            self._log.warning(event("hotset.unusable", error=error, action=f"the {where} set is used"))
         self._loaded = {d.dev: d for d in hotset.disks}
+        self.source = where
+        others = ",".join(f"{w}:{h.saved}" for w, h in found if w != where)
         self._log.info(event("hotset.loaded", disks=len(hotset.disks), saved=hotset.saved, definition=where,
-                             bytes=sum(d.bytes for d in hotset.disks)))
+                             bytes=sum(d.bytes for d in hotset.disks), others=others or "none"))
 
     def warm_all(self, disks: Iterable[ManagedDisk]) -> None:
         """Warm every disk that has a matching record; records left over are logged and dropped.
@@ -158,42 +193,65 @@ class HotSetKeeper:
 
     def save(self, disks: Iterable[ManagedDisk], *, live: bool,
              managed: Callable[[DomainSettings | None], bool] = _by_metadata) -> bool:
-        """Write the regions every disk holds: live definition if ``live``, persistent if the domain is.
+        """Write the regions every disk holds: into the live definition if ``live``, the persistent one if
+        the domain is, and the host's copy.
 
-        With nothing held the element is removed.
+        With nothing held the element (and the host's copy) is removed.
         Skipped (False) when vmcache no longer manages the domain: ``managed``
         of its metadata now (disabled, or its element removed and no host rule
-        opts it in).
-        Errors are logged, never raised; True when the set was written.
+        opts it in). A domain already gone (a transient one that stopped)
+        keeps only the host's copy. Errors are logged, never raised; True
+        when the set was written somewhere.
         """
         self._last_save = self._clock()
         dom = self._dom()
+        flags: Affect | None = None
         try:
             persistent = dom.is_persistent()
-            if not live and not persistent:
-                return False  # a transient domain that stopped is gone, and its XML with it
-            settings = dom.settings(Affect.LIVE if live else Affect.CONFIG)
+            if live or persistent:
+                if not managed(dom.settings(Affect.LIVE if live else Affect.CONFIG)):
+                    self._log.info(event("hotset.not_saved", reason="vmcache no longer manages the domain"))
+                    return False
+                flags = (Affect.LIVE if live else Affect(0)) | (Affect.CONFIG if persistent else Affect(0))
         except DomainGoneError:
-            self._log.info(event("hotset.not_saved", reason="the domain is gone (a transient domain that stopped)"))
-            return False
+            self._log.info(event("hotset.not_in_xml", reason="the domain is gone (a transient domain that stopped)"))
         except VmcacheError as err:
             self._log.log(logging.WARNING if live else logging.INFO, event("hotset.save_failed", error=err))
-            return False
-        if not managed(settings):
-            self._log.info(event("hotset.not_saved", reason="vmcache is disabled for the domain"))
-            return False
-        flags = (Affect.LIVE if live else Affect(0)) | (Affect.CONFIG if persistent else Affect(0))
         started = time.process_time()
         try:
             hotset = HotSet(saved=int(self._wall()), disks=tuple(self._records(disks)))
-            # nothing held (the guest left every region): no element, the next start is a cold one
-            dom.set_hotset(hotset if hotset.disks else None, flags)
         except VmcacheError as err:
             self._log.warning(event("hotset.save_failed", error=err))
             return False
+        wrote = []
+        if flags is not None:
+            try:  # nothing held (the guest left every region): no element, the next start is a cold one
+                dom.set_hotset(hotset if hotset.disks else None, flags)
+                wrote.append("xml")
+            except VmcacheError as err:
+                self._log.warning(event("hotset.save_failed", error=err))
+        if self._store is not None and self._save_host(hotset):
+            wrote.append("host")
+        if not wrote:
+            return False
         self.saved_at = self._wall()
         self._log.info(event("hotset.saved", disks=len(hotset.disks), bytes=sum(d.bytes for d in hotset.disks),
-                             live=live, config=persistent, cpu_ms=f"{(time.process_time() - started) * 1e3:.2f}"))
+                             live=live, config=bool(flags and flags & Affect.CONFIG), to="+".join(wrote),
+                             cpu_ms=f"{(time.process_time() - started) * 1e3:.2f}"))
+        return True
+
+    def _save_host(self, hotset: HotSet) -> bool:
+        assert self._store is not None
+        try:
+            if not hotset.disks:
+                self._store.remove(self._uuid())
+                return True
+            pruned = self._store.save(self._uuid(), hotset)
+        except VmcacheError as err:
+            self._log.warning(event("hotset.host_save_failed", error=err))
+            return False
+        if pruned:
+            self._log.info(event("hotset.pruned", files=len(pruned)))
         return True
 
     def _records(self, disks: Iterable[ManagedDisk]) -> Iterable[DiskHotSet]:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..units import parse_duration, parse_size
+from .metrics import MetricsConfig, metrics_from_json, parse_metrics
 from .rules import Rule, parse_rules, rules_from_json
 from .yamltext import abs_path, key_text, load_yaml, no_unknown, whole
 from .yamltext import section as mapping_section
@@ -42,9 +43,6 @@ __all__ = [
     "NEVER_ELIGIBLE",
     "HostConfig",
     "PinnedCap",
-    "MetricsConfig",
-    "MetricsTLS",
-    "MetricsBasicAuth",
     "HeatmapConfig",
     "parse_host_config",
     "config_to_json",
@@ -80,39 +78,6 @@ class PinnedCap:
 
 
 @dataclass(frozen=True)
-class MetricsTLS:
-    """HTTPS for the metrics endpoint (vmcache.observe.exporter.tls_context makes the SSL context)."""
-
-    certfile: str
-    keyfile: str
-    client_cafile: str | None = None
-    client_auth_required: bool = False
-
-
-@dataclass(frozen=True)
-class MetricsBasicAuth:
-    """HTTP basic auth: user name and a file holding the password (read by exporter.basic_auth_credentials)."""
-
-    username: str
-    password_file: str
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    """Where agents serve Prometheus metrics: each agent takes the first free port of the range."""
-
-    listen: str = "127.0.0.1"
-    port_first: int = 9850
-    port_last: int = 9999
-    tls: MetricsTLS | None = None
-    basic_auth: MetricsBasicAuth | None = None
-
-    @property
-    def ports(self) -> range:
-        return range(self.port_first, self.port_last + 1)
-
-
-@dataclass(frozen=True)
 class HeatmapConfig:
     """Heat-map pictures: where they go and how they are drawn."""
 
@@ -138,6 +103,9 @@ class HostConfig:
     psi_threshold: float = 10.0
     interval: float = 10.0
     hotset_interval: float = 300.0      # seconds between saves of the hot set; 0: never saved
+    hotset_dir: str | None = "/var/lib/vmcache/hotsets"  # the host's copies of hot sets; None: kept in the XML only
+    hotset_keep: int = 1000             # most host copies kept (the oldest go first)
+    hotset_max_age: float = 30 * 86400.0  # a host copy not saved again for this long is removed
     cache_modes: frozenset[str] = frozenset({"writethrough"})
     pinned_cap: PinnedCap = PinnedCap()
     model: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -190,11 +158,6 @@ def config_to_json(value: Any) -> Any:
 
 def config_from_json(data: dict[str, Any]) -> HostConfig:
     """The inverse of :func:`config_to_json` for a HostConfig (KeyError/TypeError if it does not fit)."""
-    metrics = dict(data["metrics"])
-    if metrics["tls"] is not None:
-        metrics["tls"] = MetricsTLS(**metrics["tls"])
-    if metrics["basic_auth"] is not None:
-        metrics["basic_auth"] = MetricsBasicAuth(**metrics["basic_auth"])
     command = data["agent_command"]
     return HostConfig(**{
         **data,
@@ -202,7 +165,7 @@ def config_from_json(data: dict[str, Any]) -> HostConfig:
         "pinned_cap": PinnedCap(**data["pinned_cap"]),
         "model": MappingProxyType(dict(data["model"])),
         "agent_command": None if command is None else tuple(command),
-        "metrics": MetricsConfig(**metrics),
+        "metrics": metrics_from_json(data["metrics"]),
         "heatmap": HeatmapConfig(**data["heatmap"]),
         "rules": rules_from_json(data["rules"]),
     })
@@ -239,6 +202,12 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     if "hotset_interval" in data:
         values["hotset_interval"] = (0.0 if data["hotset_interval"] in (0, "0", "never")
                                      else parse_duration(data["hotset_interval"], key="hotset_interval", minimum=1.0))
+    if "hotset_dir" in data:
+        values["hotset_dir"] = None if data["hotset_dir"] is None else abs_path(data["hotset_dir"], "hotset_dir")
+    if "hotset_keep" in data:
+        values["hotset_keep"] = whole(data["hotset_keep"], "hotset_keep", 1)
+    if "hotset_max_age" in data:
+        values["hotset_max_age"] = parse_duration(data["hotset_max_age"], key="hotset_max_age", minimum=3600.0)
     if "cache_modes" in data:
         values["cache_modes"] = _cache_modes(data["cache_modes"])
     if "pinned_cap" in data:
@@ -251,7 +220,7 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     if "agent_command" in data:
         values["agent_command"] = _command(data["agent_command"])
     if "metrics" in data:
-        values["metrics"] = _metrics(data["metrics"])
+        values["metrics"] = parse_metrics(data["metrics"])
     if "heatmap" in data:
         values["heatmap"] = _heatmap(data["heatmap"])
     if "domains" in data:
@@ -263,11 +232,8 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
 
 
 _TOP_KEYS = ("budget", "min_free", "prefetch_rate", "warm_rate", "psi_threshold", "interval", "hotset_interval",
-             "cache_modes", "pinned_cap", "model",
+             "hotset_dir", "hotset_keep", "hotset_max_age", "cache_modes", "pinned_cap", "model",
              "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap", "domains")
-_METRICS_KEYS = ("listen", "ports", "tls", "basic_auth")
-_TLS_KEYS = ("certfile", "keyfile", "client_cafile", "client_auth_required")
-_AUTH_KEYS = ("username", "password_file")
 _HEATMAP_KEYS = ("dir", "every", "blocks_per_pixel", "aspect")
 
 
@@ -335,10 +301,6 @@ def _model(value: object) -> Mapping[str, Any]:
     return MappingProxyType(dict(section))
 
 
-def _optional_path(value: object, key: str) -> str | None:
-    return None if value is None else abs_path(value, key)
-
-
 def _command(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -350,67 +312,6 @@ def _command(value: object) -> tuple[str, ...] | None:
     if not value[0].startswith("/"):
         raise ConfigError("agent_command", value, "the program must be an absolute path")
     return tuple(value)
-
-
-def _ports(value: object) -> tuple[int, int]:
-    key = "metrics.ports"
-    if isinstance(value, bool):
-        raise ConfigError(key, value, "must be a port or a range such as 9850-9999")
-    if isinstance(value, int):
-        first = last = value
-    elif isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,5}\s*-\s*[0-9]{1,5}\s*", value):
-        first, last = (int(p) for p in value.split("-"))
-    elif (isinstance(value, list) and len(value) == 2
-          and all(isinstance(p, int) and not isinstance(p, bool) for p in value)):
-        first, last = value
-    else:
-        raise ConfigError(key, value, "must be a port or a range such as 9850-9999")
-    if not 1 <= first <= last <= 65535:
-        raise ConfigError(key, value, "ports must be in 1-65535, first <= last")
-    return first, last
-
-
-def _metrics(value: object) -> MetricsConfig:
-    section = mapping_section(value, "metrics")
-    no_unknown(section, _METRICS_KEYS, "metrics.")
-    values: dict[str, Any] = {}
-    if "listen" in section:
-        import ipaddress  # here: the hook loads this module on every domain start
-
-        listen = section["listen"]
-        try:
-            values["listen"] = str(ipaddress.ip_address(listen if isinstance(listen, str) else ""))
-        except ValueError:
-            raise ConfigError("metrics.listen", listen, "must be an IP address, e.g. 127.0.0.1 or ::1") from None
-    if "ports" in section:
-        values["port_first"], values["port_last"] = _ports(section["ports"])
-    if section.get("tls") is not None:
-        values["tls"] = _tls(mapping_section(section["tls"], "metrics.tls"))
-    if section.get("basic_auth") is not None:
-        auth = mapping_section(section["basic_auth"], "metrics.basic_auth")
-        no_unknown(auth, _AUTH_KEYS, "metrics.basic_auth.")
-        username = auth.get("username")
-        if not isinstance(username, str) or not username or ":" in username or not username.isprintable():
-            raise ConfigError("metrics.basic_auth.username", username, "must be a non-empty name without ':'")
-        values["basic_auth"] = MetricsBasicAuth(
-            username, abs_path(auth.get("password_file"), "metrics.basic_auth.password_file"))
-    return MetricsConfig(**values)
-
-
-def _tls(section: Mapping[Any, Any]) -> MetricsTLS:
-    no_unknown(section, _TLS_KEYS, "metrics.tls.")
-    required = section.get("client_auth_required", False)
-    if not isinstance(required, bool):
-        raise ConfigError("metrics.tls.client_auth_required", required, "must be true or false")
-    cafile = _optional_path(section.get("client_cafile"), "metrics.tls.client_cafile")
-    if required and cafile is None:
-        raise ConfigError("metrics.tls.client_auth_required", required, "needs client_cafile")
-    return MetricsTLS(
-        certfile=abs_path(section.get("certfile"), "metrics.tls.certfile"),
-        keyfile=abs_path(section.get("keyfile"), "metrics.tls.keyfile"),
-        client_cafile=cafile,
-        client_auth_required=required,
-    )
 
 
 def _heatmap(value: object) -> HeatmapConfig:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from xml.etree.ElementTree import Element, SubElement, tostring
 
@@ -58,6 +59,7 @@ __all__ = [
     "parse_hotset",
     "hotset_of",
     "mismatch",
+    "newest",
     "top_regions",
 ]
 
@@ -139,6 +141,19 @@ def mismatch(record: DiskHotSet, *, dev: str, image: str, size: int, image_id: s
     if record.image_id is not None and record.image_id != image_id:
         return f"saved for image id {record.image_id}, the image has {image_id or 'none'} (replaced?)"
     return None
+
+
+def newest(found: Sequence[tuple[str, HotSet]]) -> tuple[str, HotSet] | None:
+    """The most recently saved of the sets ``found`` where each was read (the first of a tie); None for none.
+
+    A domain's set may be in its live definition, its persistent one and
+    the host's copy; the one saved last describes the guest best.
+    """
+    best: tuple[str, HotSet] | None = None
+    for where, hotset in found:
+        if best is None or hotset.saved > best[1].saved:
+            best = (where, hotset)
+    return best
 
 
 # -- encoding -----------------------------------------------------------------------
