@@ -21,7 +21,7 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from xml.sax.saxutils import escape
@@ -35,8 +35,9 @@ from vmcache.host.files import file_stem
 
 __all__ = [
     "GiB", "HOOK_LOCK", "HOOK_PATHS", "MiB", "REPO", "URI", "LiveEnv", "QMPError", "cache_metadata", "connect",
-    "create_disk", "destroy_domains", "domain_xml", "guest_read", "guest_write", "installed_hook", "is_our_hook", "leftovers",
-    "libvirtd_pid", "nbd_dir", "open_conn", "qemu_pid", "qmp", "read_status", "restart_libvirtd", "scrape",
+    "agents_env", "covered", "create_disk", "destroy_domains", "domain_xml", "guest_read", "guest_write", "installed_hook",
+    "is_our_hook", "leftovers",
+    "libvirtd_pid", "mapped", "nbd_dir", "open_conn", "qemu_pid", "qmp", "read_status", "restart_libvirtd", "scrape",
     "start_paused", "stop_agents", "wait_for",
 ]
 
@@ -244,6 +245,23 @@ def pivot_when_ready(dom: Any, disk: str, timeout: float = 60.0) -> None:
     wait_for(pivoted, f"the block job of {disk} to be ready for its pivot", timeout)
 
 
+def mapped(pid: int, image: Path) -> list[tuple[int, int]]:
+    """(file offset, length) of every mapping of ``image`` in process ``pid``: an agent's pinned regions."""
+    ranges = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(image):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((int(fields[2], 16), end - start))
+    return sorted(ranges)
+
+
+def covered(ranges: list[tuple[int, int]], start: int, length: int) -> bool:
+    """Whether every page of ``[start, start + length)`` is in one of ``ranges`` (:func:`mapped`'s)."""
+    return all(any(o <= page < o + n for o, n in ranges) for page in range(start, start + length, 4096))
+
+
 # -- agents -----------------------------------------------------------------------------------
 
 
@@ -306,11 +324,17 @@ def _signal(pid: int, signum: int) -> None:
 
 @dataclass
 class LiveEnv:
-    """A host config under ``tmp`` (runtime_dir tmp/run, log_dir tmp/log) and the files its agents write."""
+    """A host config under ``tmp`` (runtime_dir tmp/run, log_dir tmp/log), its agents' files, and the test domains.
+
+    ``base`` is the host config as written (:meth:`write_config`); :meth:`domain` builds and starts every
+    test domain the same way and remembers it for :meth:`cleanup`.
+    """
 
     conn: Any
     tmp: Path
     config: Path
+    base: dict[str, Any] = field(default_factory=dict)
+    made: list[str] = field(default_factory=list)  # names of the domains domain() made, for cleanup()
 
     @property
     def run(self) -> Path:
@@ -323,6 +347,76 @@ class LiveEnv:
     @property
     def logs(self) -> Path:
         return self.tmp / "log"
+
+    def write_config(self, **changes: object) -> None:
+        """The host config file: ``base`` with ``changes``."""
+        import yaml
+
+        self.config.write_text(yaml.safe_dump({**self.base, **changes}))
+
+    @contextmanager
+    def config_override(self, **changes: object) -> Iterator[None]:
+        """The host config with ``changes`` for agents started meanwhile (they read it once)."""
+        self.write_config(**changes)
+        try:
+            yield
+        finally:
+            self.write_config()
+
+    def live(self) -> Any:
+        """The connection, opened again if libvirtd was restarted under it."""
+        try:
+            if self.conn is not None and self.conn.isAlive():
+                return self.conn
+        except libvirt.libvirtError:
+            pass
+        self.conn = connect(timeout=30)
+        return self.conn
+
+    def lookup(self, name: str) -> Any:
+        return self.live().lookupByName(name)
+
+    def domain(self, name: str, *, budget: str | None = "16M", metadata: str | None = None, size: int = 64 * MiB,
+               image: Path | None = None, devices: str = "", persistent: bool = False,
+               edit: Callable[[str], str] | None = None, start: bool = True) -> Any:
+        """Test domain ``name``, started paused: the one shared way the live tests build their domains.
+
+        Its disk is ``image`` or a fresh sparse raw image of ``size`` bytes; its metadata opts it in with
+        ``budget`` (:func:`cache_metadata`), or is ``metadata`` as given ("" for none: what a fleet manager
+        defines); ``devices`` are added; ``edit`` may change the XML last. Transient (created) unless
+        ``persistent`` (defined, then started unless not ``start``). Remembered for :meth:`cleanup`.
+        """
+        xml = domain_xml(name, image or self.disk(name, size),
+                         metadata=cache_metadata(budget) if metadata is None else metadata, devices=devices)
+        if edit is not None:
+            xml = edit(xml)
+        self.made.append(name)
+        if not persistent:
+            return start_paused(self.live(), xml)
+        dom = self.live().defineXML(xml)
+        if start:
+            dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+        return dom
+
+    def cleanup(self, timeout: float = 15.0) -> None:
+        """Destroy and undefine every domain :meth:`domain` made; wait for their agents (SIGKILL after ``timeout``)."""
+        names, self.made[:] = list(self.made), []
+        for name in names:
+            try:
+                dom = self.lookup(name)
+            except libvirt.libvirtError:
+                continue
+            for undo in (dom.destroy, lambda d=dom: d.undefineFlags(_UNDEFINE_ALL)):
+                try:
+                    undo()
+                except libvirt.libvirtError:
+                    pass
+        for name in names:
+            try:
+                wait_for(lambda n=name: self.agent_pid(n) is None, f"agent of {name} to exit", timeout=timeout)
+            except AssertionError:
+                if pid := self.agent_pid(name):
+                    _signal(pid, signal.SIGKILL)
 
     def status(self, name: str) -> Any:
         return read_status(self.agents, name)
@@ -351,25 +445,37 @@ class LiveEnv:
         return create_disk(self.tmp / f"{file_stem(name)}.raw", size)
 
 
-def agents_env(tmp: Path, hooked: Any, prefix: str, *, cap: int) -> Iterator[LiveEnv]:
-    """A host config for fast real agents (1 s cycles, 1 MiB blocks, decay 0.5, ``cap`` pinned at most)
-    under ``tmp``, the test hook installed for it (domains ``prefix...`` cleaned up); the LiveEnv.
+_UNDEFINE_ALL = (libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+                 | libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
+
+
+def agents_env(tmp: Path, hooked: Any, prefix: str, *, cap: int | str | None = None,
+               **settings: object) -> Iterator[LiveEnv]:
+    """A host config for fast real agents (1 s cycles, 1 MiB blocks, decay 0.5, ``cap`` pinned at most;
+    ``settings`` add or replace keys) under ``tmp``, the test hook installed for it (domains ``prefix...``
+    cleaned up); the LiveEnv, connected once the hook is ours (waiting for the hook lock can take minutes,
+    and a connection opened before may not outlive a libvirtd restart meanwhile).
 
     For a module-scoped ``env`` fixture: ``yield from agents_env(live_tmp, hooked, PREFIX, cap=CAP)``.
     """
-    config = tmp / "vmcache.yaml"
-    config.write_text(
-        f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\ninterval: 1s\nmin_free: 256M\n"
-        f"pinned_cap: {cap}\n"
-        f"agent_command: [{sys.executable}, -m, vmcache, agent]\n"
-        "model:\n  decay: 0.5\n  block_size: 1M\n"
-    )
-    env = LiveEnv(connect(), tmp, config)
-    hooked(config, prefix, env.agents)
+    base: dict[str, Any] = {
+        "runtime_dir": f"{tmp}/run", "log_dir": f"{tmp}/log", "hotset_dir": f"{tmp}/hotsets", "interval": "1s",
+        "min_free": "256M",
+        "agent_command": [sys.executable, "-m", "vmcache", "agent"],
+        "model": {"decay": 0.5, "block_size": "1M"},
+        **({"pinned_cap": cap} if cap is not None else {}), **settings,
+    }
+    env = LiveEnv(None, tmp, tmp / "vmcache.yaml", base)
+    env.write_config()
+    hooked(env.config, prefix, env.agents)
+    env.live()
     try:
         yield env
     finally:
-        env.conn.close()
+        try:
+            env.conn.close()
+        except libvirt.libvirtError:
+            pass
 
 
 # -- the hook ---------------------------------------------------------------------------------

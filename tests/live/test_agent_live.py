@@ -28,12 +28,9 @@ from tests.live.livelib import (  # noqa: E402
     MiB,
     LiveEnv,
     agents_env,
-    cache_metadata,
-    domain_xml,
     guest_write,
     leftovers,
     scrape,
-    start_paused,
     wait_for,
 )
 from tests.pagecache_util import vmlck  # noqa: E402
@@ -49,13 +46,9 @@ def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
     yield from agents_env(live_tmp, hooked, PREFIX, cap=CAP)
 
 
-def start(env: LiveEnv, name: str, *, budget: str | None, size: int = 64 * MiB):
-    return start_paused(env.conn, domain_xml(name, env.disk(name, size), metadata=cache_metadata(budget)))
-
-
 def test_hook_starts_the_agent_which_tracks_writes_pins_and_stops_with_the_domain(env: LiveEnv) -> None:
     name = PREFIX + "main"
-    dom = start(env, name, budget="16M")
+    dom = env.domain(name, budget="16M")
     pid = wait_for(lambda: env.agent_pid(name), "the hook to start the agent")
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
     status = env.status(name)
@@ -87,7 +80,7 @@ def test_hook_starts_the_agent_which_tracks_writes_pins_and_stops_with_the_domai
 
 def test_disable_stops_the_agent_and_leaves_nothing_in_qemu(env: LiveEnv, capsys) -> None:
     name = PREFIX + "off"
-    dom = start(env, name, budget=None)
+    dom = env.domain(name, budget=None)
     time.sleep(1)
     assert env.agent_pid(name) is None  # no metadata: no agent
     assert main(["enable", name, "--budget", "8M", "--live", "--host-config", str(env.config)]) == 0
@@ -110,7 +103,7 @@ def test_disable_stops_the_agent_and_leaves_nothing_in_qemu(env: LiveEnv, capsys
 def test_a_metadata_change_keeps_heat_and_pins_unless_the_model_changes(env: LiveEnv) -> None:
     """Another program's metadata, then a smaller budget: the same engine goes on; a model change starts anew."""
     name = PREFIX + "meta"
-    dom = start(env, name, budget="16M")
+    dom = env.domain(name, budget="16M")
     guest_write(dom, 0, 8 * MiB)
     wait_for(lambda: (s := env.status(name)) and s["disks"][0]["pinned_bytes"] >= 8 * MiB, "the written region pinned")
 
@@ -138,7 +131,7 @@ def test_a_metadata_change_keeps_heat_and_pins_unless_the_model_changes(env: Liv
 
 def test_two_domains_together_respect_the_host_wide_cap(env: LiveEnv) -> None:
     names = [PREFIX + "cap-a", PREFIX + "cap-b"]
-    doms = [start(env, n, budget="32M") for n in names]
+    doms = [env.domain(n, budget="32M") for n in names]
     for n in names:
         wait_for(lambda n=n: (s := env.status(n)) and s["state"] in ("running", "backing-off"), f"agent of {n}")
     for dom in doms:
@@ -160,9 +153,8 @@ def test_a_fast_restart_warms_from_the_set_the_last_agent_saved_as_it_stopped(en
     """destroy + start at once (or a snapshot revert, which restarts QEMU): libvirt copies the persistent
     definition into the new run before the old agent, stopping, saves its hot set there."""
     name = PREFIX + "fastwarm"
-    dom = env.conn.defineXML(domain_xml(name, env.disk(name, 64 * MiB), metadata=cache_metadata("16M")))
+    dom = env.domain(name, persistent=True)
     try:
-        dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
         old = wait_for(lambda: env.agent_pid(name), "the hook to start the agent")
         wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
         guest_write(dom, 8 * MiB, 4 * MiB)

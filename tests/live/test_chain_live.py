@@ -22,7 +22,8 @@ import pytest
 libvirt = pytest.importorskip("libvirt")
 
 from tests.live.livelib import MiB, guest_read, guest_write, leftovers, pivot_when_ready, scrape, wait_for  # noqa: E402
-from tests.live.test_reliability_live import Env, cleanup, env, running, start  # noqa: E402,F401 - fixtures
+from tests.live.livelib import LiveEnv  # noqa: E402
+from tests.live.test_reliability_live import cleanup, env, running  # noqa: E402,F401 - fixtures
 
 pytestmark = pytest.mark.live
 
@@ -49,18 +50,18 @@ def overlay_disk(path: Path, dev: str = "vdb") -> str:
             f"<source file='{path}'/><target dev='{dev}' bus='virtio'/><alias name='ua-{dev}'/></disk>")
 
 
-def entry(env: Env, name: str, source: Path) -> Any:
+def entry(env: LiveEnv, name: str, source: Path) -> Any:
     """The status entry of ``name``'s agent for the file ``source`` (a top or a layer), None if none."""
     status = env.status(name)
     return next((d for d in status["disks"] if d["source"] == str(source)), None) if status else None
 
 
-def locked(env: Env, name: str, path: Path) -> bool:
+def locked(env: LiveEnv, name: str, path: Path) -> bool:
     pid = env.agent_pid(name)
     return pid is not None and str(path) in Path(f"/proc/{pid}/maps").read_text()
 
 
-def read_until_pinned(env: Env, name: str, dom: Any, base: Path, dev: str = "ua-vdb") -> dict:
+def read_until_pinned(env: LiveEnv, name: str, dom: Any, base: Path, dev: str = "ua-vdb") -> dict:
     """Reads 8 MiB of the base through ``dev`` every 0.5 s until ``name``'s agent pins >= 4 MiB of it."""
     def pinned() -> Any:
         guest_read(dom, 8 * MiB, 8 * MiB, dev=dev)
@@ -72,11 +73,11 @@ def read_until_pinned(env: Env, name: str, dom: Any, base: Path, dev: str = "ua-
         raise AssertionError(f"{err}: {env.status(name)}\n{env.agent_log(name)[-3000:]}") from None
 
 
-def test_overlay_base_is_scanned_and_pinned_as_a_layer_while_writes_are_tracked_on_the_top(env: Env, cleanup) -> None:
+def test_overlay_base_is_scanned_and_pinned_as_a_layer_while_writes_are_tracked_on_the_top(env: LiveEnv, cleanup) -> None:
     name = "h12-chain-one"
     base = golden_base(env.tmp / "h12-one-base.raw", 32 * MiB)
     top = overlay(env.tmp / "h12-one-top.qcow2", base)
-    dom = start(env, cleanup, name, budget="64M", size=16 * MiB, disks=overlay_disk(top))
+    dom = env.domain(name, budget="64M", size=16 * MiB, devices=overlay_disk(top))
     running(env, name)
     layer = read_until_pinned(env, name, dom, base)
     assert layer["layer_of"] == "vdb" and layer["dirty_granule_bytes"] is None, layer
@@ -117,13 +118,13 @@ def test_overlay_base_is_scanned_and_pinned_as_a_layer_while_writes_are_tracked_
     assert not list((env.run / "layers").glob("*")), "a layer lock was left behind"
 
 
-def test_a_base_shared_by_two_domains_is_pinned_once_and_taken_over_when_its_holder_goes(env: Env, cleanup) -> None:
+def test_a_base_shared_by_two_domains_is_pinned_once_and_taken_over_when_its_holder_goes(env: LiveEnv, cleanup) -> None:
     names = ("h12-chain-a", "h12-chain-b")
     base = golden_base(env.tmp / "h12-shared-base.raw", 32 * MiB)
     doms = {}
     for name in names:
         top = overlay(env.tmp / f"{name}.qcow2", base)
-        doms[name] = start(env, cleanup, name, budget="64M", size=16 * MiB, disks=overlay_disk(top))
+        doms[name] = env.domain(name, budget="64M", size=16 * MiB, devices=overlay_disk(top))
     for name in names:
         running(env, name)
     holder = None
@@ -156,12 +157,12 @@ def test_a_base_shared_by_two_domains_is_pinned_once_and_taken_over_when_its_hol
 
 
 def test_after_an_external_snapshot_the_old_top_stays_pinned_as_a_layer_and_a_commit_pivot_keeps_it(
-        env: Env, cleanup) -> None:
+        env: LiveEnv, cleanup) -> None:
     name = "h12-chain-snap"
     base = golden_base(env.tmp / "h12-snap-base.raw", 32 * MiB)
-    dom = start(env, cleanup, name, budget="64M", size=16 * MiB,
-                disks=(f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
-                       f"<source file='{base}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>"))
+    dom = env.domain(name, budget="64M", size=16 * MiB,
+                     devices=(f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
+                              f"<source file='{base}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>"))
     running(env, name)
     read_until_pinned(env, name, dom, base)
     assert entry(env, name, base)["layer_of"] is None  # the top, for now

@@ -65,7 +65,7 @@ def env(live_tmp: Path, hooked) -> Iterator[Env]:
     config = live_tmp / "vmcache.yaml"
     config.write_text(f"runtime_dir: {live_tmp}/run\nlog_dir: {live_tmp}/log\n"
                       f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n")
-    e = Env(connect(), live_tmp, config, markers)
+    e = Env(connect(), live_tmp, config, markers=markers)
     print(hooked(config, PREFIX, e.agents))
     e.conn = connect()  # the hook lock may have been waited for while another test restarted libvirtd
     try:

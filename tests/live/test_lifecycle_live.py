@@ -29,7 +29,8 @@ from vmcache.host.files import file_stem  # noqa: E402
 
 from tests.live.livelib import (  # noqa: E402
     MiB, cache_metadata, domain_xml, guest_write, leftovers, pivot_when_ready, qmp, scrape, wait_for)
-from tests.live.test_reliability_live import INTERVAL, Env, cleanup, env, running, start  # noqa: E402,F401 - fixtures
+from tests.live.livelib import LiveEnv  # noqa: E402
+from tests.live.test_reliability_live import INTERVAL, cleanup, env, running  # noqa: E402,F401 - fixtures
 
 pytestmark = pytest.mark.live
 
@@ -120,7 +121,7 @@ def _assert_no_stray_command(record: Path) -> None:
     assert not stray, f"{len(stray)} commands reached another run's QEMU: {stray[:5]}"
 
 
-def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its_own_qemu(env: Env, cleanup) -> None:
+def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its_own_qemu(env: LiveEnv, cleanup) -> None:
     name = "vmcache-test-life-race"
     record = env.tmp / "race-qmp.jsonl"
     command = [sys.executable, "-c", _RECORDING.format(record=str(record))]
@@ -165,7 +166,7 @@ def test_fast_destroy_start_twenty_rounds_end_with_one_agent_talking_only_to_its
     assert "hook.fence" in env.hook_log()  # and their gates were fenced before the new QEMU started
 
 
-def test_an_agent_held_between_its_run_check_and_its_command_sends_nothing_to_the_next_run(env: Env, cleanup) -> None:
+def test_an_agent_held_between_its_run_check_and_its_command_sends_nothing_to_the_next_run(env: LiveEnv, cleanup) -> None:
     """The window a run check alone leaves open: checked against run N, sent after run N+1 started."""
     name = "vmcache-test-life-gate"
     record = env.tmp / "gate-qmp.jsonl"
@@ -197,16 +198,16 @@ def test_an_agent_held_between_its_run_check_and_its_command_sends_nothing_to_th
 # -- external snapshots and block jobs --------------------------------------------------------------
 
 
-def _disk(env: Env, name: str, target: str = "vda") -> Any:
+def _disk(env: LiveEnv, name: str, target: str = "vda") -> Any:
     status = env.status(name)
     return next((d for d in status["disks"] if d["target"] == target), None) if status else None
 
 
-def _written(env: Env, name: str) -> float:
+def _written(env: LiveEnv, name: str) -> float:
     return scrape(env.status(name)["metrics_url"], "vmcache_guest_dirtied_bytes_total")
 
 
-def _follows(env: Env, name: str, image: Path, dom, offset: int, what: str) -> None:
+def _follows(env: LiveEnv, name: str, image: Path, dom, offset: int, what: str) -> None:
     """The agent manages ``image`` as vda and counts and pins a 4 MiB write at ``offset`` on it."""
     try:
         wait_for(lambda: (d := _disk(env, name)) and d["source"] == str(image) and not d["error"],
@@ -224,9 +225,9 @@ def _follows(env: Env, name: str, image: Path, dom, offset: int, what: str) -> N
     assert str(image) in maps, f"{what} is not pinned"
 
 
-def test_external_snapshot_and_blockcommit_pivot_are_followed_and_never_fail(env: Env, cleanup) -> None:
+def test_external_snapshot_and_blockcommit_pivot_are_followed_and_never_fail(env: LiveEnv, cleanup) -> None:
     name = "vmcache-test-life-snap"
-    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    dom = env.domain(name, budget="16M", size=32 * MiB)
     base = env.tmp / f"{file_stem(name)}.raw"
     running(env, name)
     pid = env.agent_pid(name)
@@ -264,10 +265,10 @@ def test_external_snapshot_and_blockcommit_pivot_are_followed_and_never_fail(env
     assert env.agent_pid(name) == pid
 
 
-def test_an_active_commit_waiting_for_its_pivot_leaves_the_agent_cycling(env: Env, cleanup) -> None:
+def test_an_active_commit_waiting_for_its_pivot_leaves_the_agent_cycling(env: LiveEnv, cleanup) -> None:
     """While an active commit waits for the operator's pivot, QEMU shows the job's bitmap without a name."""
     name = "vmcache-test-life-ready"
-    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    dom = env.domain(name, budget="16M", size=32 * MiB)
     running(env, name)
     pid = env.agent_pid(name)
     overlay = env.tmp / "ready-s1.qcow2"
@@ -307,12 +308,12 @@ def loop_device(backing: Path, size: int) -> Iterator[str]:
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
-def test_block_device_disk_is_scanned_tracked_and_pinned(env: Env, cleanup) -> None:
+def test_block_device_disk_is_scanned_tracked_and_pinned(env: LiveEnv, cleanup) -> None:
     name = "vmcache-test-life-block"
     with loop_device(env.tmp / "vmcache-life-loop.img", 32 * MiB) as dev:
         disk = (f"<disk type='block' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
                 f"<source dev='{dev}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>")
-        dom = start(env, cleanup, name, budget="32M", size=32 * MiB, disks=disk)
+        dom = env.domain(name, budget="32M", size=32 * MiB, devices=disk)
         running(env, name)
         before = _written(env, name)
         guest_write(dom, 4 * MiB, 4 * MiB, dev="ua-vdb")
@@ -334,7 +335,7 @@ def test_block_device_disk_is_scanned_tracked_and_pinned(env: Env, cleanup) -> N
 # -- two disks on one file --------------------------------------------------------------------------
 
 
-def test_two_disks_on_one_file_are_matched_by_device_and_the_file_managed_once(env: Env, cleanup) -> None:
+def test_two_disks_on_one_file_are_matched_by_device_and_the_file_managed_once(env: LiveEnv, cleanup) -> None:
     name = "vmcache-test-life-shared"
     shared = env.tmp / "vmcache-life-shared.raw"
     with open(shared, "wb") as f:
@@ -343,7 +344,7 @@ def test_two_disks_on_one_file_are_matched_by_device_and_the_file_managed_once(e
         f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
         f"<source file='{shared}'/><target dev='{dev}' bus='virtio'/><shareable/><alias name='ua-{dev}'/></disk>"
         for dev in ("vdb", "vdc"))
-    dom = start(env, cleanup, name, budget="32M", size=32 * MiB, disks=disks)
+    dom = env.domain(name, budget="32M", size=32 * MiB, devices=disks)
     running(env, name)
     wait_for(lambda: _disk(env, name, "vdc") is not None, "vdc in the status")
     managed = [d for d in env.status(name)["disks"] if d["source"] == str(shared) and d["eligible"]]
@@ -383,11 +384,11 @@ def _get(url: str, method: str = "GET") -> int | str:
         return type(err.reason if isinstance(err, urllib.error.URLError) else err).__name__
 
 
-def test_a_burst_of_heatmap_requests_resets_none_and_metrics_keep_answering(env: Env, cleanup) -> None:
+def test_a_burst_of_heatmap_requests_resets_none_and_metrics_keep_answering(env: LiveEnv, cleanup) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     name = "vmcache-test-life-http"
-    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    dom = env.domain(name, budget="16M", size=32 * MiB)
     running(env, name)
     guest_write(dom, 0, 4 * MiB)
     url = env.status(name)["metrics_url"]
@@ -406,16 +407,16 @@ def test_a_burst_of_heatmap_requests_resets_none_and_metrics_keep_answering(env:
 # -- a deleted image --------------------------------------------------------------------------------
 
 
-def _pinned_image(env: Env, cleanup: list[str], name: str) -> tuple[Any, Path]:
+def _pinned_image(env: LiveEnv, cleanup: list[str], name: str) -> tuple[Any, Path]:
     """A running domain ``name`` whose agent pins 4 MiB its guest wrote, and the image's path."""
-    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    dom = env.domain(name, budget="16M", size=32 * MiB)
     running(env, name)
     guest_write(dom, 0, 4 * MiB)
     wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
     return dom, env.tmp / f"{file_stem(name)}.raw"
 
 
-def test_a_deleted_image_is_reported_and_its_pins_released_once_qemu_no_longer_writes_it(env: Env, cleanup) -> None:
+def test_a_deleted_image_is_reported_and_its_pins_released_once_qemu_no_longer_writes_it(env: LiveEnv, cleanup) -> None:
     name = "vmcache-test-life-deleted"
     _, image = _pinned_image(env, cleanup, name)
     image.unlink()
@@ -430,7 +431,7 @@ def test_a_deleted_image_is_reported_and_its_pins_released_once_qemu_no_longer_w
     assert str(image) not in maps  # nothing of the deleted file stays locked
 
 
-def test_a_deleted_image_stays_pinned_while_qemu_still_writes_it(env: Env, cleanup) -> None:
+def test_a_deleted_image_stays_pinned_while_qemu_still_writes_it(env: LiveEnv, cleanup) -> None:
     """An image unlinked under a running guest is QEMU's only copy while it writes: its pins stay, reported."""
     name = "vmcache-test-life-deleted-writing"
     dom, image = _pinned_image(env, cleanup, name)
@@ -460,7 +461,7 @@ def test_a_deleted_image_stays_pinned_while_qemu_still_writes_it(env: Env, clean
 # -- a second agent for the same run --------------------------------------------------------------
 
 
-def test_a_second_agent_with_another_host_config_is_refused_and_removes_nothing(env: Env, cleanup) -> None:
+def test_a_second_agent_with_another_host_config_is_refused_and_removes_nothing(env: LiveEnv, cleanup) -> None:
     """An agent started by hand (or by another hook) with another runtime dir: before the run lock it ran
     beside the hook's agent and removed that agent's recording bitmap as stale."""
     name = "vmcache-test-life-second"

@@ -27,7 +27,6 @@ import time
 import uuid as uuidlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +47,7 @@ from tests.live.livelib import (  # noqa: E402
     GiB,
     LiveEnv,
     MiB,
-    cache_metadata,
-    connect,
-    domain_xml,
+    agents_env,
     guest_write,
     leftovers,
     nbd_dir,
@@ -58,7 +55,6 @@ from tests.live.livelib import (  # noqa: E402
     qemu_pid,
     qmp,
     scrape,
-    start_paused,
     wait_for,
 )
 
@@ -76,89 +72,19 @@ def mem_available() -> int:
     raise AssertionError("no MemAvailable")
 
 
-@dataclass
-class Env(LiveEnv):
-    """The module's host config (``base``, overridable for agents started meanwhile) and its files."""
-
-    base: dict = field(default_factory=dict)
-
-    def write_config(self, **changes: object) -> None:
-        self.config.write_text(yaml.safe_dump({**self.base, **changes}))
-
-    @contextmanager
-    def config_override(self, **changes: object) -> Iterator[None]:
-        """The host config with ``changes`` for agents started meanwhile (they read it once)."""
-        self.write_config(**changes)
-        try:
-            yield
-        finally:
-            self.write_config()
-
-    def reconnect(self) -> None:
-        self.conn = connect(timeout=30)
-
-    def live(self):
-        """The connection, opened again if libvirtd was restarted under it."""
-        try:
-            if self.conn is not None and self.conn.isAlive():
-                return self.conn
-        except libvirt.libvirtError:
-            pass
-        self.reconnect()
-        return self.conn
-
-    def lookup(self, name: str):
-        return self.live().lookupByName(name)
-
-
 @pytest.fixture(scope="module")
-def env(live_tmp: Path, hooked) -> Iterator[Env]:
-    base = {
-        "runtime_dir": f"{live_tmp}/run", "log_dir": f"{live_tmp}/log", "interval": "1s", "min_free": "256M",
-        "pinned_cap": "256M", "agent_command": [sys.executable, "-m", "vmcache", "agent"],
-        "model": {"decay": 0.5, "block_size": "1M"},
-    }
-    e = Env(connect(), live_tmp, live_tmp / "vmcache.yaml", base)
-    e.write_config()
-    hooked(e.config, PREFIX, e.agents)
-    e.reconnect()  # the hook lock may have been waited for while another test restarted libvirtd
-    try:
-        yield e
-    finally:
-        try:
-            e.conn.close()
-        except (libvirt.libvirtError, AttributeError):
-            pass
+def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
+    yield from agents_env(live_tmp, hooked, PREFIX, cap="256M")
 
 
 @pytest.fixture
-def cleanup(env: Env) -> Iterator[list[str]]:
-    """Names of domains a test starts: destroyed afterwards, their agents waited for."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        try:
-            env.lookup(name).destroy()
-        except libvirt.libvirtError:
-            pass
-    for name in names:
-        try:
-            wait_for(lambda n=name: env.agent_pid(n) is None, f"agent of {name} to exit", timeout=15)
-        except AssertionError:
-            pid = env.agent_pid(name)
-            if pid:
-                os.kill(pid, signal.SIGKILL)
+def cleanup(env: LiveEnv) -> Iterator[list[str]]:
+    """Names of the domains a test made (env.domain adds them): destroyed afterwards, their agents waited for."""
+    yield env.made
+    env.cleanup()
 
 
-def start(env: Env, cleanup: list[str], name: str, *, budget: str | None = "32M", size: int = 64 * MiB,
-          metadata: str | None = None, disks: str = ""):
-    cleanup.append(name)
-    xml = domain_xml(name, env.disk(name, size), metadata=cache_metadata(budget) if metadata is None else metadata,
-                     devices=disks)
-    return start_paused(env.live(), xml)
-
-
-def running(env: Env, name: str, timeout: float = 30.0) -> dict:
+def running(env: LiveEnv, name: str, timeout: float = 30.0) -> dict:
     try:
         return wait_for(lambda: (s := env.status(name)) and s["state"] in ("running", "backing-off") and s,
                         f"the agent of {name} to run a cycle", timeout=timeout)
@@ -210,7 +136,7 @@ def _pressure_removals(log: str) -> list[tuple[int, int]]:
             for m in re.finditer(r"pin\.remove start=(\d+) length=(\d+) reason=pressure", log)]
 
 
-def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_return(env: Env, cleanup) -> None:
+def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_return(env: LiveEnv, cleanup) -> None:
     """A memory eater (in a capped cgroup) takes MemAvailable under the floor: pins go, then come back."""
     name = PREFIX + "mem"
     avail = mem_available()
@@ -219,7 +145,7 @@ def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_r
     floor = avail - 1 * GiB
     eat = 2 * GiB  # MemAvailable ends ~1 GiB under the floor; bounded by a 2.25 GiB cgroup
     with env.config_override(min_free=floor):
-        dom = start(env, cleanup, name, budget="32M")
+        dom = env.domain(name, budget="32M")
         qpid = qemu_pid(name)
         running(env, name)
     # A big region (high priority) and a small one (low priority), apart.
@@ -279,17 +205,17 @@ sys.exit(main(["agent", *sys.argv[1:]]))
 _PSI = "some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n"
 
 
-def instrumented(env: Env, tag: str) -> tuple[Path, Path, list[str]]:
+def instrumented(env: LiveEnv, tag: str) -> tuple[Path, Path, list[str]]:
     psi, record = env.tmp / f"psi-{tag}", env.tmp / f"qmp-{tag}.jsonl"
     psi.write_text(_PSI.format(0))
     return psi, record, [sys.executable, "-c", _INSTRUMENTED.format(psi=str(psi), record=str(record))]
 
 
-def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_return(env: Env, cleanup) -> None:
+def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_return(env: LiveEnv, cleanup) -> None:
     name = PREFIX + "psi"
     psi, _record, command = instrumented(env, "psi")
     with env.config_override(agent_command=command, psi_threshold=30):
-        dom = start(env, cleanup, name, budget="16M")
+        dom = env.domain(name, budget="16M")
         running(env, name)
     guest_write(dom, 0, 32 * MiB)
     full = wait_for(lambda: (p := env.pinned(name)) >= 12 * MiB and p, "the budget to be pinned")
@@ -311,7 +237,7 @@ def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_r
 # -- agent crash, libvirtd restart -------------------------------------------------------------
 
 
-def restart_libvirtd(env: Env) -> None:
+def restart_libvirtd(env: LiveEnv) -> None:
     """Stop libvirtd (SIGTERM; running domains stay) and start it again; reconnect ``env``."""
     try:
         env.conn.close()
@@ -319,7 +245,7 @@ def restart_libvirtd(env: Env) -> None:
         pass
     env.conn = None
     livelib.restart_libvirtd()
-    env.reconnect()
+    env.live()  # the connection opened before the restart is dead
 
 
 def storage_node(dom) -> str:
@@ -330,12 +256,12 @@ def storage_node(dom) -> str:
     raise AssertionError("no storage node")
 
 
-def written_total(env: Env, name: str) -> float:
+def written_total(env: LiveEnv, name: str) -> float:
     return scrape(env.status(name)["metrics_url"], "vmcache_guest_dirtied_bytes_total")
 
 
 def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_others_reconnect(
-        env: Env, cleanup) -> None:
+        env: LiveEnv, cleanup) -> None:
     """kill -9 one agent mid-cycle (its NBD server left up, as if killed mid-read); restart libvirtd.
 
     The ``reconnect`` hook call brings the killed agent back, which removes
@@ -345,7 +271,7 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
     from vmcache.host.files import short_name
 
     crash, survivor = PREFIX + "crash", PREFIX + "survivor"
-    doms = {n: start(env, cleanup, n, budget="16M") for n in (crash, survivor)}
+    doms = {n: env.domain(n, budget="16M") for n in (crash, survivor)}
     qpids = {n: qemu_pid(n) for n in doms}
     for n, dom in doms.items():
         running(env, n)
@@ -418,11 +344,11 @@ def backup_begin(dom, xml: str) -> int:
     raise AssertionError("unreachable")
 
 
-def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_write(env: Env, cleanup) -> None:
+def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_write(env: LiveEnv, cleanup) -> None:
     import nbd
 
     name = PREFIX + "backup"
-    dom = start(env, cleanup, name, budget="16M")
+    dom = env.domain(name, budget="16M")
     running(env, name)
     guest_write(dom, 0, 4 * MiB, pattern=0x11)
     wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
@@ -461,15 +387,11 @@ def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_writ
     assert not sock.exists()
 
 
-def _persistent_qcow2(env: Env, cleanup: list[str], name: str) -> Any:
+def _persistent_qcow2(env: LiveEnv, name: str) -> Any:
     """A persistent opted-in domain on a 64 MiB qcow2 image (internal snapshots and checkpoints need both)."""
     image = env.tmp / f"{name}.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True)
-    cleanup.append(name)
-    xml = domain_xml(name, image, metadata=cache_metadata("16M")).replace("type='raw'", "type='qcow2'")
-    dom = env.live().defineXML(xml)
-    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
-    return dom
+    return env.domain(name, image=image, persistent=True, edit=lambda xml: xml.replace("type='raw'", "type='qcow2'"))
 
 
 def _job_done(dom: Any) -> bool:
@@ -477,9 +399,9 @@ def _job_done(dom: Any) -> bool:
 
 
 def test_checkpoint_incremental_push_backup_and_internal_snapshot_revert_succeed_beside_the_agent(
-        env: Env, cleanup) -> None:
+        env: LiveEnv, cleanup) -> None:
     name = PREFIX + "intsnap"
-    dom = _persistent_qcow2(env, cleanup, name)
+    dom = _persistent_qcow2(env, name)
     try:
         running(env, name)
         pid = env.agent_pid(name)
@@ -521,18 +443,18 @@ def test_checkpoint_incremental_push_backup_and_internal_snapshot_revert_succeed
 # -- disks that grow, are replaced, unplugged; domains destroyed --------------------------------
 
 
-def _disk_status(env: Env, name: str, target: str) -> Any:
+def _disk_status(env: LiveEnv, name: str, target: str) -> Any:
     s = env.status(name)
     return next((d for d in s["disks"] if d["target"] == target), None) if s else None
 
 
-def test_disk_growth_raw_resize_and_qcow2_allocation_resize_the_maps(env: Env, cleanup) -> None:
+def test_disk_growth_raw_resize_and_qcow2_allocation_resize_the_maps(env: LiveEnv, cleanup) -> None:
     name = PREFIX + "grow"
     qcow = env.tmp / "grow.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(qcow), "256M"], check=True)
     vdb = (f"<disk type='file' device='disk'><driver name='qemu' type='qcow2' cache='writethrough'/>"
            f"<source file='{qcow}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>")
-    dom = start(env, cleanup, name, budget="64M", size=32 * MiB, disks=vdb)
+    dom = env.domain(name, budget="64M", size=32 * MiB, devices=vdb)
     running(env, name)
     pid = env.agent_pid(name)
     url = env.status(name)["metrics_url"]
@@ -556,9 +478,9 @@ def test_disk_growth_raw_resize_and_qcow2_allocation_resize_the_maps(env: Env, c
     assert "Traceback" not in log and "cycle_failed" not in log and "read_failed" not in log, log[-3000:]
 
 
-def test_replaced_image_blockcopy_pivot_is_followed_without_crash(env: Env, cleanup) -> None:
+def test_replaced_image_blockcopy_pivot_is_followed_without_crash(env: LiveEnv, cleanup) -> None:
     name = PREFIX + "replace"
-    dom = start(env, cleanup, name, budget="16M", size=32 * MiB)
+    dom = env.domain(name, budget="16M", size=32 * MiB)
     running(env, name)
     pid = env.agent_pid(name)
     guest_write(dom, 0, 2 * MiB)
@@ -574,12 +496,12 @@ def test_replaced_image_blockcopy_pivot_is_followed_without_crash(env: Env, clea
     assert str(copy) in maps and f"{file_stem(name)}.raw" not in maps
 
 
-def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: Env, cleanup) -> None:
+def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: LiveEnv, cleanup) -> None:
     name = PREFIX + "unplug"
     extra = env.tmp / "unplug-sda.raw"
     with open(extra, "wb") as f:
         f.truncate(32 * MiB)
-    dom = start(env, cleanup, name, budget="32M", disks="<controller type='scsi' model='virtio-scsi'/>")
+    dom = env.domain(name, budget="32M", devices="<controller type='scsi' model='virtio-scsi'/>")
     running(env, name)
     pid = env.agent_pid(name)
     assert pid is not None
@@ -603,9 +525,9 @@ def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: E
     assert "Traceback" not in env.agent_log(name)
 
 
-def test_domain_destroyed_mid_cycle_the_agent_exits_cleanly_leaving_nothing(env: Env, cleanup) -> None:
+def test_domain_destroyed_mid_cycle_the_agent_exits_cleanly_leaving_nothing(env: LiveEnv, cleanup) -> None:
     names = [PREFIX + f"destroy{i}" for i in range(2)]
-    doms = [start(env, cleanup, n, budget="16M") for n in names]
+    doms = [env.domain(n, budget="16M") for n in names]
     for n, dom in zip(names, doms):
         running(env, n)
         guest_write(dom, 0, 8 * MiB)
@@ -660,7 +582,7 @@ def _inside(path: str, dirs: tuple[str, ...]) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
 
 
-def run_hook_traced(env: Env, args: list[str], xml: str | bytes, config: Path, trace: Path) -> subprocess.CompletedProcess:
+def run_hook_traced(env: LiveEnv, args: list[str], xml: str | bytes, config: Path, trace: Path) -> subprocess.CompletedProcess:
     data = xml.encode() if isinstance(xml, str) else xml
     return subprocess.run(
         ["strace", "-f", "-qq", "-o", str(trace), "-e",
@@ -670,7 +592,7 @@ def run_hook_traced(env: Env, args: list[str], xml: str | bytes, config: Path, t
         input=data, capture_output=True, timeout=60, cwd="/")
 
 
-def test_hostile_input_gives_one_line_errors_exit_0_and_writes_only_in_vmcache_dirs(env: Env, cleanup) -> None:
+def test_hostile_input_gives_one_line_errors_exit_0_and_writes_only_in_vmcache_dirs(env: LiveEnv, cleanup) -> None:
     bomb = ("<?xml version='1.0'?><!DOCTYPE d [<!ENTITY a 'aaaaaaaaaa'><!ENTITY b '&a;&a;&a;&a;&a;&a;&a;&a;'>"
             "<!ENTITY c '&b;&b;&b;&b;&b;&b;&b;&b;'>]>")
     meta = "<metadata><vmcache:cache xmlns:vmcache='" + NAMESPACE + "' {}</metadata>"
@@ -684,7 +606,7 @@ def test_hostile_input_gives_one_line_errors_exit_0_and_writes_only_in_vmcache_d
     # Through libvirt: every such domain starts, and gets no agent.
     for tag, metadata in cases.items():
         name = PREFIX + "bad-" + tag
-        dom = start(env, cleanup, name, metadata=metadata)
+        dom = env.domain(name, metadata=metadata)
         assert dom.isActive()
     for tag in cases:
         name = PREFIX + "bad-" + tag
@@ -695,7 +617,7 @@ def test_hostile_input_gives_one_line_errors_exit_0_and_writes_only_in_vmcache_d
         assert env.agent_pid(name) is None
     # Names with spaces, quotes, unicode: the agent runs, files are named safely.
     odd = PREFIX + "sp ace 'q\"uote' ünï☃"
-    start(env, cleanup, odd, budget="1048576")   # a unit-less budget is bytes
+    env.domain(odd, budget="1048576")   # a unit-less budget is bytes
     status = running(env, odd)
     assert status["domain"] == odd and status["disks"][0]["budget_bytes"] == 1 * MiB
     assert all("/" not in p.name and " " not in p.name for p in env.agents.iterdir())
@@ -745,13 +667,13 @@ def test_hostile_input_gives_one_line_errors_exit_0_and_writes_only_in_vmcache_d
 # -- security ----------------------------------------------------------------------------------
 
 
-def test_security_loopback_metrics_root_only_sockets_own_disks_only_and_allowed_qmp_only(env: Env, cleanup) -> None:
+def test_security_loopback_metrics_root_only_sockets_own_disks_only_and_allowed_qmp_only(env: LiveEnv, cleanup) -> None:
     name = PREFIX + "sec"
     _psi, record, command = instrumented(env, "sec")
     other = env.tmp / "not-a-disk-of-this-domain.raw"
     other.write_bytes(b"\0" * 4096)
     with env.config_override(agent_command=command):
-        dom = start(env, cleanup, name, budget="16M")
+        dom = env.domain(name, budget="16M")
         running(env, name)
     pid = env.agent_pid(name)
     assert pid is not None

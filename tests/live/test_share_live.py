@@ -31,11 +31,8 @@ from tests.live.livelib import (
     MiB,
     LiveEnv,
     agents_env,
-    cache_metadata,
     connect,
-    domain_xml,
     guest_write,
-    start_paused,
     wait_for,
 )
 from tests.pagecache_util import vmlck
@@ -117,9 +114,7 @@ def demand(env: LiveEnv, name: str) -> int:
 def test_grants_follow_heat_never_pass_the_cap_and_an_idle_domain_gives_way(env: LiveEnv,
                                                                              capsys: pytest.CaptureFixture[str]) -> None:
     hot, warm = PREFIX + "hot", PREFIX + "warm"
-    conn = connect()  # fresh: the module's may predate a libvirtd restart by another test
-    doms = {n: start_paused(conn, domain_xml(n, env.disk(n, 64 * MiB), metadata=cache_metadata("20M")))
-            for n in (hot, warm)}
+    doms = {n: env.domain(n, budget="20M") for n in (hot, warm)}
     for name in doms:
         wait_for(lambda n=name: (s := env.status(n)) and s["state"] == "running", f"the agent of {name}")
     sampler, writer = Sampler(env, [hot, warm]), Writer(hot, warm)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 import time
 from dataclasses import replace
 from collections.abc import Callable, Iterator
@@ -31,9 +30,10 @@ from vmcache.settings.hotset import HOTSET_NAMESPACE, MAX_TEXT, DiskHotSet, HotS
 from tests.live.livelib import (  # noqa: E402
     MiB,
     LiveEnv,
+    agents_env,
+    covered,
+    mapped,
     cache_metadata,
-    connect,
-    domain_xml,
     guest_write,
     wait_for,
 )
@@ -47,44 +47,9 @@ BUDGET = 16 * MiB
 
 @pytest.fixture(scope="module")
 def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
-    config = live_tmp / "vmcache.yaml"
-    config.write_text(
-        f"runtime_dir: {live_tmp}/run\nlog_dir: {live_tmp}/log\ninterval: 1s\nmin_free: 256M\n"
-        "hotset_interval: 2s\nprefetch_rate: 2M\nwarm_rate: 2M\n"  # 2 MiB a cycle: a set > 2 MiB takes steps
-        f"agent_command: [{sys.executable}, -m, vmcache, agent]\n"
-        "model:\n  block_size: 1M\n"
-    )
-    hooked(config, PREFIX, live_tmp / "run" / "agents")
-    # connect once the hook is ours: waiting for the hook lock can take minutes (a bench arm holds it),
-    # and a connection opened before may not outlive a libvirtd restart meanwhile
-    e = LiveEnv(connect(), live_tmp, config)
-    assert e.agents == live_tmp / "run" / "agents"
-    try:
-        yield e
-    finally:
-        e.conn.close()
-
-
-def define_and_start(env: LiveEnv, name: str, image: Path, *, metadata: str | None = None) -> Any:
-    dom = env.conn.defineXML(domain_xml(name, image, metadata=metadata or cache_metadata("16M")))
-    dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
-    return dom
-
-
-def mapped(pid: int, image: Path) -> list[tuple[int, int]]:
-    """(file offset, length) of every mapping of ``image`` in process ``pid``: the agent's pinned regions."""
-    ranges = []
-    with open(f"/proc/{pid}/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].strip() == str(image):
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                ranges.append((int(fields[2], 16), end - start))
-    return sorted(ranges)
-
-
-def covered(ranges: list[tuple[int, int]], start: int, length: int) -> bool:
-    return all(any(o <= page < o + n for o, n in ranges) for page in range(start, start + length, 4096))
+    # 2 MiB a cycle: a set > 2 MiB takes steps
+    yield from agents_env(live_tmp, hooked, PREFIX, hotset_interval="2s", prefetch_rate="2M", warm_rate="2M",
+                          model={"block_size": "1M"})
 
 
 def agent_gone(env: LiveEnv, name: str) -> None:
@@ -94,7 +59,7 @@ def agent_gone(env: LiveEnv, name: str) -> None:
 def first_run(env: LiveEnv, name: str) -> tuple[Any, Path, DiskHotSet]:
     """An opted-in domain whose guest wrote two regions, pinned and saved in its XML; (dom, image, record)."""
     image = env.disk(name, 64 * MiB)
-    dom = define_and_start(env, name, image)
+    dom = env.domain(name, image=image, persistent=True)
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
     guest_write(dom, 8 * MiB, 4 * MiB)
     guest_write(dom, 40 * MiB, 2 * MiB)
@@ -297,7 +262,7 @@ def test_hostile_saved_set_is_one_line_and_a_cold_start(env: LiveEnv, kind: str)
     name = PREFIX + "hostile-" + kind
     image = env.disk(name, 64 * MiB)
     metadata = cache_metadata("16M").replace("</metadata>", _hostile(kind) + "</metadata>")
-    dom = define_and_start(env, name, image, metadata=metadata)
+    dom = env.domain(name, image=image, metadata=metadata, persistent=True)
     assert dom.isActive()  # the hook never reads the hot set: the start cannot fail on it
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent to run (cold)")
     lines = [line for line in env.agent_log(name).splitlines() if "hotset.unusable" in line]

@@ -303,16 +303,19 @@ def test_entry_point_starts_and_stops_the_agent(host):
     tmp_path, config, markers = host
     code, out, err, seconds = hook_process(config, ["web-1", "started", "begin", "-"], domain_xml())
     assert (code, out, err) == (0, b"", b"")
-    started = markers / "web-1.started"
     deadline = time.monotonic() + 10
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    pid = json.loads(started.read_text())["pid"]
+
+    def marker(name: str) -> str:
+        """The stand-in's marker once written (it is created empty, then written: wait for its line)."""
+        path = markers / name
+        while not (path.exists() and path.read_text().endswith("\n")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return path.read_text()
+
+    pid = json.loads(marker("web-1.started"))["pid"]
     code, _, _, _ = hook_process(config, ["web-1", "stopped", "end", "-"], domain_xml())
     assert code == 0
-    while not (markers / "web-1.stopped").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert json.loads((markers / "web-1.stopped").read_text()) == {"pid": pid, "signal": "TERM"}
+    assert json.loads(marker("web-1.stopped")) == {"pid": pid, "signal": "TERM"}
     if not os.path.exists("/dev/log"):
         log = (tmp_path / "log" / "hook.log").read_text()
         assert "hook.start domain=web-1 op=started result=\"agent.started domain=web-1 pid=" in log
@@ -366,23 +369,28 @@ def test_hook_imports_nothing_heavy(host, tmp_path):
     assert [m for m in modules if m.split(".")[0] in HEAVY] == []
 
 
+def modules_loaded(config: str, name: str, tmp_path: Path) -> list[str]:
+    """The modules a hook call for the start of ``name`` (no vmcache metadata) loaded, in a fresh interpreter."""
+    dump = tmp_path / "modules.json"
+    code = (
+        "import json, sys\n"
+        "from vmcache.service.hook import main\n"
+        f"main(['--config', {config!r}, {name!r}, 'started', 'begin', '-'])\n"
+        f"open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", code], input=domain_xml(name=name, metadata=""),
+                          capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return json.loads(dump.read_text())
+
+
 def test_settled_config_is_read_from_the_cache_without_yaml(host, tmp_path):
     """The common path: an unchanged host config, a domain without metadata: no PyYAML, no XML parser."""
     _, config, _ = host
     time.sleep(2.1)  # the cache keeps configs unchanged for 2 s
     code, _, _, _ = hook_process(config, ["web-1", "started", "begin", "-"], domain_xml())  # writes the cache
     assert code == 0 and os.path.exists(cache_path(config))
-    dump = tmp_path / "modules.json"
-    code = (
-        "import json, sys\n"
-        "from vmcache.service.hook import main\n"
-        f"main(['--config', {config!r}, 'plain', 'started', 'begin', '-'])\n"
-        f"open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n"
-    )
-    done = subprocess.run([sys.executable, "-I", "-c", code], input=domain_xml(name="plain", metadata=""),
-                          capture_output=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    modules = json.loads(dump.read_text())
+    modules = modules_loaded(config, "plain", tmp_path)
     assert "vmcache.settings.config" in modules
     assert [m for m in modules if m.split(".")[0] in ("yaml", "defusedxml", "xml")] == []
     assert "vmcache.service.launcher" not in modules and "logging.handlers" not in modules
@@ -394,17 +402,7 @@ def test_with_rules_a_settled_config_is_still_read_without_yaml_and_the_xml_deci
         f.write("domains:\n  - match: {name: 'web-*'}\n")
     time.sleep(2.1)
     hook_process(config, ["plain", "started", "begin", "-"], domain_xml(name="plain", metadata=""))  # caches it
-    dump = tmp_path / "modules.json"
-    code = (
-        "import json, sys\n"
-        "from vmcache.service.hook import main\n"
-        f"main(['--config', {config!r}, 'web-9', 'started', 'begin', '-'])\n"
-        f"open({str(dump)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n"
-    )
-    done = subprocess.run([sys.executable, "-I", "-c", code], input=domain_xml(name="web-9", metadata=""),
-                          capture_output=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    modules = json.loads(dump.read_text())
+    modules = modules_loaded(config, "web-9", tmp_path)
     assert "yaml" not in modules and "defusedxml" in modules and "vmcache.service.launcher" in modules
     deadline = time.monotonic() + 10
     while not (markers / "web-9.started").exists() and time.monotonic() < deadline:
