@@ -41,18 +41,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.live.livelib import (
+
     MiB,
+
     cache_metadata,
+
     connect,
+
     create_disk,
+
     destroy_domains,
+
     domain_xml,
-    guest_write,
-    installed_hook,
+
     read_status,
+
     start_paused,
+
     wait_for,
+
 )
+
+from tests.live.guestlib import guest_write
+
+from tests.live.hooklib import installed_hook
 from vmcache.host.files import file_stem
 from vmcache.host.files import lock_holder
 from vmcache.units import parse_duration, parse_size

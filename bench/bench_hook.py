@@ -1,6 +1,6 @@
 """Latency of the libvirt hook as libvirtd runs it: hooks/qemu -> python -m vmcache.service.hook.
 
-    .venv/bin/python bench/bench_hook.py [--runs 100]
+    .venv/bin/python bench/bench_hook.py [--runs 100] [--rules]
 
 Installs nothing: it runs a copy of hooks/qemu pointed at this Python and
 a temporary host config whose agent is tests/standin_agent.py, and times
@@ -18,6 +18,11 @@ instead of parsing the YAML. Scenarios:
 - ``migrate``: the XML filter (echo);
 - ``python``: baseline, this Python starting and doing nothing (``-I -c pass``),
   not counted in the goal: on a loaded machine it shows how much is the host.
+
+With ``--rules`` the host config has host rules (``domains:``, 20 of them,
+the last one matching ``bench-rule*``): ``ignore`` then parses the XML (no
+rule matches), and a ``rule`` scenario starts the agent of a domain without
+metadata that the last rule opts in (its ``stopped`` is not timed).
 
 Prints median, 90th percentile and max per scenario, and exits 1 when a
 median is over the 100 ms goal.
@@ -89,13 +94,17 @@ def wait_gone(pid: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
-    runs = parser.parse_args().runs
+    parser.add_argument("--rules", action="store_true", help="a host config with 20 host rules (domains:)")
+    options = parser.parse_args()
+    runs = options.runs
     with tempfile.TemporaryDirectory(prefix="vmcache-bench-hook-") as tmp:
         markers = Path(tmp, "markers")
         markers.mkdir()
         config = Path(tmp, "vmcache.yaml")
+        rules = "".join(f"  - match: {{nova_flavor: 'flavor-{i}.*'}}\n    budget: 1G\n" for i in range(19))
         config.write_text(f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\n"
-                          f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n")
+                          f"agent_command: [{sys.executable}, {REPO}/tests/standin_agent.py, {markers}]\n"
+                          + (f"domains:\n{rules}  - match: {{name: 'bench-rule*'}}\n" if options.rules else ""))
         time.sleep(2.1)  # the cache keeps only configs unchanged for 2 s (vmcache.host.configfile._settled)
         hook = Path(tmp, "qemu")
         text = (REPO / "hooks" / "qemu").read_text()
@@ -103,8 +112,9 @@ def main() -> int:
         text = text.replace("VMCACHE_CONFIG=/etc/vmcache/vmcache.yaml", f"VMCACHE_CONFIG={config}")
         hook.write_text(text)
         hook.chmod(0o755)
-        on, off = xml("bench-on", True), xml("bench-off", False)
-        results: dict[str, list[float]] = {k: [] for k in ("ignore", "start", "running", "stop", "migrate", "python")}
+        on, off, ruled = xml("bench-on", True), xml("bench-off", False), xml("bench-rule", False)
+        scenarios = ("ignore", "start", "running", "stop", "migrate", "python") + (("rule",) if options.rules else ())
+        results: dict[str, list[float]] = {k: [] for k in scenarios}
         pidfile = f"{tmp}/run/agents/bench-on.pid"
         try:
             for _ in range(runs):
@@ -120,6 +130,14 @@ def main() -> int:
                 results["running"].append(timed(str(hook), ["bench-on", "reconnect", "begin", "-"], on))
                 results["stop"].append(timed(str(hook), ["bench-on", "stopped", "end", "-"], on))
                 wait_gone(pid)
+                if options.rules:
+                    results["rule"].append(timed(str(hook), ["bench-rule", "started", "begin", "-"], ruled))
+                    pid = lock_holder(f"{tmp}/run/agents/bench-rule.pid")
+                    if not pid:
+                        raise SystemExit("bench: the rule started no agent")
+                    wait_ready(f"{tmp}/run/agents/bench-rule.json")
+                    timed(str(hook), ["bench-rule", "stopped", "end", "-"], ruled)
+                    wait_gone(pid)
         finally:
             kill_agents(f"{tmp}/run/agents")
             Path(cache_path(str(config), CACHE_DIR)).unlink(missing_ok=True)

@@ -38,7 +38,8 @@ from bench.e2e_layout import ROOT, Layout, layout, limits
 from bench.e2e_plan import ArmResult, Settings, Vm, busy_runs, hot_range, plan, warmup
 from bench.e2e_sample import AGENTS_DIR, sample
 from tests.lab import GuestSpec, domain_xml, fio_results
-from tests.live.livelib import HOOK_LOCK, REPO, destroy_domains, open_conn, wait_for
+from tests.live.hooklib import HOOK_LOCK
+from tests.live.livelib import REPO, destroy_domains, open_conn, wait_for
 from tests.live.livelib import qemu_pid as _qemu_pid
 from vmcache.observe.status import file_stem
 from vmcache.host.files import lock_holder
@@ -54,7 +55,7 @@ AGENT_LOGS = Path("/var/log/vmcache")
 
 @contextmanager
 def hook_lock() -> Iterator[None]:
-    """The host-wide hook lock of the live tests (tests/live/livelib.py), held while an agent arm runs."""
+    """The host-wide hook lock of the live tests (tests/live/hooklib.py), held while an agent arm runs."""
     os.makedirs(os.path.dirname(HOOK_LOCK), exist_ok=True)
     fd = os.open(HOOK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:

@@ -44,22 +44,34 @@ import libvirt
 import yaml
 
 from tests.live.livelib import (
+
     MiB,
+
     LiveEnv,
+
     cache_metadata,
+
     connect,
+
     destroy_domains,
+
     domain_xml,
-    guest_write,
-    installed_hook,
-    leftovers,
+
     nbd_dir,
-    pivot_when_ready,
+
     restart_libvirtd,
+
     start_paused,
+
     stop_agents,
+
     wait_for,
+
 )
+
+from tests.live.guestlib import guest_write, leftovers, pivot_when_ready
+
+from tests.live.hooklib import installed_hook
 from vmcache.host.files import file_stem
 
 DISK = 256 * MiB

@@ -28,8 +28,20 @@ pytestmark = [pytest.mark.live,
               pytest.mark.skipif(not ON_CLEAN_HOST, reason="only on the clean host of make test-host")]
 
 if ON_CLEAN_HOST:
-    from tests.live.livelib import (MiB, cache_metadata, connect, create_disk, destroy_domains, domain_xml,
-                                    guest_write, leftovers, nbd_dir, read_status, scrape, start_paused, wait_for)
+    from tests.live.livelib import (
+        MiB,
+        cache_metadata,
+        connect,
+        create_disk,
+        destroy_domains,
+        domain_xml,
+        nbd_dir,
+        read_status,
+        scrape,
+        start_paused,
+        wait_for,
+    )
+    from tests.live.guestlib import guest_write, leftovers
     from vmcache.service.launcher import systemd_escape
     from vmcache.host.files import file_stem
 

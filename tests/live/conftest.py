@@ -42,17 +42,17 @@ def hooked(libvirt_host: None, live_tmp: Path) -> Iterator[object]:
 
     At the end: every domain named ``prefix...`` destroyed, every agent with
     a pidfile in ``agents`` stopped, then the hook removed and what was
-    there put back (livelib.installed_hook). Returns install.sh's output.
+    there put back (hooklib.installed_hook). Returns install.sh's output.
     Depends on ``live_tmp`` so that directory outlives the agents.
     """
     from contextlib import ExitStack
 
-    from tests.live import livelib
+    from tests.live import hooklib, livelib
 
     with ExitStack() as stack:
 
         def install(config: Path, prefix: str, agents: Path) -> str:
-            out = stack.enter_context(livelib.installed_hook(config))
+            out = stack.enter_context(hooklib.installed_hook(config))
             stack.callback(livelib.stop_agents, agents)
             stack.callback(livelib.destroy_domains, prefix)
             return out

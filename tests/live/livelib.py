@@ -1,17 +1,15 @@
-"""Plumbing shared by the live tests and bench/soak.py: libvirt domains, the installed hook, agents.
+"""Plumbing shared by the live tests and bench/soak.py: libvirtd, test domains, agents.
 
-Everything here touches the host (libvirtd, /etc/libvirt/hooks, QEMU
-monitors, agent processes); nothing imports pytest, so bench/soak.py uses
-it too. Pytest fixtures built on it are in tests/live/conftest.py.
-
-The hook is host-wide: :func:`installed_hook` holds :data:`HOOK_LOCK`
-(flock) for as long as a test hook is installed, so two live tests (or a
-test and the soak) never replace each other's hook.
+Everything here touches the host (libvirtd, agent processes); nothing
+imports pytest, so bench/soak.py uses it too. Pytest fixtures built on it
+are in tests/live/conftest.py. :meth:`LiveEnv.domain` is the one way the
+live tests build their domains. What the guest does through QEMU is in
+tests/live/guestlib.py, the test hook's installation in
+tests/live/hooklib.py.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -27,36 +25,24 @@ from typing import Any, Literal, TypeVar
 from xml.sax.saxutils import escape
 
 import libvirt
-import libvirt_qemu
 
 from vmcache.host.files import lock_holder
 from vmcache.settings.metadata import NAMESPACE
 from vmcache.host.files import file_stem
 
 __all__ = [
-    "GiB", "HOOK_LOCK", "HOOK_PATHS", "MiB", "REPO", "URI", "LiveEnv", "QMPError", "cache_metadata", "connect",
-    "agents_env", "covered", "create_disk", "destroy_domains", "domain_xml", "guest_read", "guest_write", "installed_hook",
-    "is_our_hook", "leftovers",
-    "libvirtd_pid", "mapped", "nbd_dir", "open_conn", "qemu_pid", "qmp", "read_status", "restart_libvirtd", "scrape",
-    "start_paused", "stop_agents", "wait_for",
+    "agents_env", "cache_metadata", "connect", "create_disk", "destroy_domains", "domain_xml", "GiB",
+    "libvirtd_pid", "LiveEnv", "MiB", "nbd_dir", "open_conn", "qemu_pid", "read_status", "REPO", "restart_libvirtd",
+    "scrape", "start_paused", "stop_agents", "URI", "wait_for"
 ]
 
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 URI = "qemu:///system"
-HOOKS_DIR = Path("/etc/libvirt/hooks")
-HOOK_PATHS = (HOOKS_DIR / "qemu", HOOKS_DIR / "qemu.d" / "vmcache")
-# The hook is host-wide: whoever installs a test hook takes this lock for as long as it is theirs.
-HOOK_LOCK = "/run/lock/vmcache-live-hook.lock"
-HOOK_MARKER = "vmcache-hook"
 LIBVIRTD_PIDFILE = Path("/run/libvirtd.pid")
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-class QMPError(RuntimeError):
-    """QEMU answered a QMP command with an error (``desc`` is its message)."""
 
 
 def wait_for(predicate: Callable[..., T | Literal[False] | None], what: str, timeout: float = 30.0,
@@ -181,85 +167,6 @@ def destroy_domains(prefix: str) -> None:
             conn.close()
         except libvirt.libvirtError:
             pass
-
-
-# -- the guest and QEMU -----------------------------------------------------------------------
-
-
-def guest_write(dom: Any, offset: int, length: int, dev: str = "ua-vda", pattern: int = 0xAB) -> None:
-    """Write ``length`` bytes at ``offset`` through virtio device ``dev`` as the guest would (HMP qemu-io)."""
-    out = libvirt_qemu.qemuMonitorCommand(
-        dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "write -P {pattern:#x} {offset} {length}"',
-        libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
-    assert "wrote" in out or not out.strip(), out  # HMP qemu-io prints nothing on success here
-
-
-def guest_read(dom: Any, offset: int, length: int, dev: str = "ua-vda") -> None:
-    """Read ``length`` bytes at ``offset`` through virtio device ``dev`` as the guest would (HMP qemu-io)."""
-    out = libvirt_qemu.qemuMonitorCommand(
-        dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "read {offset} {length}"',
-        libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
-    assert "read" in out or not out.strip(), out
-
-
-def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:
-    """Run QMP ``cmd`` through libvirt; its ``return``. Raises QMPError when QEMU answers an error."""
-    msg = {"execute": cmd, **({"arguments": args} if args else {})}
-    reply = json.loads(libvirt_qemu.qemuMonitorCommand(dom, json.dumps(msg), 0))
-    if "error" in reply:
-        raise QMPError(reply["error"]["desc"])
-    return reply["return"]
-
-
-def leftovers(dom: Any) -> dict[str, list[str]]:
-    """Bitmaps, nodes and exports of vmcache's still in QEMU.
-
-    ``bitmaps``: ours on the domain's own nodes (a read's union bitmap lives on our view node, which is
-    in ``nodes`` while the read lasts); a block job's bitmap has no name.
-    """
-    nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
-    return {
-        "bitmaps": sorted({b["name"] for n in nodes if not n["node-name"].startswith("vmcache")
-                           for b in n.get("dirty-bitmaps", []) if b.get("name", "").startswith("vmcache")}),
-        "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
-        "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
-    }
-
-
-def pivot_when_ready(dom: Any, disk: str, timeout: float = 60.0) -> None:
-    """Pivot ``disk``'s block job once libvirt has it ready (its ``cur == end`` comes before libvirt's READY)."""
-    import libvirt
-
-    wait_for(lambda: (i := dom.blockJobInfo(disk, 0)) and i["end"] > 0 and i["cur"] == i["end"],
-             f"the block job of {disk} to catch up", timeout)
-
-    def pivoted() -> bool:
-        try:
-            dom.blockJobAbort(disk, libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
-        except libvirt.libvirtError as err:
-            if "not ready for pivot" in (err.get_error_message() or ""):
-                return False
-            raise
-        return True
-
-    wait_for(pivoted, f"the block job of {disk} to be ready for its pivot", timeout)
-
-
-def mapped(pid: int, image: Path) -> list[tuple[int, int]]:
-    """(file offset, length) of every mapping of ``image`` in process ``pid``: an agent's pinned regions."""
-    ranges = []
-    with open(f"/proc/{pid}/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].strip() == str(image):
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                ranges.append((int(fields[2], 16), end - start))
-    return sorted(ranges)
-
-
-def covered(ranges: list[tuple[int, int]], start: int, length: int) -> bool:
-    """Whether every page of ``[start, start + length)`` is in one of ``ranges`` (:func:`mapped`'s)."""
-    return all(any(o <= page < o + n for o, n in ranges) for page in range(start, start + length, 4096))
 
 
 # -- agents -----------------------------------------------------------------------------------
@@ -476,60 +383,3 @@ def agents_env(tmp: Path, hooked: Any, prefix: str, *, cap: int | str | None = N
             env.conn.close()
         except libvirt.libvirtError:
             pass
-
-
-# -- the hook ---------------------------------------------------------------------------------
-
-
-def is_our_hook(path: Path) -> bool:
-    """Whether ``path`` is a vmcache hook (ours or an operator's install), not another program's."""
-    return path.is_file() and HOOK_MARKER in path.read_text(errors="replace")
-
-
-_held_by_us = False
-
-
-@contextmanager
-def installed_hook(config: Path, python: str = sys.executable) -> Iterator[str]:
-    """The vmcache hook installed for host config ``config`` while inside; install.sh's output.
-
-    Takes :data:`HOOK_LOCK` first (waits while another test's hook is
-    installed), installs with ``scripts/install.sh --hook-only`` (libvirtd
-    reloads when the hook is new). On exit removes the hook it installed and
-    puts back the vmcache hook that was there, unless someone replaced ours
-    meanwhile (then it is theirs and left alone). A foreign hook is never
-    touched. Raises AssertionError when install.sh fails, RuntimeError when
-    this process already holds the lock.
-    """
-    global _held_by_us
-    if _held_by_us:
-        raise RuntimeError("this process has a test hook installed already")
-    os.makedirs(os.path.dirname(HOOK_LOCK), exist_ok=True)
-    lock = os.open(HOOK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    _held_by_us = True
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for another live test's hook to be gone
-        backups = {p: p.read_bytes() for p in HOOK_PATHS if is_our_hook(p)}
-        had_qemu_d = HOOK_PATHS[1].parent.exists()
-        installed: dict[Path, bytes] = {}
-        try:
-            done = subprocess.run([str(REPO / "scripts" / "install.sh"), "--hook-only", "--python", python,
-                                   "--config", str(config)], capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0, done.stderr + done.stdout
-            installed.update({p: p.read_bytes() for p in HOOK_PATHS if is_our_hook(p)})
-            yield done.stdout
-        finally:
-            for path, content in installed.items():
-                if path.exists() and path.read_bytes() == content:
-                    path.unlink()
-                    if path in backups:
-                        path.write_bytes(backups[path])
-                        path.chmod(0o755)
-            if not had_qemu_d:
-                try:
-                    HOOK_PATHS[1].parent.rmdir()
-                except OSError:
-                    pass
-    finally:
-        os.close(lock)  # releases the flock
-        _held_by_us = False

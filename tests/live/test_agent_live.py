@@ -24,15 +24,9 @@ from vmcache.cli import main  # noqa: E402
 from vmcache.host.files import file_stem  # noqa: E402
 from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
 
-from tests.live.livelib import (  # noqa: E402
-    MiB,
-    LiveEnv,
-    agents_env,
-    guest_write,
-    leftovers,
-    scrape,
-    wait_for,
-)
+from tests.live.livelib import MiB, LiveEnv, agents_env, scrape, wait_for  # noqa: E402
+
+from tests.live.guestlib import guest_write, leftovers  # noqa: E402
 from tests.pagecache_util import vmlck  # noqa: E402
 
 pytestmark = pytest.mark.live

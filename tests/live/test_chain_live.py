@@ -21,7 +21,9 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
-from tests.live.livelib import MiB, guest_read, guest_write, leftovers, pivot_when_ready, scrape, wait_for  # noqa: E402
+from tests.live.livelib import MiB, scrape, wait_for  # noqa: E402
+
+from tests.live.guestlib import guest_read, guest_write, leftovers, pivot_when_ready  # noqa: E402
 from tests.live.livelib import LiveEnv  # noqa: E402
 from tests.live.test_reliability_live import cleanup, env, running  # noqa: E402,F401 - fixtures
 

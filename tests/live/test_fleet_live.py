@@ -29,7 +29,9 @@ from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
 from vmcache.settings.hotset import HOTSET_NAMESPACE  # noqa: E402
 from vmcache.settings.metadata import NAMESPACE  # noqa: E402
 
-from tests.live.livelib import MiB, LiveEnv, agents_env, covered, guest_write, mapped, wait_for  # noqa: E402
+from tests.live.livelib import MiB, LiveEnv, agents_env, wait_for  # noqa: E402
+
+from tests.live.guestlib import covered, guest_write, mapped  # noqa: E402
 from tests.nova import nova_instance  # noqa: E402
 from tests.pagecache_util import drop, vmlck  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The installed hook with the real libvirtd: opted-in domains get an agent, others none.
 
-The hook is host-wide: a live test that installs it holds livelib.HOOK_LOCK
+The hook is host-wide: a live test that installs it holds hooklib.HOOK_LOCK
 (flock) while it is installed, so two such tests never replace each other's hook.
 
 Installs the hook with scripts/install.sh --hook-only (this venv's Python,

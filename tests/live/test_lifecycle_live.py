@@ -27,8 +27,9 @@ libvirt = pytest.importorskip("libvirt")
 
 from vmcache.host.files import file_stem  # noqa: E402
 
-from tests.live.livelib import (  # noqa: E402
-    MiB, cache_metadata, domain_xml, guest_write, leftovers, pivot_when_ready, qmp, scrape, wait_for)
+from tests.live.livelib import MiB, cache_metadata, domain_xml, scrape, wait_for  # noqa: E402
+
+from tests.live.guestlib import guest_write, leftovers, pivot_when_ready, qmp  # noqa: E402
 from tests.live.livelib import LiveEnv  # noqa: E402
 from tests.live.test_reliability_live import INTERVAL, cleanup, env, running  # noqa: E402,F401 - fixtures
 

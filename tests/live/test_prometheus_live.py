@@ -245,7 +245,7 @@ def host(live_tmp: Path, prometheus: Prometheus, hooked) -> Iterator[Any]:
 
 def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(prometheus: Prometheus,
                                                                               host: Any) -> None:
-    from tests.live import livelib
+    from tests.live import guestlib, livelib
 
     budgets = {PREFIX + "web": 16 * MiB, PREFIX + "db": 24 * MiB}
     doms = {}
@@ -254,14 +254,14 @@ def test_two_real_agents_are_discovered_queried_and_dropped_on_virsh_destroy(pro
         doms[name] = livelib.start_paused(host.conn, xml)
     for name, dom in doms.items():
         livelib.wait_for(lambda n=name: (s := host.status(n)) and s["state"] == "running", f"the agent of {name}")
-        livelib.guest_write(dom, 0, 4 * MiB)
+        guestlib.guest_write(dom, 0, 4 * MiB)
     pattern = "|".join(budgets)
 
     def pinned() -> dict[str, dict[str, Any]]:
         # The guests keep writing: with this host's model (decay 0.5 a 1 s cycle) a region written once is
         # released within ~5 s, and Prometheus must first find the targets (the test failed so, twice).
         for dom in doms.values():
-            livelib.guest_write(dom, 0, 4 * MiB)
+            guestlib.guest_write(dom, 0, 4 * MiB)
         got = _by_domain(prometheus.query(f'vmcache_pinned_bytes{{domain=~"{pattern}"}}'))
         return got if set(got) == set(budgets) and all(float(r["value"][1]) >= 4 * MiB for r in got.values()) else {}
 

@@ -42,21 +42,8 @@ from vmcache.host.files import file_stem  # noqa: E402
 
 from tests.live import livelib  # noqa: E402
 from tests.procutil import open_files  # noqa: E402
-from tests.live.livelib import (  # noqa: E402
-    REPO,
-    GiB,
-    LiveEnv,
-    MiB,
-    agents_env,
-    guest_write,
-    leftovers,
-    nbd_dir,
-    pivot_when_ready,
-    qemu_pid,
-    qmp,
-    scrape,
-    wait_for,
-)
+from tests.live.livelib import REPO, GiB, LiveEnv, MiB, agents_env, nbd_dir, qemu_pid, scrape, wait_for  # noqa: E402
+from tests.live.guestlib import guest_write, leftovers, pivot_when_ready, qmp  # noqa: E402
 
 pytestmark = pytest.mark.live
 

@@ -27,14 +27,9 @@ import libvirt
 from vmcache.cli import main
 from vmcache.host.ledger import Ledger
 
-from tests.live.livelib import (
-    MiB,
-    LiveEnv,
-    agents_env,
-    connect,
-    guest_write,
-    wait_for,
-)
+from tests.live.livelib import MiB, LiveEnv, agents_env, connect, wait_for
+
+from tests.live.guestlib import guest_write
 from tests.pagecache_util import vmlck
 
 pytestmark = pytest.mark.live

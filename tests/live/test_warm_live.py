@@ -27,16 +27,9 @@ from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
 from vmcache.model.region import Region  # noqa: E402
 from vmcache.settings.hotset import HOTSET_NAMESPACE, MAX_TEXT, DiskHotSet, HotSet  # noqa: E402
 
-from tests.live.livelib import (  # noqa: E402
-    MiB,
-    LiveEnv,
-    agents_env,
-    covered,
-    mapped,
-    cache_metadata,
-    guest_write,
-    wait_for,
-)
+from tests.live.livelib import MiB, LiveEnv, agents_env, cache_metadata, wait_for  # noqa: E402
+
+from tests.live.guestlib import covered, mapped, guest_write  # noqa: E402
 from tests.pagecache_util import drop, vmlck  # noqa: E402
 
 pytestmark = pytest.mark.live

@@ -1,0 +1,99 @@
+"""The guest as the live tests drive it through QEMU: writes and reads, QMP, what vmcache left in QEMU, pins.
+
+"Guest" I/O is HMP ``qemu-io`` on the virtio device, which QEMU performs
+exactly as the guest's own; the domains are started paused (no guest OS).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import libvirt_qemu
+
+from tests.live.livelib import wait_for
+
+__all__ = ["QMPError", "covered", "guest_read", "guest_write", "leftovers", "mapped", "pivot_when_ready", "qmp"]
+
+
+class QMPError(RuntimeError):
+    """QEMU answered a QMP command with an error (``desc`` is its message)."""
+
+
+
+
+def guest_write(dom: Any, offset: int, length: int, dev: str = "ua-vda", pattern: int = 0xAB) -> None:
+    """Write ``length`` bytes at ``offset`` through virtio device ``dev`` as the guest would (HMP qemu-io)."""
+    out = libvirt_qemu.qemuMonitorCommand(
+        dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "write -P {pattern:#x} {offset} {length}"',
+        libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
+    assert "wrote" in out or not out.strip(), out  # HMP qemu-io prints nothing on success here
+
+
+def guest_read(dom: Any, offset: int, length: int, dev: str = "ua-vda") -> None:
+    """Read ``length`` bytes at ``offset`` through virtio device ``dev`` as the guest would (HMP qemu-io)."""
+    out = libvirt_qemu.qemuMonitorCommand(
+        dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "read {offset} {length}"',
+        libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
+    assert "read" in out or not out.strip(), out
+
+
+def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:
+    """Run QMP ``cmd`` through libvirt; its ``return``. Raises QMPError when QEMU answers an error."""
+    msg = {"execute": cmd, **({"arguments": args} if args else {})}
+    reply = json.loads(libvirt_qemu.qemuMonitorCommand(dom, json.dumps(msg), 0))
+    if "error" in reply:
+        raise QMPError(reply["error"]["desc"])
+    return reply["return"]
+
+
+def leftovers(dom: Any) -> dict[str, list[str]]:
+    """Bitmaps, nodes and exports of vmcache's still in QEMU.
+
+    ``bitmaps``: ours on the domain's own nodes (a read's union bitmap lives on our view node, which is
+    in ``nodes`` while the read lasts); a block job's bitmap has no name.
+    """
+    nodes = qmp(dom, "query-named-block-nodes", {"flat": True})
+    return {
+        "bitmaps": sorted({b["name"] for n in nodes if not n["node-name"].startswith("vmcache")
+                           for b in n.get("dirty-bitmaps", []) if b.get("name", "").startswith("vmcache")}),
+        "nodes": [n["node-name"] for n in nodes if n["node-name"].startswith("vmcache")],
+        "exports": [e["id"] for e in qmp(dom, "query-block-exports")],
+    }
+
+
+def pivot_when_ready(dom: Any, disk: str, timeout: float = 60.0) -> None:
+    """Pivot ``disk``'s block job once libvirt has it ready (its ``cur == end`` comes before libvirt's READY)."""
+    import libvirt
+
+    wait_for(lambda: (i := dom.blockJobInfo(disk, 0)) and i["end"] > 0 and i["cur"] == i["end"],
+             f"the block job of {disk} to catch up", timeout)
+
+    def pivoted() -> bool:
+        try:
+            dom.blockJobAbort(disk, libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+        except libvirt.libvirtError as err:
+            if "not ready for pivot" in (err.get_error_message() or ""):
+                return False
+            raise
+        return True
+
+    wait_for(pivoted, f"the block job of {disk} to be ready for its pivot", timeout)
+
+
+def mapped(pid: int, image: Path) -> list[tuple[int, int]]:
+    """(file offset, length) of every mapping of ``image`` in process ``pid``: an agent's pinned regions."""
+    ranges = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(image):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((int(fields[2], 16), end - start))
+    return sorted(ranges)
+
+
+def covered(ranges: list[tuple[int, int]], start: int, length: int) -> bool:
+    """Whether every page of ``[start, start + length)`` is in one of ``ranges`` (:func:`mapped`'s)."""
+    return all(any(o <= page < o + n for o, n in ranges) for page in range(start, start + length, 4096))
