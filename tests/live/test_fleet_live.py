@@ -193,3 +193,19 @@ def test_nova_redefines_the_domain_without_vmcaches_elements_and_the_host_copy_w
         assert covered(ranges, region.start, region.length), (region, ranges)
     shown = vmcache("hotset", name, env=env)
     assert shown.stdout.startswith(f"{name}: hot set from the host's copy ({env.tmp}/hotsets/{uuid}.xml)"), shown
+
+
+def test_vmcache_disable_keeps_a_rule_managed_domain_out_until_it_is_redefined(domains: LiveEnv) -> None:
+    """Found by hand: disable said "nothing to disable", stopped the agent, and the next reconcile started it again."""
+    env = domains
+    name = PREFIX + "web-5"
+    env.domain(name, metadata="")
+    pid = managed(env, name)["pid"]
+    done = vmcache("disable", name, env=env)
+    assert done.returncode == 0 and f"{name}: vmcache disabled (over rule 1: name={PREFIX}web-*" in done.stdout, done
+    wait_for(lambda: env.agent_pid(name) is None, "the agent to stop")
+    again = vmcache("reconcile", env=env)
+    assert again.returncode == 0 and f"{name}:" not in again.stdout, again.stdout
+    assert env.agent_pid(name) is None and pid
+    rows = [r for r in json.loads(vmcache("status", "--json", env=env).stdout) if r.get("domain") == name]
+    assert rows == [], rows  # neither an agent nor "no agent": it is not managed

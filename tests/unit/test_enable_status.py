@@ -235,3 +235,16 @@ def test_disable_remove_says_when_a_host_rule_still_manages_the_domain(host, cap
     assert main(["disable", "test", "--remove", "--live", *opts]) == 0
     out = capsys.readouterr().out
     assert "test: still managed by rule 1: name=te* (host config)" in out and "agent stopping" not in out
+
+
+def test_disable_of_a_domain_a_rule_manages_writes_enabled_no_which_wins(host, capsys):
+    opts, _, markers = host
+    config = Path(opts[1])
+    config.write_text(config.read_text() + "domains:\n  - match: {name: te*}\n")
+    assert main(["disable", "test", "--live", *opts]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("test: vmcache disabled (over rule 1: name=te* of the host config;") and "agent" in out
+    assert metadata(live=True) == DomainSettings(enabled=False)
+    config.write_text(config.read_text().replace("domains:", "domains: []\nx_domains:").split("x_domains")[0])
+    assert main(["disable", "test", "--config", *opts]) == 0  # no rule any more, no element in the persistent XML
+    assert capsys.readouterr().out == "test: no vmcache metadata, nothing to disable\n"

@@ -7,7 +7,8 @@ When the running domain is changed its agent is stopped (it would also
 stop by itself on libvirt's metadata-change event). ``--remove`` also
 removes the host's copy of the hot set; a host rule that matches the
 domain then decides whether it is managed (and keeps its agent), which
-this says.
+this says. A domain a host rule manages, without an element of its own,
+gets one saying ``enabled="no"``, which wins over the rule.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import dataclasses
 
 from ..host.hotstore import HotStore
 from ..host.virtdomain import VirtDomain, connect
+from ..settings.config import HostConfig
+from ..settings.metadata import DomainSettings
+from ..settings.rules import Rule
 from ._host import add_host_options, ensure_agent, host_config
 from .enable import add_affect_options, affect, read_from, touches_live
 
@@ -32,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_host_options(parser)
 
 
+def _rule_of(config: HostConfig, dom: VirtDomain) -> Rule | None:
+    """The host rule that opts the domain in when it has no vmcache metadata (None: none does)."""
+    rule = next((r for r in config.rules if r.match.matches(dom.info())), None)
+    return rule if rule is not None and rule.enabled else None
+
+
 def run(args: argparse.Namespace) -> int:
     config = host_config(args)
     flags = affect(args)
@@ -44,13 +54,19 @@ def run(args: argparse.Namespace) -> int:
         if config.hotset_dir is not None:
             HotStore(config.hotset_dir).remove(dom.uuid())
         print(f"{args.domain}: vmcache metadata and saved hot set removed")
-        rule = next((r for r in config.rules if r.match.matches(dom.info())), None)
-        if rule is not None and rule.enabled:  # the rules decide now: the domain stays managed
+        rule = _rule_of(config, dom)
+        if rule is not None:  # the rules decide now: the domain stays managed
             print(f"{args.domain}: still managed by {rule} (host config); `vmcache disable` without --remove "
                   "opts it out")
             return 0
     elif current is None:
-        print(f"{args.domain}: no vmcache metadata, nothing to disable")
+        rule = _rule_of(config, dom)
+        if rule is None:
+            print(f"{args.domain}: no vmcache metadata, nothing to disable")
+        else:  # the element, enabled="no", wins over the rule (docs/configuration.md, "Precedence")
+            dom.set_settings(DomainSettings(enabled=False), flags)
+            print(f"{args.domain}: vmcache disabled (over {rule} of the host config; a fleet manager that defines "
+                  "the domain afresh drops this: a rule with enabled: no keeps it out for good)")
     else:
         dom.set_settings(dataclasses.replace(current, enabled=False), flags)
         print(f"{args.domain}: vmcache disabled")
