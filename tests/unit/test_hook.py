@@ -394,6 +394,7 @@ def test_settled_config_is_read_from_the_cache_without_yaml(host, tmp_path):
     assert "vmcache.settings.config" in modules
     assert [m for m in modules if m.split(".")[0] in ("yaml", "defusedxml", "xml")] == []
     assert "vmcache.service.launcher" not in modules and "logging.handlers" not in modules
+    assert "vmcache.settings.rules" not in modules  # a host without rules never loads them
 
 
 def test_with_rules_a_settled_config_is_still_read_without_yaml_and_the_xml_decides(host, tmp_path):

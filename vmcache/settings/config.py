@@ -15,7 +15,7 @@ hook loads this module on every domain start, with ``check_model=False``
 (vmcache.model's package imports numpy; the hook needs no model, and the
 agent it starts checks the ``model`` section and reports it). PyYAML is
 imported only when a text is parsed (vmcache.settings.yamltext); the
-``domains:`` rules are vmcache.settings.rules'.
+``domains:`` rules are vmcache.settings.rules', loaded only when a config has some.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from ..units import parse_duration, parse_size
 from .metrics import MetricsConfig, metrics_from_json, parse_metrics
-from .rules import Rule, parse_rules, rules_from_json
 from .yamltext import abs_path, key_text, load_yaml, no_unknown, whole
 from .yamltext import section as mapping_section
 
 if TYPE_CHECKING:
     from ..model.params import ModelParams
+    from .rules import Rule
 
 __all__ = [
     "DEFAULT_PATH",
@@ -167,8 +167,16 @@ def config_from_json(data: dict[str, Any]) -> HostConfig:
         "agent_command": None if command is None else tuple(command),
         "metrics": metrics_from_json(data["metrics"]),
         "heatmap": HeatmapConfig(**data["heatmap"]),
-        "rules": rules_from_json(data["rules"]),
+        "rules": _rules_from_json(data["rules"]),
     })
+
+
+def _rules_from_json(data: list[dict[str, Any]]) -> tuple[Rule, ...]:
+    if not data:
+        return ()  # the hook's common path: no rules, no rules module
+    from .rules import rules_from_json
+
+    return rules_from_json(data)
 
 
 def parse_host_config(text: str, *, source: str = DEFAULT_PATH, check_model: bool = True) -> HostConfig:
@@ -224,6 +232,8 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     if "heatmap" in data:
         values["heatmap"] = _heatmap(data["heatmap"])
     if "domains" in data:
+        from .rules import parse_rules  # here: a host without rules (most) never loads them
+
         values["rules"] = parse_rules(data["domains"])
     config = HostConfig(**values)
     if check_model:
