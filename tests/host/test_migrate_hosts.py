@@ -1,0 +1,346 @@
+"""Live migration between two real libvirt hosts (make test-migrate).
+
+tests/host/migrate.sh boots the hosts (two systemd-nspawn containers, each
+with its own libvirtd and vmcache installed from the .deb) and runs this
+module on this machine; anywhere else it is skipped. The domains are the
+test guest (scripts/build-guest.sh: a Debian kernel, busybox, idle) on a
+writethrough raw image in the directory both hosts mount at the same path.
+Migration is what an operator (or Nova, with p2p) runs on the source:
+``virsh migrate --live --p2p --persistent --undefinesource --unsafe DOMAIN
+qemu+tcp://DEST/system`` (--unsafe: libvirt 9.0 does not know a bind mount
+for shared storage; docs/reliability.md).
+
+Both hosts run on this machine's one kernel: they share its page cache, so
+what is resident says nothing about which host read it. What each agent
+holds is read from its own log lines and its process (VmLck), what each
+QEMU read from its block statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.host.twohosts import Host, hosts_from_env, shared_from_env
+
+HOSTS = hosts_from_env()
+pytestmark = [pytest.mark.live, pytest.mark.skipif(HOSTS is None, reason="only on the hosts of make test-migrate")]
+
+if HOSTS is not None:
+    import libvirt
+
+    from tests.lab import GuestSpec, domain_xml
+    from tests.live.guestlib import guest_write, leftovers, qmp
+    from tests.live.livelib import wait_for
+    from vmcache.host.files import file_stem, short_name
+    from vmcache.host.virtdomain import Affect, VirtDomain
+    from vmcache.service.launcher import systemd_escape
+    from vmcache.settings.hotset import DiskHotSet
+
+    # Lifecycle events (the moment a migration ends on each side) need an event loop from before the
+    # first connection; it also runs the connections' keepalive.
+    libvirt.virEventRegisterDefaultImpl()
+    libvirt.registerErrorHandler(lambda _c, _e: None, None)
+
+    def _run_events() -> None:
+        while True:
+            libvirt.virEventRunDefaultImpl()
+
+    threading.Thread(target=_run_events, daemon=True).start()
+
+PREFIX = "mig-"
+MiB = 1 << 20
+DEV = "virtio-disk0"   # the lab guest's disk, as QEMU names the device
+BUDGET = 16 * MiB
+MIGRATE = "virsh migrate --live --p2p --persistent --undefinesource --unsafe"
+# Between B's resume event as this machine's client gets it and the journal's time of B's agent's log line
+# (the agent pins only after libvirt ends the migration job, which it does after emitting the event).
+SLACK = 0.25
+TIMINGS = Path(os.environ.get("VMCACHE_MIGRATE_LOGS", "build/migrate")) / "timings.jsonl"
+
+
+@dataclass
+class Side:
+    """One host as the tests use it: the host, a libvirt connection, the lifecycle events seen on it."""
+
+    host: Host
+    conn: Any
+    events: list[tuple[float, str, int, int]] = field(default_factory=list)
+
+    def event_time(self, name: str, kind: int, detail: int) -> float | None:
+        return next((t for t, n, k, d in self.events if (n, k, d) == (name, kind, detail)), None)
+
+
+@pytest.fixture(scope="module")
+def sides() -> Iterator[tuple[Side, Side]]:
+    assert HOSTS is not None
+    pair = tuple(Side(host, host.connect()) for host in HOSTS)
+    for side in pair:
+        side.conn.domainEventRegisterAny(
+            None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+            lambda _c, dom, kind, detail, s: s.events.append((time.time(), dom.name(), kind, detail)), side)
+    try:
+        yield pair[0], pair[1]
+    finally:
+        for side in pair:
+            for dom in side.conn.listAllDomains():
+                if dom.name().startswith(PREFIX):
+                    for undo in (dom.destroy, dom.undefine):
+                        try:
+                            undo()
+                        except libvirt.libvirtError:
+                            pass
+            side.conn.close()
+
+
+# -- domains and agents -----------------------------------------------------------------------
+
+
+def define_guest(side: Side, name: str) -> Any:
+    """The idle test guest on a 64 MiB image in the shared directory, defined (not started) on ``side``."""
+    here, there = shared_from_env()
+    with open(here / f"{name}.raw", "wb") as f:
+        f.truncate(64 * MiB)
+    spec = GuestSpec(name=name, disk=f"{there}/{name}.raw", console_log=f"{there}/{name}.console",
+                     workload="idle", loops=0, guest_dir=f"{there}/guest")
+    return side.conn.defineXML(domain_xml(spec))
+
+
+def guest_ready(name: str) -> None:
+    here, _ = shared_from_env()
+    console = here / f"{name}.console"
+    wait_for(lambda: "VMCACHE-GUEST-READY" in console.read_text(errors="replace"), f"{name}'s guest to boot",
+             timeout=120, step=0.5)
+
+
+def unit_of(name: str) -> str:
+    return f"vmcache-agent@{systemd_escape(name)}.service"
+
+
+def status(host: Host, name: str) -> Any:
+    try:
+        return json.loads(host.path(f"/run/vmcache/agents/{file_stem(name)}.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def agent_running(host: Host, name: str) -> Any:
+    """Waits for the hook's unit to run the agent and its first cycle; its status."""
+    unit = unit_of(name)
+    wait_for(lambda: host.unit(unit)["ActiveState"] == "active", f"the hook on {host.name} to start {unit}")
+    return wait_for(lambda: (s := status(host, name)) and s["state"] == "running" and s["disks"] and s,
+                    f"the first cycle of {unit} on {host.name}")
+
+
+def lines(host: Host, name: str, event: str) -> list[tuple[float, str]]:
+    """(time, message) of the agent's log lines of ``event`` on ``host``."""
+    return [(t, m) for t, m in host.journal(unit_of(name)) if f" {event} " in f"{m} "]
+
+
+def migrate(src: Side, dst: Side, name: str) -> float:
+    """Live-migrate ``name`` from ``src`` to ``dst`` as an operator does, on ``src``; the seconds it took."""
+    started = time.monotonic()
+    src.host.run("sh", "-c", f"{MIGRATE} {name} qemu+tcp://{dst.host.name}/system")
+    return time.monotonic() - started
+
+
+def read_ops(dom: Any) -> int:
+    """Read requests the guest made through its virtio disk so far (query-blockstats; HMP qemu-io is not counted)."""
+    return next(d["stats"]["rd_operations"] for d in qmp(dom, "query-blockstats") if DEV in d.get("qdev", ""))
+
+
+def dirtied(host: Host, name: str) -> float:
+    """vmcache_guest_dirtied_bytes_total of the domain's agent on ``host``: what its dirty-bitmap reads counted."""
+    text = host.scrape(status(host, name)["metrics_url"])
+    samples = [float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("vmcache_guest_dirtied_bytes_total{")]
+    assert samples, text[-2000:]
+    return sum(samples)
+
+
+def runtime_leftovers(host: Host, name: str, uuid: str) -> list[str]:
+    """What of the domain's agent is still on ``host``: processes, locked memory, files, ledger entries."""
+    left = [f"process {pid}: {cmd}" for pid in host.pids().values()
+            if "--domain" in (cmd := _cmdline(pid)) and name in cmd]
+    left += [f"pid {pid} locks {n} bytes" for pid, n in host.locked().items()]
+    left += [p for p in host.files("/run/vmcache", "/run/lock/vmcache")
+             if not host.path(p).is_dir() and not re.fullmatch(r"/run/vmcache/(ledger\.json(\.lock)?|share\.json|"
+                                                                 r"config-cache/.*)", p)]
+    left += [p for p in ("/run/vmcache/ledger.json", "/run/vmcache/share.json")
+             if host.path(p).exists() and (uuid in (text := host.path(p).read_text()) or name in text)]
+    if host.path(f"/run/vmcache/nbd/{short_name(name, 12)}").exists():
+        left.append("its NBD socket directory")
+    return left
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def record(**figures: Any) -> None:
+    """One line of measured figures for docs/benchmarks.md (build/migrate/timings.jsonl)."""
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    with TIMINGS.open("a") as f:
+        f.write(json.dumps({"at": time.strftime("%Y-%m-%d %H:%M:%S"), "load": os.getloadavg()[0], **figures}) + "\n")
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+def test_a_plain_domain_migrates_there_and_back(sides: tuple[Side, Side]) -> None:
+    """The two hosts as such: a running domain vmcache does not manage goes to B and back, no agent anywhere."""
+    a, b = sides
+    name = PREFIX + "plain"
+    define_guest(a, name).create()
+    guest_ready(name)
+    there = migrate(a, b, name)
+    dom = b.conn.lookupByName(name)
+    assert dom.state() == [libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_MIGRATED]
+    assert name not in [d.name() for d in a.conn.listAllDomains()]  # --undefinesource
+    back = migrate(b, a, name)
+    dom = a.conn.lookupByName(name)
+    assert dom.state() == [libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_MIGRATED]
+    assert qmp(dom, "query-status")["status"] == "running"
+    for side in sides:  # each started it once (A at its start and on the way back, B as it came in)
+        assert side.host.unit(unit_of(name))["ActiveState"] == "inactive"
+        hook = side.host.run("journalctl", "-b", "-q", "--no-pager", "-o", "cat", "-t", "vmcache-hook")
+        assert f'hook.ignore domain={name} op=started reason="no vmcache metadata"' in hook, hook
+    dom.destroy()
+    dom.undefine()
+    record(test="plain", migrate_s=round(there, 3), back_s=round(back, 3))
+
+
+def saved_set(side: Side, name: str, at_least: int) -> DiskHotSet:
+    """Waits for the agent to save a hot set of ``at_least`` bytes in the live XML; its record of vda."""
+    def saved() -> DiskHotSet | None:
+        hotset = VirtDomain(side.conn, name).hotset(Affect.LIVE)
+        disk = hotset.disk("vda") if hotset else None
+        return disk if disk is not None and disk.bytes >= at_least else None
+
+    return wait_for(saved, f"the agent on {side.host.name} to save the hot set in the live XML")
+
+
+def start_opted_in(a: Side, name: str) -> tuple[Any, str, DiskHotSet]:
+    """``name`` defined on A, opted in by its metadata (``vmcache enable``), started; its guest wrote two
+    regions, which A's agent pinned and saved in the live XML. (A's virDomain, its uuid, the saved set of vda.)"""
+    define_guest(a, name)
+    a.host.run("vmcache", "enable", name, "--budget", "16M", "--config")
+    a.host.run("virsh", "start", name)
+    dom = a.conn.lookupByName(name)
+    agent_running(a.host, name)
+    guest_ready(name)
+    guest_write(dom, 8 * MiB, 4 * MiB, dev=DEV)
+    guest_write(dom, 40 * MiB, 2 * MiB, dev=DEV)
+    carried = saved_set(a, name, 6 * MiB)
+    assert carried.bytes <= BUDGET
+    return dom, dom.UUIDString(), carried
+
+
+def warm_on_b(b: Side, name: str, carried: DiskHotSet, resumed: float) -> float:
+    """B's agent warmed from the set that came in the XML and locked all of it, after the domain was in
+    (``resumed``: B's resume event) and before the guest read anything on B: once it is done, B's QEMU
+    has served no read request of the guest yet (the counter counts every request of the virtio device
+    since B's QEMU started; this guest is idle). When it was done."""
+    agent_running(b.host, name)
+    done = wait_for(lambda: lines(b.host, name, "warm.done"), "B's agent to restore the carried set", timeout=60)
+    assert f"restored={carried.bytes} given_up=0 total={carried.bytes}" in done[0][1], done
+    assert read_ops(b.conn.lookupByName(name)) == 0
+    loaded = lines(b.host, name, "hotset.loaded")
+    assert loaded and f"definition=live bytes={carried.bytes}" in loaded[0][1], loaded
+    pinned = {(int(s), int(n)) for _t, m in lines(b.host, name, "pin.add")
+              for s, n in re.findall(r"start=(\d+) length=(\d+)", m)}
+    for region in carried.regions:
+        assert any(s <= region.start and region.start + region.length <= s + n for s, n in pinned), (region, pinned)
+    first = min(t for t, _m in lines(b.host, name, "pin.add"))
+    assert first >= resumed - SLACK, (first, resumed)
+    return done[0][0]
+
+
+def nothing_left_on_a(a: Side, name: str, uuid: str) -> None:
+    """A's agent stopped cleanly once its QEMU was gone: no process, pin, file or ledger entry of it."""
+    wait_for(lambda: a.host.unit(unit_of(name))["ActiveState"] == "inactive", "A's agent to stop")
+    assert a.host.unit(unit_of(name))["Result"] == "success"
+    assert runtime_leftovers(a.host, name, uuid) == []
+
+
+def one_bitmap_on_b(b: Side, name: str) -> None:
+    """B's QEMU has the one recording bitmap of B's agent: none came from A."""
+    started = lines(b.host, name, "tracker.start")
+    assert len(started) == 1, started
+    ours = re.search(r"bitmap=(vmcache-[0-9a-f]+)-", started[0][1])
+    assert ours, started
+    dom = b.conn.lookupByName(name)
+    left = wait_for(lambda: (x := leftovers(dom)) and not x["exports"] and not x["nodes"] and x,
+                    "a moment without a bitmap read in flight")
+    assert len(left["bitmaps"]) == 1 and left["bitmaps"][0].startswith(ours.group(1) + "-"), left
+
+
+def exact_writes_on_b(b: Side, name: str) -> None:
+    """B's agent counts exactly the writes made on B, in dirty-bitmap granules (none of those made on A)."""
+    dom = b.conn.lookupByName(name)
+    granule = status(b.host, name)["disks"][0]["dirty_granule_bytes"]
+    cycles = status(b.host, name)["disks"][0]["cycles"]
+    wait_for(lambda: status(b.host, name)["disks"][0]["cycles"] >= cycles + 2, "two more cycles on B")
+    assert dirtied(b.host, name) == 0
+    guest_write(dom, 20 * MiB, 3 * granule, dev=DEV)               # 3 granules
+    guest_write(dom, 30 * MiB + 4096, 4096, dev=DEV)               # 1
+    guest_write(dom, 36 * MiB - 4096, 8192, dev=DEV)               # 2: across a granule boundary
+    expected = 6 * granule
+    wait_for(lambda: dirtied(b.host, name) >= expected, "B's agent to read the writes")
+    cycles = status(b.host, name)["disks"][0]["cycles"]
+    wait_for(lambda: status(b.host, name)["disks"][0]["cycles"] >= cycles + 2, "two more cycles on B")
+    assert dirtied(b.host, name) == expected
+
+
+def stop_on_b(b: Side, name: str, uuid: str) -> None:
+    dom = b.conn.lookupByName(name)
+    dom.destroy()
+    wait_for(lambda: b.host.unit(unit_of(name))["ActiveState"] == "inactive", "B's agent to stop")
+    assert runtime_leftovers(b.host, name, uuid) == []
+    dom.undefine()
+
+
+def resume_time(b: Side, name: str) -> float:
+    return wait_for(lambda: b.event_time(name, libvirt.VIR_DOMAIN_EVENT_RESUMED, libvirt.VIR_DOMAIN_EVENT_RESUMED_MIGRATED),
+                    "B's resume event")
+
+
+def test_an_opted_in_domain_moves_warm_exact_and_clean(sides: tuple[Side, Side]) -> None:
+    """Opted in by its metadata (vmcache enable): B's agent locks the carried hot set before the guest
+    reads on B, counts exactly the writes made on B, and A's agent leaves nothing behind."""
+    a, b = sides
+    name = PREFIX + "meta"
+    dom_a, uuid, carried = start_opted_in(a, name)
+    # Written on A just before the switch: never B's to count (A's agent may not even have read it).
+    guest_write(dom_a, 50 * MiB, MiB, dev=DEV)
+    took = migrate(a, b, name)
+    resumed = resume_time(b, name)
+    warmed = warm_on_b(b, name, carried, resumed)
+    nothing_left_on_a(a, name, uuid)
+    one_bitmap_on_b(b, name)
+    exact_writes_on_b(b, name)
+    record(test="metadata", migrate_s=round(took, 3), set_bytes=carried.bytes,
+           locked_after_resume_s=round(warmed - resumed, 3),
+           hook_started_after_resume_s=round(_hook_time(b.host, name, "started") - resumed, 3))
+    stop_on_b(b, name, uuid)
+
+
+def _hook_time(host: Host, name: str, op: str) -> float:
+    """When the hook on ``host`` started the agent for ``name`` on ``op``."""
+    out = host.run("journalctl", "-b", "-q", "--no-pager", "-o", "json", "-t", "vmcache-hook")
+    for line in out.splitlines():
+        entry = json.loads(line)
+        if f"domain={name} op={op}" in entry.get("MESSAGE", "") and "hook.start" in entry.get("MESSAGE", ""):
+            return int(entry["__REALTIME_TIMESTAMP"]) / 1e6
+    raise AssertionError(f"no hook.start of {name} on {op} in {host.name}'s journal")
