@@ -336,6 +336,54 @@ def test_an_opted_in_domain_moves_warm_exact_and_clean(sides: tuple[Side, Side])
     stop_on_b(b, name, uuid)
 
 
+LONG = 35.0  # seconds of incoming migration: more than libvirt's 30 s wait for a domain's job
+
+
+def test_a_long_incoming_migration_is_waited_for_then_the_set_is_locked(sides: tuple[Side, Side]) -> None:
+    """A migration whose incoming phase lasts longer than libvirt lets a command wait for the domain's job
+    (30 s): B's agent neither times out nor pins while the domain is still coming in (pages read then may
+    still change on the source, and QEMU's drop of B's cache at the switch cannot drop locked pages); once
+    it is in, B's agent finds the disk, warms from the carried set and tracks every write."""
+    a, b = sides
+    name = PREFIX + "long"
+    _dom_a, uuid, carried = start_opted_in(a, name)
+    errors: list[BaseException] = []
+
+    def slow_migration() -> None:
+        try:
+            a.host.run("sh", "-c", f"{MIGRATE} --bandwidth 1 {name} qemu+tcp://{b.host.name}/system", timeout=600)
+        except BaseException as err:  # noqa: BLE001 - reported by the test's thread
+            errors.append(err)
+
+    mover = threading.Thread(target=slow_migration)
+    mover.start()
+    try:
+        agent_started = wait_for(lambda: b.host.unit(unit_of(name))["ActiveState"] == "active" and time.time(),
+                                 "the hook on B to start the agent as the domain comes in")
+        while time.time() < agent_started + LONG:
+            assert b.conn.lookupByName(name).state() == [libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_PAUSED_MIGRATION]
+            time.sleep(1)
+        pid = b.host.pids()[int(b.host.unit(unit_of(name))["MainPID"])]
+        assert b.host.locked().get(pid, 0) == 0
+        early = [m for _t, m in b.host.journal(unit_of(name))
+                 if any(e in m for e in ("pin.add", "discovery_failed", "tracker.start", "Timed out"))]
+        assert early == [], early
+    finally:
+        a.host.run("virsh", "migrate-setspeed", name, "--bandwidth", "100000", check=False)
+        mover.join()
+    assert not errors, errors
+    resumed = resume_time(b, name)
+    incoming = resumed - agent_started
+    warmed = warm_on_b(b, name, carried, resumed)
+    assert lines(b.host, name, "agent.migration_wait") and lines(b.host, name, "agent.migration_done")
+    nothing_left_on_a(a, name, uuid)
+    one_bitmap_on_b(b, name)
+    exact_writes_on_b(b, name)
+    record(test="long", incoming_s=round(incoming, 1), set_bytes=carried.bytes,
+           locked_after_resume_s=round(warmed - resumed, 3))
+    stop_on_b(b, name, uuid)
+
+
 def _hook_time(host: Host, name: str, op: str) -> float:
     """When the hook on ``host`` started the agent for ``name`` on ``op``."""
     out = host.run("journalctl", "-b", "-q", "--no-pager", "-o", "json", "-t", "vmcache-hook")

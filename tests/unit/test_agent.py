@@ -55,6 +55,7 @@ class FakeLink:
         self.up = True
         self.domain_id = 5
         self.uuid = info.uuid
+        self.incoming_answers: deque[bool] = deque()  # incoming() answers, then False
 
     def attach(self) -> DomainInfo:
         self.attaches += 1
@@ -70,6 +71,9 @@ class FakeLink:
             return Pending()
         return self.events.popleft()
 
+    def incoming(self) -> bool:
+        return self.incoming_answers.popleft() if self.incoming_answers else False
+
     def alive(self) -> bool:
         return self.running
 
@@ -77,6 +81,7 @@ class FakeLink:
         return self.up
 
     def monitor(self) -> str:
+        self.monitors += 1
         return f"monitor-{self.attaches}"  # the connection's
 
     def close(self) -> None:
@@ -500,3 +505,39 @@ def test_the_domains_metadata_still_wins_over_a_changed_rule(tmp_path: Path) -> 
                 config_watch=ScriptedWatch(HostConfig(rules=(Rule(1, Match(name="d"), budget=MiB),))))
     assert h.agent.run() == EXIT_OK
     assert h.workers["vda"].budgets == [8 * MiB] * 3 and h.agent.status.managed_by == "metadata"
+
+
+def test_on_a_migrations_destination_the_agent_waits_until_the_domain_is_in(tmp_path: Path) -> None:
+    """While the domain comes in (libvirt holds its job; the source still runs the guest) the agent sends
+    QEMU nothing and starts no disk; it says so in its status; once the domain is in it starts as usual."""
+    wake = RecordingWake()
+    h = harness(tmp_path, _info("vda"), [Pending()], wake=wake)
+    h.link.incoming_answers.extend([True, True, True])
+    seen: list[tuple[str, int, int]] = []
+    real_write = h.agent._write_status
+
+    def spy() -> None:
+        real_write()
+        seen.append((h.status()["state"], h.link.monitors, len(h.workers)))
+
+    h.agent._write_status = spy  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    assert seen[0] == ("migrating", 0, 0)
+    assert len(wake.waits) >= 2  # waited between the looks at the domain's state
+    assert len(h.workers["vda"].budgets) == 1
+
+
+def test_a_domain_that_goes_away_while_coming_in_ends_the_agent_without_a_disk(tmp_path: Path) -> None:
+    """A migration that fails: libvirt kills the destination's QEMU; the waiting agent exits cleanly."""
+    h = harness(tmp_path, _info("vda"), [Pending()], wake=RecordingWake())
+    h.link.incoming_answers.extend([True] * 5)
+    real_incoming = h.link.incoming
+
+    def incoming() -> bool:
+        if len(h.link.incoming_answers) == 3:
+            h.link.running = False
+        return real_incoming()
+
+    h.link.incoming = incoming  # type: ignore[method-assign]
+    assert h.agent.run() == EXIT_OK
+    assert h.workers == {} and not Path(status_path(h.config.agents_dir, "d")).exists()

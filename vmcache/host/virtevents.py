@@ -32,6 +32,7 @@ class Lifecycle(enum.IntEnum):
     STOPPED = libvirt.VIR_DOMAIN_EVENT_STOPPED
     UNDEFINED = libvirt.VIR_DOMAIN_EVENT_UNDEFINED
     SHUTDOWN = libvirt.VIR_DOMAIN_EVENT_SHUTDOWN
+    RESUMED = libvirt.VIR_DOMAIN_EVENT_RESUMED
 
 
 class EventLoop:
@@ -103,6 +104,8 @@ class DomainEvents:
         if kind in (Lifecycle.STOPPED, Lifecycle.UNDEFINED):
             _LOG.info(event("events.stopped", kind=kind, detail=detail))
             self._set(stopped=True)
+        elif kind == Lifecycle.RESUMED:  # an agent waiting for an incoming migration to end goes on at once
+            self._wake.set()
 
     def _on_metadata(self, _conn: Any, _dom: Any, _mtype: int, nsuri: str | None, _opaque: Any) -> None:
         if nsuri == HOTSET_NAMESPACE:

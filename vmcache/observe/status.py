@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-STATES = ("starting", "running", "backing-off", "stopping", "disabled")
+STATES = ("starting", "migrating", "running", "backing-off", "stopping", "disabled")
 
 
 def status_path(agents_dir: str, domain: str) -> str:

@@ -2,6 +2,8 @@
 
 Started by the libvirt hook (through :mod:`vmcache.service.launcher`) when an
 opted-in domain starts; built by :func:`vmcache.service.app.build_agent`.
+On a live migration's destination the hook starts it as the domain comes in:
+it waits until the migration has ended before it sends QEMU anything or pins.
 Once per interval the loop
 
 1. picks up the domain's events (:class:`~vmcache.service.domainlink.DomainLink`):
@@ -62,6 +64,7 @@ __all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE", "nbd_dir"]
 EXIT_OK = 0
 EXIT_FAILURE = 1
 RECONNECT_SECONDS = 2.0
+INCOMING_POLL_SECONDS = 1.0
 
 
 def nbd_dir(runtime_dir: str, domain: str) -> str:
@@ -132,6 +135,8 @@ class Agent:
                 self.status.state = "disabled"
                 return EXIT_OK
             self._start_telemetry()
+            if not self._wait_for_incoming_migration():
+                return EXIT_OK
             if self._hotsets is not None:
                 self._hotsets.load()
                 self.status.hotset_source = self._hotsets.source
@@ -156,6 +161,27 @@ class Agent:
         self._info = self._effective(self._link.attach())
         self.status.uuid = self._info.uuid
         self.status.domain_id = self._link.domain_id
+
+    def _wait_for_incoming_migration(self) -> bool:
+        """On a migration's destination: wait until the domain has come in; False if it went away meanwhile.
+
+        Until then libvirt holds the domain's job (a QMP command waits for it and fails after 30 s),
+        and the source still runs the guest: pages read now may change before the switch, and the
+        destination QEMU's drop of its page cache at the switch cannot drop pages an agent locked.
+        """
+        if not self._link.incoming():
+            return True
+        started = self._clock()
+        self._log.info(event("agent.migration_wait"))
+        self.status.state = "migrating"
+        self._write_status()
+        while self._link.incoming():
+            self._wake.wait(INCOMING_POLL_SECONDS)  # set by the domain's resume event
+            self._wake.clear()
+            if self._stop.is_set() or not self._link.alive():
+                return False
+        self._log.info(event("agent.migration_done", waited=f"{self._clock() - started:.3f}s"))
+        return True
 
     def _enabled(self) -> bool:
         return self._info is not None and self._info.settings is not None and self._info.settings.enabled

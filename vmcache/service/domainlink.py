@@ -31,6 +31,9 @@ from ..settings.metadata import DomainInfo, parse_domain
 
 __all__ = ["DomainLink"]
 
+#: (state, reason) of a domain on the destination of a migration until the migration ends.
+_INCOMING = (libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_PAUSED_MIGRATION)
+
 
 class DomainLink:
     """One run of a domain on a libvirt connection opened with ``connect(uri)``.
@@ -103,6 +106,15 @@ class DomainLink:
         except libvirt.libvirtError:  # undefined (a transient domain that stopped), or libvirtd gone
             return None
         return int(run) if run is not None and run >= 0 else None
+
+    def incoming(self) -> bool:
+        """True while the run is still coming in by a migration (libvirt holds the domain's job until it
+        ends: a QMP command would wait for it, 30 s at most). Raises DomainError."""
+        try:
+            state = tuple(self._dom.state())
+        except libvirt.libvirtError as err:
+            raise DomainError(f"domain {self.domain!r}: cannot get its state: {err.get_error_message()}") from err
+        return state == _INCOMING
 
     def alive(self) -> bool:
         """True while the domain runs as the link's run (False when it stopped, restarted, or libvirtd cannot tell)."""
