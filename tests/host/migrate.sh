@@ -125,9 +125,11 @@ boot_host() {
   in_container "$name" ip link set "$PREFIX-v$x" up
   in_container "$name" systemctl start virtlogd.socket libvirtd.socket libvirtd-tcp.socket libvirtd.service
   in_unit "$name" --setenv=DEBIAN_FRONTEND=noninteractive sh -c 'apt-get install -y -q /root/vmcache_*_all.deb | tail -2'
-  # Short cycles and frequent hot-set saves, so the checks take seconds (an operator's edit of the conffile).
-  in_container "$name" sh -c 'sed -i "s/^interval: .*/interval: 1s/; s/^min_free: .*/min_free: 256M/" /etc/vmcache/vmcache.yaml
-    printf "hotset_interval: 2s\n" >> /etc/vmcache/vmcache.yaml'
+  # An operator's edit of the conffile: short cycles and frequent hot-set saves, so the checks take
+  # seconds, and a host rule (the same on both hosts) for domains defined as Nova defines them.
+  in_container "$name" sh -c 'sed -i "s/^interval: .*/interval: 1s/; s/^min_free: .*/min_free: 256M/; s/^hotset_interval: .*/hotset_interval: 2s/" /etc/vmcache/vmcache.yaml
+    sed -i "s/^domains: \[\]$/domains:\n  - match: {nova_flavor: mig.large}\n    budget: 16M/" /etc/vmcache/vmcache.yaml
+    grep -q "nova_flavor: mig.large" /etc/vmcache/vmcache.yaml && vmcache status >/dev/null'
   say "$name: $(in_container "$name" dpkg-query -W vmcache | tr '\t' ' '), libvirt $(in_container "$name" virsh -q version --daemon | awk '/daemon/ {print $NF}')"
 }
 

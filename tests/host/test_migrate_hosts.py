@@ -39,12 +39,14 @@ if HOSTS is not None:
     import libvirt
 
     from tests.lab import GuestSpec, domain_xml
+    from tests.nova import nova_instance
     from tests.live.guestlib import guest_write, leftovers, qmp
     from tests.live.livelib import wait_for
     from vmcache.host.files import file_stem, short_name
     from vmcache.host.virtdomain import Affect, VirtDomain
     from vmcache.service.launcher import systemd_escape
     from vmcache.settings.hotset import DiskHotSet
+    from vmcache.settings.metadata import NAMESPACE
 
     # Lifecycle events (the moment a migration ends on each side) need an event loop from before the
     # first connection; it also runs the connections' keepalive.
@@ -58,6 +60,8 @@ if HOSTS is not None:
     threading.Thread(target=_run_events, daemon=True).start()
 
 PREFIX = "mig-"
+FLAVOR = "mig.large"   # the rule migrate.sh writes into both hosts' config: domains: [{match: {nova_flavor: ...}}]
+RULE = f"rule 1: nova_flavor={FLAVOR}"
 MiB = 1 << 20
 DEV = "virtio-disk0"   # the lab guest's disk, as QEMU names the device
 BUDGET = 16 * MiB
@@ -105,14 +109,18 @@ def sides() -> Iterator[tuple[Side, Side]]:
 # -- domains and agents -----------------------------------------------------------------------
 
 
-def define_guest(side: Side, name: str) -> Any:
-    """The idle test guest on a 64 MiB image in the shared directory, defined (not started) on ``side``."""
+def define_guest(side: Side, name: str, *, metadata: str = "") -> Any:
+    """The idle test guest on a 64 MiB image in the shared directory, defined (not started) on ``side``;
+    ``metadata``: elements for its ``<metadata>``."""
     here, there = shared_from_env()
     with open(here / f"{name}.raw", "wb") as f:
         f.truncate(64 * MiB)
     spec = GuestSpec(name=name, disk=f"{there}/{name}.raw", console_log=f"{there}/{name}.console",
                      workload="idle", loops=0, guest_dir=f"{there}/guest")
-    return side.conn.defineXML(domain_xml(spec))
+    xml = domain_xml(spec)
+    if metadata:
+        xml = xml.replace("</name>", f"</name>\n  <metadata>{metadata}</metadata>", 1)
+    return side.conn.defineXML(xml)
 
 
 def guest_ready(name: str) -> None:
@@ -215,7 +223,7 @@ def test_a_plain_domain_migrates_there_and_back(sides: tuple[Side, Side]) -> Non
     for side in sides:  # each started it once (A at its start and on the way back, B as it came in)
         assert side.host.unit(unit_of(name))["ActiveState"] == "inactive"
         hook = side.host.run("journalctl", "-b", "-q", "--no-pager", "-o", "cat", "-t", "vmcache-hook")
-        assert f'hook.ignore domain={name} op=started reason="no vmcache metadata"' in hook, hook
+        assert f'hook.ignore domain={name} op=started reason="no vmcache metadata, no rule matches"' in hook, hook
     dom.destroy()
     dom.undefine()
     record(test="plain", migrate_s=round(there, 3), back_s=round(back, 3))
@@ -231,14 +239,16 @@ def saved_set(side: Side, name: str, at_least: int) -> DiskHotSet:
     return wait_for(saved, f"the agent on {side.host.name} to save the hot set in the live XML")
 
 
-def start_opted_in(a: Side, name: str) -> tuple[Any, str, DiskHotSet]:
-    """``name`` defined on A, opted in by its metadata (``vmcache enable``), started; its guest wrote two
+def start_opted_in(a: Side, name: str, *, by_rule: bool = False) -> tuple[Any, str, DiskHotSet]:
+    """``name`` defined on A, opted in by its metadata (``vmcache enable``) or, ``by_rule``, defined as Nova
+    defines it (its flavor matches the hosts' rule, no element of vmcache's), started; its guest wrote two
     regions, which A's agent pinned and saved in the live XML. (A's virDomain, its uuid, the saved set of vda.)"""
-    define_guest(a, name)
-    a.host.run("vmcache", "enable", name, "--budget", "16M", "--config")
+    define_guest(a, name, metadata=nova_instance(flavor=FLAVOR) if by_rule else "")
+    if not by_rule:
+        a.host.run("vmcache", "enable", name, "--budget", "16M", "--config")
     a.host.run("virsh", "start", name)
     dom = a.conn.lookupByName(name)
-    agent_running(a.host, name)
+    assert agent_running(a.host, name)["managed_by"] == (RULE if by_rule else "metadata")
     guest_ready(name)
     guest_write(dom, 8 * MiB, 4 * MiB, dev=DEV)
     guest_write(dom, 40 * MiB, 2 * MiB, dev=DEV)
@@ -247,12 +257,12 @@ def start_opted_in(a: Side, name: str) -> tuple[Any, str, DiskHotSet]:
     return dom, dom.UUIDString(), carried
 
 
-def warm_on_b(b: Side, name: str, carried: DiskHotSet, resumed: float) -> float:
+def warm_on_b(b: Side, name: str, carried: DiskHotSet, resumed: float, *, by_rule: bool = False) -> float:
     """B's agent warmed from the set that came in the XML and locked all of it, after the domain was in
     (``resumed``: B's resume event) and before the guest read anything on B: once it is done, B's QEMU
     has served no read request of the guest yet (the counter counts every request of the virtio device
     since B's QEMU started; this guest is idle). When it was done."""
-    agent_running(b.host, name)
+    assert agent_running(b.host, name)["managed_by"] == (RULE if by_rule else "metadata")
     done = wait_for(lambda: lines(b.host, name, "warm.done"), "B's agent to restore the carried set", timeout=60)
     assert f"restored={carried.bytes} given_up=0 total={carried.bytes}" in done[0][1], done
     assert read_ops(b.conn.lookupByName(name)) == 0
@@ -272,6 +282,9 @@ def nothing_left_on_a(a: Side, name: str, uuid: str) -> None:
     wait_for(lambda: a.host.unit(unit_of(name))["ActiveState"] == "inactive", "A's agent to stop")
     assert a.host.unit(unit_of(name))["Result"] == "success"
     assert runtime_leftovers(a.host, name, uuid) == []
+    # What stays on purpose: the host's copy of the set (hotset_dir; pruned by count and age).
+    kept = [p for p in a.host.files("/var/lib/vmcache") if uuid in p or name in p]
+    assert set(kept) <= {f"/var/lib/vmcache/hotsets/{uuid}.xml"}, kept
 
 
 def one_bitmap_on_b(b: Side, name: str) -> None:
@@ -333,6 +346,24 @@ def test_an_opted_in_domain_moves_warm_exact_and_clean(sides: tuple[Side, Side])
     record(test="metadata", migrate_s=round(took, 3), set_bytes=carried.bytes,
            locked_after_resume_s=round(warmed - resumed, 3),
            hook_started_after_resume_s=round(_hook_time(b.host, name, "started") - resumed, 3))
+    stop_on_b(b, name, uuid)
+
+
+def test_a_domain_opted_in_only_by_a_host_rule_moves_the_same_way(sides: tuple[Side, Side]) -> None:
+    """Defined as Nova defines it (its <nova:instance> metadata, namespace 1.1, nothing of vmcache's): the
+    same host rule on both hosts manages it there and here; the set rides in the XML as for the metadata."""
+    a, b = sides
+    name = PREFIX + "rule"
+    dom_a, uuid, carried = start_opted_in(a, name, by_rule=True)
+    assert NAMESPACE not in dom_a.XMLDesc(0)  # vmcache's opt-in element: no
+    took = migrate(a, b, name)
+    resumed = resume_time(b, name)
+    warmed = warm_on_b(b, name, carried, resumed, by_rule=True)
+    nothing_left_on_a(a, name, uuid)
+    one_bitmap_on_b(b, name)
+    exact_writes_on_b(b, name)
+    record(test="rule", migrate_s=round(took, 3), set_bytes=carried.bytes,
+           locked_after_resume_s=round(warmed - resumed, 3))
     stop_on_b(b, name, uuid)
 
 
