@@ -1,0 +1,355 @@
+"""Every read QEMU makes of a managed image, counted per model block in the kernel (issue 20).
+
+One BPF program for the whole host (:mod:`vmcache.host.readprog` writes
+it) runs on four tracepoints: ``filemap:mm_filemap_get_pages`` (every
+buffered read, hit or miss), ``readahead:page_cache_sync_ra`` and
+``page_cache_async_ra`` (a read is about to bring pages in) and
+``filemap:mm_filemap_add_to_page_cache`` (a page entered the cache). It
+counts only the reads of processes in its ``qemus`` map (each agent adds
+its domain's QEMU) of files in its ``meta`` map (each disk worker adds its
+image): the agent's own loads and probes, and everything else on the
+host, pass through it untouched.
+
+Shared, not one per agent: a tracepoint takes at most 64 programs (the
+65th attachment fails with E2BIG), and each runs on every buffered read
+on the host (docs/benchmarks.md "Counting guest reads"). The first agent
+loads the program and its maps and attaches it (BPF links); every later
+agent finds it by name and takes its own descriptors of the same links
+and maps by id. Nothing is pinned: the program lives while an agent holds
+a descriptor, and goes with the last one (stop, crash or SIGKILL).
+
+Per image, two count maps (generation 0 and 1) hold, per touched block,
+the pages read, the pages that entered the cache for those reads, and
+the difference entries of reads spanning more than two blocks (decoded
+here). Each cycle :meth:`FileReads.take` makes the other map current,
+waits a millisecond for programs still running on the old one, and
+empties it. A map that fills counts further blocks' reads as drops
+(:attr:`FileReads.dropped`) until it is emptied.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import fcntl
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import HostError
+from ..model.blocks import BlockValues
+from ..model.reads import GuestReads
+from . import bpf
+from .procs import cmdline
+from .readprog import COUNT_VALUE, EVENTS, INNER_ENTRIES, PROGRAM_NAME, Maps, programs
+from .runlock import RUN_LOCK_DIR
+from .tracefs import read_tracepoints
+
+__all__ = ["ReadCountError", "ReadCounter", "FileReads", "qemu_pid", "LOCK_NAME"]
+
+LOCK_NAME = "reads.lock"
+PAGE = 4096
+SETTLE_SECONDS = 0.001  # programs that read the old generation finish within microseconds (preemption off)
+_log = logging.getLogger(__name__)
+
+
+class ReadCountError(HostError):
+    """Guest reads cannot be counted on this host (no BPF, no tracepoint, not allowed); ``reason`` says why."""
+
+
+def kernel_dev(st_dev: int) -> int:
+    """A stat(2) device number in the kernel's ``major << 20 | minor`` (what tracepoints carry)."""
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+def qemu_pid(domain: str, *, run_dir: str = "/run/libvirt/qemu", proc: str = "/proc") -> int | None:
+    """The pid of the QEMU libvirt runs ``domain`` in (its pidfile, checked against the command line)."""
+    try:
+        with open(os.path.join(run_dir, f"{domain}.pid"), encoding="ascii") as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    argv = cmdline(pid, proc=proc)
+    if not argv or not any(f"guest={domain}" in arg.split(",") for arg in argv):
+        return None
+    return pid
+
+
+@dataclass(frozen=True)
+class _Found:
+    links: list[int]
+    maps: dict[str, int]
+
+
+class ReadCounter:
+    """The host's read-counting program as one agent holds it, counting the reads of QEMU ``pid``."""
+
+    def __init__(self, maps: Maps, links: list[int], pid: int) -> None:
+        self._maps = maps
+        self._links = links
+        self.pid = pid
+        self._maps.qemus.update(struct.pack("=I", pid), struct.pack("=I", os.getpid()))
+
+    @classmethod
+    def open(cls, pid: int, *, lock_dir: str = RUN_LOCK_DIR) -> ReadCounter:
+        """Join (or load and attach) the host's program, and count QEMU ``pid``'s reads.
+
+        Raises ReadCountError when this host cannot: no tracefs or
+        tracepoint, BPF refused (no CAP_BPF/CAP_PERFMON, BPF off), maps
+        or program refused.
+        """
+        try:
+            os.makedirs(lock_dir, mode=0o755, exist_ok=True)
+            lock = os.open(os.path.join(lock_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            raise ReadCountError(f"cannot take the read counter's lock: {err.strerror}", path=lock_dir,
+                                 errno=err.errno) from err
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # two agents starting at once load one program
+            found = _find()
+            if found is not None:
+                maps, links = Maps.adopt(found.maps), found.links
+            else:
+                maps, links = _load()
+            _sweep(maps)
+            return cls(maps, links, pid)
+        except bpf.BpfError as err:
+            raise ReadCountError(str(err), errno=err.errno) from err
+        except HostError as err:
+            raise ReadCountError(str(err), errno=err.errno) from err
+        finally:
+            os.close(lock)
+
+    def watch(self, path: str, block_size: int) -> FileReads:
+        """Count QEMU's reads of the image at ``path`` in blocks of ``block_size`` bytes (a multiple of 4096).
+
+        Raises ReadCountError (the file cannot be opened, the maps refuse it).
+        """
+        return FileReads(self._maps, path, block_size)
+
+    def close(self) -> None:
+        """Stop counting this QEMU's reads; let go of the program (the last holder's close removes it)."""
+        try:
+            self._maps.qemus.delete(struct.pack("=I", self.pid))
+        except bpf.BpfError as err:
+            _log.debug("reads.qemu_unregister_failed error=%s", err)
+        for fd in self._links:
+            os.close(fd)
+        self._links = []
+        self._maps.close()
+
+
+class FileReads:
+    """One image's counts: registered at creation, :meth:`take` once per cycle, :meth:`close` at the end."""
+
+    def __init__(self, maps: Maps, path: str, block_size: int) -> None:
+        if block_size <= 0 or block_size % PAGE:
+            raise ValueError(f"block size {block_size} is not a positive multiple of {PAGE}")
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise ReadCountError(f"cannot stat image: {err.strerror}", path=path, errno=err.errno) from err
+        self.path = path
+        self._maps = maps
+        self._pages = block_size // PAGE
+        self._file = struct.pack("=QI", st.st_ino, kernel_dev(st.st_dev))
+        self._gen = 0
+        self._counts: list[bpf.Map] = []
+        self.dropped = 0
+        try:
+            for gen in (0, 1):
+                inner = bpf.Map(bpf.HASH, 8, COUNT_VALUE, INNER_ENTRIES, name="vmc_reads_blk", flags=bpf.NO_PREALLOC)
+                self._counts.append(inner)
+                maps.files.update(self._file + struct.pack("=I", gen), inner.fd)
+            maps.drops.update(self._file + b"\0" * 4, struct.pack("=Q", 0))
+            self._set_meta()
+        except bpf.BpfError as err:
+            self.close()
+            raise ReadCountError(f"cannot count reads of {path}: {err}", path=path, errno=err.errno) from err
+        self._drops_seen = 0
+
+    def _set_meta(self) -> None:
+        self._maps.meta.update(self._file + b"\0" * 4, struct.pack("=QII", self._pages, self._gen, os.getpid()))
+
+    def take(self, nblocks: int, *, sleep: Callable[[float], None] = time.sleep) -> GuestReads:
+        """The reads since the last take, per block below ``nblocks``; the counts start again from zero.
+
+        Raises ReadCountError when the maps cannot be read (nothing is lost:
+        the next take reads them).
+        """
+        old = self._counts[self._gen]
+        try:
+            self._gen ^= 1
+            self._set_meta()
+            sleep(SETTLE_SECONDS)
+            entries = list(old.drain())
+            drops = self._maps.drops.lookup(self._file + b"\0" * 4)
+        except bpf.BpfError as err:
+            raise ReadCountError(f"cannot read the read counts of {self.path}: {err}", path=self.path,
+                                 errno=err.errno) from err
+        if drops is not None:
+            total = struct.unpack("=Q", drops)[0]
+            self.dropped, self._drops_seen = self.dropped + total - self._drops_seen, total
+        return decode(entries, self._pages, nblocks)
+
+    def close(self) -> None:
+        """Stop counting this image (its entries removed if they are still this counter's); free its maps."""
+        mine = {m.ident for m in self._counts if m.fd >= 0}
+        meta_key = self._file + b"\0" * 4
+        try:
+            for gen in (0, 1):
+                key = self._file + struct.pack("=I", gen)
+                if self._maps.files.lookup(key) is not None and _inner_id(self._maps.files, key) in mine:
+                    self._maps.files.delete(key)
+            value = self._maps.meta.lookup(meta_key)
+            if value is not None and struct.unpack_from("=I", value, 12)[0] == os.getpid():
+                self._maps.meta.delete(meta_key)
+                self._maps.drops.delete(meta_key)
+        except bpf.BpfError as err:
+            _log.debug("reads.unregister_failed path=%s error=%s", self.path, err)
+        for inner in self._counts:
+            inner.close()
+
+
+def _inner_id(outer: bpf.Map, key: bytes) -> int | None:
+    value = outer.lookup(key)
+    return struct.unpack_from("=I", value)[0] if value is not None else None
+
+
+def decode(entries: list[tuple[bytes, bytes]], pages_per_block: int, nblocks: int) -> GuestReads:
+    """GuestReads from drained (block, counts) entries: direct counts plus the spans' difference entries."""
+    if not entries:
+        return GuestReads.empty()
+    raw = np.frombuffer(b"".join(v for _, v in entries), dtype=np.int64).reshape(-1, 4)
+    blocks = np.frombuffer(b"".join(k for k, _ in entries), dtype=np.uint64)
+    order = np.argsort(blocks, kind="stable")
+    blocks, raw = blocks[order].astype(np.int64), raw[order]
+    return GuestReads(_column(blocks, raw[:, 0], raw[:, 1], nblocks),
+                      _column(blocks, raw[:, 2], raw[:, 3], nblocks))
+
+
+def _column(blocks: np.ndarray, direct: np.ndarray, diff: np.ndarray, nblocks: int) -> BlockValues:
+    """Per block: its direct count plus the running sum of difference entries (spans of whole blocks)."""
+    running = np.cumsum(diff)
+    ends = np.append(blocks[1:], blocks[-1] + 1)
+    spans = running != 0
+    lengths = np.where(spans, ends - blocks, 1)
+    idx = np.repeat(blocks, lengths) + _offsets(lengths)
+    val = np.repeat(np.where(spans, running, 0), lengths)
+    first = np.zeros(idx.size, dtype=bool)
+    first[np.cumsum(lengths) - lengths] = True
+    val[first] += direct
+    keep = (val > 0) & (idx < nblocks)
+    return BlockValues(idx[keep], val[keep].astype(np.float32))
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """0, 1, ... lengths[i]-1 for each i, concatenated."""
+    starts = np.cumsum(lengths) - lengths
+    out: np.ndarray = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+    return out
+
+
+# -- the host's one program ----------------------------------------------------------------------
+
+
+def _find() -> _Found | None:
+    """The links and maps of the programs another agent loaded and still holds; None when there are none."""
+    progs: dict[int, list[int]] = {}  # program id -> its map ids
+    for ident in bpf.object_ids(bpf.PROG):
+        fd = bpf.fd_by_id(bpf.PROG, ident)
+        if fd is None:
+            continue
+        try:
+            info, map_ids = bpf.object_info(fd, map_ids=16)
+        finally:
+            os.close(fd)
+        if bpf.program_name(info) == PROGRAM_NAME:
+            progs[ident] = map_ids
+    if not progs:
+        return None
+    maps = _maps_by_name(next(iter(progs.values())))
+    if set(maps) < set(Maps.NAMES):
+        for fd in maps.values():
+            os.close(fd)
+        return None
+    qemus = bpf.map_id(maps["vmc_qemus"])
+    links = _links_of({p for p, ids in progs.items() if qemus in ids})
+    if len(links) != len(EVENTS):  # being loaded, or half gone: load a set of one's own
+        for held in [*links, *maps.values()]:
+            os.close(held)
+        return None
+    return _Found(links, maps)
+
+
+def _links_of(prog_ids: set[int]) -> list[int]:
+    links = []
+    for ident in bpf.object_ids(bpf.LINK):
+        fd = bpf.fd_by_id(bpf.LINK, ident)
+        if fd is None:
+            continue
+        if struct.unpack_from("=I", bpf.object_info(fd, 64)[0], 8)[0] in prog_ids:
+            links.append(fd)
+        else:
+            os.close(fd)
+    return links
+
+
+def _maps_by_name(ids: list[int]) -> dict[str, int]:
+    out = {}
+    for ident in ids:
+        fd = bpf.fd_by_id(bpf.MAP, ident)
+        if fd is None:
+            continue
+        name = bpf.map_name(fd)
+        if name in Maps.NAMES and name not in out:
+            out[name] = fd
+        else:
+            os.close(fd)
+    return out
+
+
+def _load() -> tuple[Maps, list[int]]:
+    """Create the maps, load the program, attach it to its tracepoints. Raises BpfError, HostError."""
+    points = read_tracepoints(list(EVENTS))
+    missing = [f"{g}:{n}" for g, n in EVENTS if n not in points]
+    if missing:
+        raise ReadCountError(f"this kernel has no tracepoint {', '.join(missing)}", errno=_errno.ENOENT)
+    maps = Maps.create()
+    links: list[int] = []
+    try:
+        for name, code in programs(maps, points).items():
+            prog = bpf.load_tracepoint_program(code, name=PROGRAM_NAME)
+            try:
+                links.append(bpf.attach_tracepoint(prog, points[name].id))
+            finally:
+                os.close(prog)  # the link holds it
+    except BaseException:
+        for fd in links:
+            os.close(fd)
+        maps.close()
+        raise
+    return maps, links
+
+
+def _sweep(maps: Maps) -> None:
+    """Remove entries of agents that died without removing them (SIGKILL): QEMUs and images of dead agents."""
+    for key in maps.qemus.keys():
+        value = maps.qemus.lookup(key)
+        if value is not None and not _alive(struct.unpack("=I", value)[0]):
+            maps.qemus.delete(key)
+    for key in maps.meta.keys():
+        value = maps.meta.lookup(key)
+        if value is not None and not _alive(struct.unpack_from("=I", value, 12)[0]):
+            maps.meta.delete(key)
+            maps.drops.delete(key)
+            for gen in (0, 1):
+                maps.files.delete(key[:12] + struct.pack("=I", gen))
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
