@@ -159,8 +159,26 @@ def test_backing_off_is_one_and_reports_skipped_bytes(agent: AgentMetrics) -> No
     assert value(agent.registry, "vmcache_backoff_skipped_bytes", **DISK) == 64 * MiB
 
 
-def test_agent_info_carries_version_and_identity(agent: AgentMetrics) -> None:
-    assert value(agent.registry, "vmcache_agent_info", domain="web1", uuid=UUID, version="9.8.7") == 1
+def test_agent_info_carries_version_identity_and_the_read_signal(agent: AgentMetrics) -> None:
+    info = {"domain": "web1", "uuid": UUID, "version": "9.8.7"}
+    assert value(agent.registry, "vmcache_agent_info", read_signal="inferred", **info) == 1
+    agent.set_read_signal("kernel")
+    assert value(agent.registry, "vmcache_agent_info", read_signal="kernel", **info) == 1
+    assert value(agent.registry, "vmcache_agent_info", read_signal="inferred", **info) is None
+
+
+def test_counted_reads_appear_with_the_first_count_and_go_with_the_disk(agent: AgentMetrics) -> None:
+    disk = agent.disk("vda", DISK["source_file"])
+    assert value(agent.registry, "vmcache_guest_read_bytes_total", **DISK) is None  # inferred: no series
+    disk.observe_reads(40 * MiB, 36 * MiB, 0)
+    disk.observe_reads(4 * MiB, 4 * MiB, 3)
+    assert value(agent.registry, "vmcache_guest_read_bytes_total", **DISK) == 44 * MiB
+    assert value(agent.registry, "vmcache_guest_read_hit_bytes_total", **DISK) == 40 * MiB
+    assert value(agent.registry, "vmcache_guest_read_dropped_blocks_total", **DISK) == 3
+    with pytest.raises(ValueError):
+        disk.observe_reads(MiB, 2 * MiB, 0)  # more hits than reads
+    agent.remove_disk("vda")
+    assert value(agent.registry, "vmcache_guest_read_bytes_total", **DISK) is None
 
 
 def test_errors_are_counted_by_bounded_kind(agent: AgentMetrics) -> None:

@@ -91,6 +91,15 @@ def _ago(then: Any, now: float) -> str:
     return f"{max(0.0, now - then):.0f}s ago"
 
 
+def _reads(disk: dict[str, Any]) -> str:
+    """The disk's counted reads: rate and the true page-cache hit ratio since the agent started."""
+    read, hit = disk.get("guest_read_bytes"), disk.get("guest_read_hit_bytes")
+    if not isinstance(read, int) or not isinstance(hit, int):
+        return ""
+    ratio = f"{100 * hit / read:.1f}% hits" if read else "no reads"
+    return f" read {format_size(disk.get('read_bytes_per_second') or 0)}/s, {ratio} of {format_size(read)}"
+
+
 def render(rows: list[dict[str, Any]], now: float) -> str:
     """The human table: one line per agent, one indented line per disk."""
     if not rows:
@@ -116,6 +125,9 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
         lines.append(head)
         if row.get("last_error"):
             lines.append(f"  last error: {row['last_error']}")
+        if row.get("running") and row.get("read_signal"):
+            lines.append(f"  guest reads: {row['read_signal']}"
+                         + (f" ({row['read_signal_reason']})" if row.get("read_signal_reason") else ""))
         if row.get("share_error") and row.get("running"):
             lines.append(f"  host cap: {row['share_error']}")
         for disk in row.get("disks", []):
@@ -134,6 +146,7 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
                 f" {_ago(disk.get('last_cycle_at'), now)}"
                 + (f" warm {_size(disk.get('warm_restored_bytes'))}/{_size(disk.get('warm_total_bytes'))}"
                    if disk.get("warm_total_bytes") else "")
+                + _reads(disk)
                 + (f" error: {disk['error']}" if disk.get("error") else "")
                 + (f"  ({'layer: ' if disk.get('layer_of') else ''}{disk['source']})" if disk.get("source") else ""))
     return "\n".join(lines)

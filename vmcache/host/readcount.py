@@ -197,16 +197,17 @@ class FileReads:
         return decode(entries, self._pages, nblocks)
 
     def close(self) -> None:
-        """Stop counting this image (its entries removed if they are still this counter's); free its maps."""
+        """Stop counting this image, unless another counter of it took over since; free its maps."""
         mine = {m.ident for m in self._counts if m.fd >= 0}
         meta_key = self._file + b"\0" * 4
         try:
+            ours = False
             for gen in (0, 1):
                 key = self._file + struct.pack("=I", gen)
-                if self._maps.files.lookup(key) is not None and _inner_id(self._maps.files, key) in mine:
+                if _inner_id(self._maps.files, key) in mine:
                     self._maps.files.delete(key)
-            value = self._maps.meta.lookup(meta_key)
-            if value is not None and struct.unpack_from("=I", value, 12)[0] == os.getpid():
+                    ours = True
+            if ours:
                 self._maps.meta.delete(meta_key)
                 self._maps.drops.delete(meta_key)
         except bpf.BpfError as err:

@@ -135,9 +135,11 @@ class AgentMetrics:
     def _agent_series(self, version: str) -> None:
         """The series of the agent (the domain): its version, budget, share of the cap, host memory, errors."""
         gauge, counter, registry = self._gauge, self._counter, self.registry
-        self.info = Info("agent", "The vmcache agent of a domain; value 1, its version as a label.",
+        self.info = Info("agent", "The vmcache agent of a domain; value 1, its version and the signal of the "
+                         "guest's reads it uses (read_signal: kernel or inferred) as labels.",
                          AGENT_LABELS, namespace=NAMESPACE, registry=registry)
-        self.info.labels(*self._agent).info({"version": version})
+        self._version = version
+        self.set_read_signal("inferred")
         self.host_memory_available = gauge(
             "host_memory_available_bytes",
             "MemAvailable of the host (/proc/meminfo) at the agent's last cycle.", AGENT_LABELS)
@@ -186,6 +188,17 @@ class AgentMetrics:
         self.guest_read_miss = counter(
             "guest_read_miss_bytes",
             "Bytes of the image that entered the page cache not by vmcache's hand (guest reads or others).")
+        self.guest_read = counter(
+            "guest_read_bytes",
+            "Bytes of the image the guest read, cache hits included (each 4 KiB page of a read once), counted "
+            "in the kernel. Absent where the agent infers reads (vmcache_agent_info read_signal).")
+        self.guest_read_hit = counter(
+            "guest_read_hit_bytes",
+            "Of vmcache_guest_read_bytes, the bytes found in the page cache (not brought in for the read).")
+        self.guest_read_dropped = counter(
+            "guest_read_dropped_blocks",
+            "Block counts the kernel could not keep because the disk's count map was full (65,536 blocks "
+            "touched in one cycle); their reads are missing from vmcache_guest_read_bytes.")
         self.bitmap_reads = counter("bitmap_reads", "Dirty-bitmap reads, by result (ok, deferred, failed).",
                                     (*DISK_LABELS, "result"))
         self.cycle_duration = Histogram(
@@ -244,6 +257,10 @@ class AgentMetrics:
         else:
             self.host_cap.labels(*self._agent).set(cap)
 
+    def set_read_signal(self, signal: str) -> None:
+        """Record which signal of the guest's reads the agent uses: ``kernel`` (counted) or ``inferred``."""
+        self.info.labels(*self._agent).info({"version": self._version, "read_signal": signal})
+
     def set_host_memory(self, available_bytes: int) -> None:
         """Record the host's MemAvailable."""
         self.host_memory_available.labels(*self._agent).set(available_bytes)
@@ -271,6 +288,15 @@ class DiskMetrics:
             metric.labels(*self._labels)
         for result in BITMAP_RESULTS:
             a.bitmap_reads.labels(*self._labels, result)
+
+    def observe_reads(self, read_bytes: int, hit_bytes: int, dropped_blocks: int) -> None:
+        """Add one cycle's counted reads (the series appear with the first). Raises ValueError when negative."""
+        if min(read_bytes, hit_bytes, dropped_blocks) < 0 or hit_bytes > read_bytes:
+            raise ValueError(f"bad read figures {read_bytes}, {hit_bytes}, {dropped_blocks}")
+        a = self.agent
+        a.guest_read.labels(*self._labels).inc(read_bytes)
+        a.guest_read_hit.labels(*self._labels).inc(hit_bytes)
+        a.guest_read_dropped.labels(*self._labels).inc(dropped_blocks)
 
     def set_deleted(self, deleted: bool) -> None:
         """Record whether the image file was deleted (no path names it)."""
@@ -317,7 +343,8 @@ class DiskMetrics:
 
     def _remove(self) -> None:
         a, labels = self.agent, self._labels
-        for metric in (*self._gauges, *self._counters, a.recently_evicted):
+        for metric in (*self._gauges, *self._counters, a.recently_evicted, a.guest_read, a.guest_read_hit,
+                       a.guest_read_dropped):
             _discard(metric, labels)
         for result in BITMAP_RESULTS:
             _discard(a.bitmap_reads, (*labels, result))

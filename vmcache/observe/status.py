@@ -19,12 +19,17 @@ Schema (version 1), all sizes in bytes, times in seconds since the epoch::
      "metrics_url": "http://127.0.0.1:9470/metrics", "last_error": null,
      "managed_by": "rule 2: nova_flavor=m1.large",   # or "metadata": why vmcache manages it
      "hotset_saved_at": 1700000090.0, "hotset_source": "host",  # live | persistent | host: what it warmed from
+     "read_signal": "kernel",         # the guest's reads: kernel (counted) | inferred
+     "read_signal_reason": null,      # why they are inferred
      "disks": [{"target": "vda", "source": "/var/lib/libvirt/images/web-1.img",
                 "cache": "writethrough", "eligible": true, "reason": null,
                 "size_bytes": 21474836480,
                 "budget_bytes": 2147483648, "pinned_bytes": 0, "resident_bytes": 0,
                 "dirtied_bytes_per_second": 0.0, "dirty_granule_bytes": 65536,
                 "last_cycle_seconds": 0.012,
+                "guest_read_bytes": 41943040,       # since the agent started; null: not counted
+                "guest_read_hit_bytes": 37748736,   # of those, found in the page cache
+                "read_bytes_per_second": 0.0,
                 "last_cycle_at": 1700000100.0, "error": null}]}
 
 ``dirtied_bytes_per_second`` counts whole dirty-bitmap granules of
@@ -94,6 +99,15 @@ class DiskStatus:
     image_deleted: bool = False    # no path names the image file any more
     layer_of: str | None = None    # a read-only backing layer of this target's top image (None: the top)
     size_bytes: int | None = None  # of the image file (None: not scanned yet)
+    guest_read_bytes: int | None = None      # read by the guest since the agent started (None: not counted)
+    guest_read_hit_bytes: int | None = None  # of those, found in the page cache
+    read_bytes_per_second: float | None = None  # in the last cycle
+
+    def update_reads(self, read_bytes: int, hit_bytes: int, *, elapsed: float) -> None:
+        """Add one cycle's counted reads of the guest; ``elapsed`` seconds since the previous cycle."""
+        self.guest_read_bytes = (self.guest_read_bytes or 0) + read_bytes
+        self.guest_read_hit_bytes = (self.guest_read_hit_bytes or 0) + hit_bytes
+        self.read_bytes_per_second = read_bytes / elapsed if elapsed > 0 else 0.0
 
     def update(self, stats: CycleStats, *, elapsed: float, wall_time: float) -> None:
         """Take the figures of one engine cycle; ``elapsed`` seconds since the previous one."""
@@ -133,6 +147,8 @@ class AgentStatus:
     hotset_saved_at: float | None = None  # wall time the agent last saved the domain's hot set
     hotset_source: str | None = None  # where the set it warmed from came from: live, persistent, host
     managed_by: str | None = None  # why vmcache manages the domain: "metadata", "rule 2: nova_flavor=m1.large"
+    read_signal: str = "inferred"  # the guest's reads: "kernel" (counted) or "inferred" (residency)
+    read_signal_reason: str | None = None  # why they are inferred
     disks: list[DiskStatus] = field(default_factory=list)
     version: int = SCHEMA_VERSION
 

@@ -57,6 +57,7 @@ from .diskset import DiskSet
 from .domainlink import DomainLink
 from .hotsets import HotSetKeeper
 from .launcher import remove_own_pidfile
+from .readsignal import ReadSignal
 from .telemetry import Telemetry
 
 __all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE", "nbd_dir"]
@@ -83,12 +84,13 @@ class Agent:
                  telemetry: Telemetry, wake: threading.Event, available_memory: Callable[[], int],
                  clock: Callable[[], float] = time.monotonic, hotsets: HotSetKeeper | None = None,
                  run_lock: RunLock | None = None, config_watch: ConfigWatch | None = None,
-                 request_reconcile: Callable[[], None] | None = None) -> None:
+                 request_reconcile: Callable[[], None] | None = None, reads: ReadSignal | None = None) -> None:
         """``wake`` is set by the link's events and by :meth:`request_stop` to end the wait between cycles;
         ``hotsets``: loads and saves the domain's hot set (None: the agent neither warms nor saves);
         ``run_lock``: claimed for the run once attached, so no second agent manages it (None: not claimed);
         ``config_watch``: tells a changed host config (None: the one given is kept), after which
-        ``request_reconcile`` is called."""
+        ``request_reconcile`` is called; ``reads``: the disks' read counter, let go at the end (None: reads
+        inferred)."""
         self.domain = domain
         self.config = config
         self.nbd_dir = nbd_dir(config.runtime_dir, domain)
@@ -106,6 +108,7 @@ class Agent:
         self._request_reconcile = request_reconcile
         self._rules = config.rules
         self._facts: DomainInfo | None = None  # the XML as libvirt has it (the metadata as written)
+        self._reads = reads
         self._log = domain_logger("vmcache.service.agent", domain)
         self._stop = threading.Event()
         self._info: DomainInfo | None = None
@@ -233,6 +236,9 @@ class Agent:
         self._curves = self._disks.demands(grant.share)
         self._telemetry.set_share(grant.want, grant.target, grant.demand, grant.minimum, grant.cap)
         self._telemetry.set_host_memory(self._available_memory())
+        if self._reads is not None:
+            self.status.read_signal, self.status.read_signal_reason = self._reads.signal, self._reads.reason
+            self._telemetry.set_read_signal(self._reads.signal)
         self.status.state = "backing-off" if grant.backing_off or result.backing_off else "running"
         self.status.last_error = result.error
         self._resync = result.resync
@@ -361,7 +367,10 @@ class Agent:
         if self._hotsets is not None and self._hotsets.every and self._disks.workers():
             self._save_hotset(live=alive)  # before the pins go: what the next start warms from
         self._disks.drop_all(qemu_alive=alive)
-        for cleanup in (self._budget.release, self._telemetry.close, self._link.end):
+        closers = [self._budget.release, self._telemetry.close, self._link.end]
+        if self._reads is not None:
+            closers.insert(0, self._reads.close)
+        for cleanup in closers:
             try:
                 cleanup()
             except Exception as err:  # noqa: BLE001 - keep cleaning up the rest

@@ -34,6 +34,7 @@ from .diskworker import DiskWorker
 from .domainlink import DomainLink
 from .hotsets import HotSetKeeper
 from .layers import Layers
+from .readsignal import ReadSignal
 from .reconcile import ReconcileRequest
 from .telemetry import Telemetry
 
@@ -43,13 +44,15 @@ __all__ = ["build_agent"]
 def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, domain_id: int | None = None,
                 connect_: Callable[[str], Any] = connect, granularity: int = 64 * 1024,
                 pressure: Callable[[], MemoryPressure | None] | None = None,
-                config_path: str | None = None) -> Agent:
+                config_path: str | None = None, reads: ReadSignal | None = None) -> Agent:
     """The agent of ``domain`` on libvirt at ``uri``, wired to this host.
 
     ``domain_id``: the run (libvirt domain id) to follow, None for the one
     running when the agent attaches; ``pressure`` reads memory PSI (default:
     /proc/pressure/memory); ``config_path``: the file ``config`` was read
-    from, watched for changes (None: not watched).
+    from, watched for changes (None: not watched); ``reads`` counts the
+    guest's reads (default: the host's read counter, joined when the first
+    disk starts).
     """
     logger = domain_logger("vmcache.service.agent", domain)
     wake = threading.Event()
@@ -59,7 +62,9 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
     uuid = lambda: link.uuid  # noqa: E731 - known once the link attached, before the first worker
     qemu_user = lambda: link.qemu_user  # noqa: E731 - likewise; QEMU binds the NBD socket as this user
     layers = Layers(domain, os.path.join(config.runtime_dir, "layers"), logger=logger)
-    disks = DiskSet(config, _worker_factory(domain, config, telemetry, uuid, qemu_user, refs, granularity, logger),
+    reads = reads or ReadSignal(domain, logger=logger)
+    disks = DiskSet(config, _worker_factory(domain, config, telemetry, uuid, qemu_user, refs, granularity, logger,
+                                            reads),
                     refs=refs, logger=logger, layers=layers)
     budget = Budget(domain, Ledger(config.ledger_path, None), cap=config.pinned_cap,
                     psi_threshold=config.psi_threshold, pressure=pressure or read_pressure,
@@ -71,12 +76,12 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
     reconcile = ReconcileRequest(config, config_path, uri, logger=logger) if config_path is not None else None
     return Agent(domain, config, link=link, disks=disks, budget=budget, telemetry=telemetry, wake=wake,
                  available_memory=lambda: read_meminfo().available_bytes, hotsets=hotsets, run_lock=RunLock(),
-                 config_watch=watch, request_reconcile=reconcile)
+                 config_watch=watch, request_reconcile=reconcile, reads=reads)
 
 
 def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid: Callable[[], str],
                     qemu_user: Callable[[], tuple[int, int] | None], refs: PageRefs, granularity: int,
-                    logger: Any) -> WorkerFactory:
+                    logger: Any, reads: ReadSignal) -> WorkerFactory:
     runtime_dir = nbd_dir(config.runtime_dir, domain)
 
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams,
@@ -87,7 +92,7 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
                           socket_owner=qemu_user(),
                           granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,
                           heatmap=None if layer_of else _heatmap_writer(domain, choice.disk.target, config),
-                          layer_of=layer_of)
+                          layer_of=layer_of, reads=reads)
 
     return make
 

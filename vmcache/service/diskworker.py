@@ -13,22 +13,27 @@ import logging
 import os
 import time
 
-from .engine import DiskEngine
+import numpy as np
+
+from .engine import DiskEngine, ReadSource
 from ..model.share import Curve
 from ..errors import MonitorError, TrackerError, VmcacheError
 from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
+from ..host.readcount import FileReads
 from ..host.tracker import DirtyTracker
 from ..logfmt import event
 from ..observe.heatmap import HeatmapData, HeatmapWriter
 from ..observe.metrics import AgentMetrics, DiskMetrics
 from ..model.extents import BitmapRead, DirtyRead
-from ..model.params import ModelParams
+from ..model.params import PAGE_SIZE, ModelParams
+from ..model.reads import GuestReads
 from ..settings.policy import DiskChoice
 from ..model.stats import CycleStats
 from ..observe.status import DiskStatus
+from .readsignal import ReadSignal
 
-__all__ = ["DiskWorker"]
+__all__ = ["DiskWorker", "read_totals"]
 
 
 class DiskWorker:
@@ -58,9 +63,11 @@ class DiskWorker:
         heatmap: HeatmapWriter | None = None,
         engine_factory: type[DiskEngine] = DiskEngine,
         layer_of: str | None = None,
+        reads: ReadSignal | None = None,
     ) -> None:
         """Start tracking; raises VmcacheError when the image cannot be opened.
 
+        ``reads``: the agent's read counter (None: the guest's reads are inferred);
         ``heatmap`` writes the disk's heat-map files after its cycles;
         ``layer_of``: the image is a read-only backing layer of that target's
         top image (no tracker: give ``node`` None).
@@ -86,10 +93,16 @@ class DiskWorker:
                 self.status.dirty_granule_bytes = tracker.granularity  # coarser on a huge disk
             except VmcacheError as err:
                 self._record_error(err, "tracker.start_failed")
-        self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
-                                     prefetch_rate=prefetch_rate, warm_rate=warm_rate, refs=refs,
-                                     clear_refs=False,
-                                     writes=self._writes if self.tracker else None, logger=logger)
+        self._file_reads: FileReads | None = reads.watch(self.image, params.block_size) if reads else None
+        self._dropped = 0
+        try:
+            self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
+                                         prefetch_rate=prefetch_rate, warm_rate=warm_rate, refs=refs,
+                                         clear_refs=False, writes=self._writes if self.tracker else None,
+                                         reads=self._read_source(), logger=logger)
+        except BaseException:
+            self._close_reads()
+            raise
         self._heatmap = heatmap
         self._last_cycle: float | None = None
         self.failing = False  # the last cycle failed or could not read the writes
@@ -104,6 +117,23 @@ class DiskWorker:
             self._record_error(err, "tracker.read_failed")
             return DirtyRead(BitmapRead.FAILED, reason=str(err))
         return read
+
+    def _read_source(self) -> ReadSource | None:
+        return self._take_reads if self._file_reads is not None else None
+
+    def _take_reads(self, nblocks: int) -> GuestReads | None:
+        """The guest's reads since the last cycle; None when the counts cannot be read (this cycle infers)."""
+        if self._file_reads is None:
+            return None
+        try:
+            reads = self._file_reads.take(nblocks)
+        except VmcacheError as err:
+            self._record_error(err, "reads.take_failed")
+            return None
+        if self._file_reads.dropped > self._dropped:
+            self._log.warning(event("reads.dropped", disk=self.target, image=self.image,
+                                    blocks=self._file_reads.dropped - self._dropped))
+        return reads
 
     def _record_error(self, err: BaseException, name: str) -> None:
         self._log.warning(event(name, disk=self.target, error=err))
@@ -131,6 +161,12 @@ class DiskWorker:
         self._last_cycle = now
         self._metrics.observe(stats)
         self.status.update(stats, elapsed=elapsed, wall_time=time.time())
+        reads = self.engine.last_reads
+        if reads is not None and self._file_reads is not None:
+            pages, hits = read_totals(reads)
+            dropped, self._dropped = self._file_reads.dropped - self._dropped, self._file_reads.dropped
+            self._metrics.observe_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, dropped)
+            self.status.update_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, elapsed=elapsed)
         return stats
 
     def _check_deleted(self) -> bool:
@@ -174,6 +210,8 @@ class DiskWorker:
         fresh, self.engine = self.engine, layer.engine
         layer.engine = fresh
         self.engine.track(self._writes if self.tracker else None)
+        self.engine.count_reads(self._read_source())
+        layer.engine.count_reads(layer._read_source())
         self.engine.budget = self.budget
         self._log.info(event("disk.promoted", disk=self.target, image=self.image))
 
@@ -215,11 +253,17 @@ class DiskWorker:
         try:
             self._stop_tracker(qemu_alive)
         finally:
+            self._close_reads()
             self.engine.close()
             self._agent_metrics.remove_disk(self.target, self.image, layer=self.layer_of is not None)
             if self._inode is not None:
                 os.close(self._inode)
                 self._inode = None
+
+    def _close_reads(self) -> None:
+        reads, self._file_reads = self._file_reads, None
+        if reads is not None:
+            reads.close()
 
     def _stop_tracker(self, qemu_alive: bool) -> None:
         if self.tracker is not None:
@@ -228,6 +272,17 @@ class DiskWorker:
             except VmcacheError as err:
                 level = logging.WARNING if qemu_alive else logging.DEBUG
                 self._log.log(level, event("tracker.stop_failed", disk=self.target, error=err))
+
+
+def read_totals(reads: GuestReads) -> tuple[int, int]:
+    """Pages the guest read, and of those the pages found in the page cache (per block: read minus missed)."""
+    pages, missed = reads.pages, reads.missed
+    at = np.searchsorted(missed.index, pages.index)
+    found = at < missed.index.size
+    found[found] = missed.index[at[found]] == pages.index[found]
+    brought = np.zeros(pages.index.size)
+    brought[found] = missed.value[at[found]]
+    return int(pages.value.sum()), int(np.maximum(pages.value - brought, 0).sum())
 
 
 def _open_inode(path: str) -> int | None:

@@ -34,7 +34,8 @@ from ..logfmt import event
 from ..model.blocks import BlockValues, binned, member
 from ..model.cycle import Cycle, evidence_per_block
 from ..model.extents import BitmapRead, DirtyRead, extents_to_block_values
-from ..model.params import ModelParams
+from ..model.params import PAGE_SIZE, ModelParams
+from ..model.reads import GuestReads
 from ..model.region import Region
 from ..model.share import Curve, demand_of
 from ..model.stats import CycleStats
@@ -43,9 +44,11 @@ from ..model.warm import WarmStart, heat_of
 PICTURE_BLOCKS = 1 << 20
 """Most blocks a heat-map picture of one disk is given (1 TiB of 1 MiB blocks); see heatmap_data."""
 
-__all__ = ["DiskEngine", "WriteSource"]
+__all__ = ["DiskEngine", "ReadSource", "WriteSource"]
 
 WriteSource = Callable[[], DirtyRead]
+#: The guest's reads since the last call, per block below the given count; None when not known this cycle.
+ReadSource = Callable[[int], "GuestReads | None"]
 
 
 class DiskEngine:
@@ -61,6 +64,7 @@ class DiskEngine:
         prefetch_rate: int | None = None,
         warm_rate: int | None = None,
         writes: WriteSource | None = None,
+        reads: ReadSource | None = None,
         pinner: Pinner | None = None,
         refs: PageRefs | None = None,
         clear_refs: bool = True,
@@ -75,7 +79,9 @@ class DiskEngine:
         cache); None for no limit. ``warm_rate``: the rate instead while a
         saved hot set is restored (the higher of the two; None: the same).
         ``refs`` reads the referenced bits of
-        pinned pages (the guest's reads of them); ``clear_refs``: clear them
+        pinned pages (the guest's reads of them); ``reads`` counts every read
+        the guest made (host/readcount.py; None: inferred from residency
+        growth and referenced bits); ``clear_refs``: clear them
         at the end of each cycle - an agent running several engines clears
         once, after all of them. Raises PageCacheError when the image cannot
         be opened.
@@ -84,6 +90,7 @@ class DiskEngine:
         self.params = params
         self.budget = budget
         self._writes = writes
+        self._reads = reads
         self._meminfo = meminfo
         self._clock = clock
         self._log = logger or logging.getLogger(__name__)
@@ -97,6 +104,8 @@ class DiskEngine:
         self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, logger=self._log)
         self._cycle = Cycle(params, prefetch_rate=prefetch_rate, warm_rate=warm_rate)
         self._written = BlockValues.empty()
+        self.last_reads: GuestReads | None = None
+        """The guest's reads counted in the last cycle (None: not counted)."""
         self._cycles = 0
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
@@ -104,6 +113,10 @@ class DiskEngine:
     def track(self, writes: WriteSource | None) -> None:
         """Read the guest's writes from ``writes`` from the next cycle on (None: the file is read-only now)."""
         self._writes = writes
+
+    def count_reads(self, reads: ReadSource | None) -> None:
+        """Take the guest's reads from ``reads`` from the next cycle on (None: infer them)."""
+        self._reads = reads
 
     @property
     def warm(self) -> WarmStart | None:
@@ -153,11 +166,16 @@ class DiskEngine:
         guest = np.where(member(resident.index, self._cycle.ours_blocks), np.float32(0.0), resident.value)
         active = self._cycle.model.active
         pinned = self._pinner.pinned_blocks(self.params.block_size, n)
+        read = None
+        if self.last_reads is not None:
+            pages = self.last_reads.pages
+            per_block = self.params.block_size // PAGE_SIZE
+            read = binned(BlockValues(pages.index, np.minimum(pages.value / per_block, 1.0)), factor, n)
         return HeatmapData(
             heat=binned(BlockValues(active.blocks, active.heat), factor, n, hottest=True),
             pinned=binned(BlockValues(pinned, np.ones(pinned.size, np.float32)), factor, n, hottest=True) > 0,
             resident=binned(BlockValues(resident.index, guest), factor, n),
-            written=binned(self._written, factor, n), block_size=self.params.block_size * factor,
+            written=binned(self._written, factor, n), read=read, block_size=self.params.block_size * factor,
             image_size=size, disk=disk, title=title, image=self.image, when=datetime.now())
 
     # The cycle --------------------------------------------------------------------------
@@ -176,6 +194,7 @@ class DiskEngine:
         if self._cycle.resize(n) and self._cycles:
             self._log.info(event("disk.resize", image=self.image, blocks=n))
 
+        self.last_reads = self._reads(n) if self._reads else None
         sample = self._writes() if self._writes else DirtyRead(BitmapRead.NONE)
         self._written = written = extents_to_block_values(sample.extents, bs, n)
         current = self._pinner.pinned

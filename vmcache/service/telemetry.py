@@ -57,6 +57,11 @@ class Telemetry:
         if self._metrics is not None:
             self._metrics.set_host_memory(available_bytes)
 
+    def set_read_signal(self, signal: str) -> None:
+        """Record which signal of the guest's reads the agent uses (nothing before the metrics exist)."""
+        if self._metrics is not None:
+            self._metrics.set_read_signal(signal)
+
     def set_share(self, budget: int, granted: int, demand: int, minimum: int, cap: int | None) -> None:
         """Record the domain's budget, grant, demand and minimum, and the host cap.
 

@@ -20,12 +20,13 @@ def heatmap_json(data: HeatmapData, *, max_buckets: int = 4096, digits: int = 4)
 
     A bucket is a whole number of blocks (as few as ``max_buckets`` allows):
     ``heat`` and ``written`` are the highest in the bucket, ``pinned`` and
-    ``resident`` the mean fraction. ``regions`` are the exact pinned runs.
+    ``resident`` the mean fraction; ``read`` (where the kernel counts the
+    guest's reads) the highest. ``regions`` are the exact pinned runs.
     """
     bucket_blocks = max(1, -(-data.nblocks // max_buckets))
     nb = -(-data.nblocks // bucket_blocks) if data.nblocks else 0
     lay = Layout(bucket_blocks, max(nb, 1), 1, 1, 0)
-    names = ("heat", "pinned", "resident", "written")
+    names = ("heat", "pinned", "resident", "written") + (("read",) if data.read is not None else ())
     cells = cell_values(data, lay) if data.nblocks else {k: np.zeros((1, 0)) for k in names}
 
     def values(name: str) -> list[float]:
@@ -41,7 +42,7 @@ def heatmap_json(data: HeatmapData, *, max_buckets: int = 4096, digits: int = 4)
         "bucket_size": bucket_blocks * data.block_size,
         "time": data.when.isoformat() if data.when else None,
         "regions": [{"start": s, "length": n} for s, n in pinned_regions(data)],
-        "buckets": {name: values(name) for name in ("heat", "pinned", "resident", "written")},
+        "buckets": {name: values(name) for name in names},
     }
 
 
@@ -65,4 +66,5 @@ def heatmap_from_json(doc: dict[str, Any]) -> HeatmapData:
         title=str(doc.get("title", "")),
         image=str(doc.get("image", "")),
         when=datetime.fromisoformat(doc["time"]) if doc.get("time") else None,
+        read=np.array(b["read"], dtype=np.float32) if "read" in b else None,
     )

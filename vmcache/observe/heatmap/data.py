@@ -17,7 +17,9 @@ class HeatmapData:
     ``resident`` is the fraction of each block in the page cache *not* by
     vmcache's hand (guest-loaded); ``written`` the fraction written
     recently; ``pinned`` whether vmcache holds the block; ``heat`` the
-    model's heat (any non-negative scale). ``when`` is printed as given.
+    model's heat (any non-negative scale); ``read`` the fraction of each
+    block the guest read recently, where its reads are counted in the
+    kernel (None: not counted). ``when`` is printed as given.
     Raises ValueError when the arrays do not match the image.
     """
 
@@ -31,12 +33,15 @@ class HeatmapData:
     title: str = ""
     image: str = ""
     when: datetime | None = None
+    read: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.image_size < 0:
             raise ValueError(f"bad block_size {self.block_size} or image_size {self.image_size}")
         n = self.nblocks
-        for name in ("heat", "pinned", "resident", "written"):
+        for name in ("heat", "pinned", "resident", "written", "read"):
+            if getattr(self, name) is None:
+                continue
             arr = np.asarray(getattr(self, name))
             if arr.shape != (n,):
                 raise ValueError(f"{name} has shape {arr.shape}, expected ({n},) for "

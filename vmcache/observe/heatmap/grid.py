@@ -2,9 +2,11 @@
 
 The picture uses the vmdisktouch paper's palette, one colour channel per
 fact about a stretch of the image: blue pinned by vmcache; green in the
-page cache, loaded by the guest (or anything but vmcache); red written by
-the guest recently; brightness the heat; dark grey not cached. Colours mix
-(pinned and written is magenta, guest-loaded and written is yellow).
+page cache, loaded by the guest (or anything but vmcache) - or, where the
+kernel counts the guest's reads, read by the guest recently, so reads and
+writes show apart; red written by the guest recently; brightness the
+heat; dark grey neither. Colours mix (pinned and written is magenta,
+green and written is yellow).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,8 +100,12 @@ def cell_values(data: HeatmapData, lay: Layout) -> dict[str, np.ndarray]:
     """Per-cell aggregates (heat: max, fractions: mean over the blocks present), NaN past the end."""
     total = lay.cols * lay.rows * lay.blocks_per_cell
     out = {}
-    for name, arr, how in (("heat", data.heat, np.nanmax), ("pinned", data.pinned, np.nanmean),
-                           ("resident", data.resident, np.nanmean), ("written", data.written, np.nanmax)):
+    layers: list[tuple[str, np.ndarray, Callable[..., np.ndarray]]] = [
+        ("heat", data.heat, np.nanmax), ("pinned", data.pinned, np.nanmean),
+        ("resident", data.resident, np.nanmean), ("written", data.written, np.nanmax)]
+    if data.read is not None:
+        layers.append(("read", data.read, np.nanmax))
+    for name, arr, how in layers:
         padded = np.full(total, np.nan, dtype=np.float32)
         padded[: data.nblocks] = arr
         grid = padded.reshape(lay.rows, lay.cols, lay.blocks_per_cell)
@@ -127,7 +133,8 @@ def cell_colours(data: HeatmapData, lay: Layout, heat_scale: float | None = None
         f = np.nan_to_num(frac, nan=0.0)
         return np.where(f > 0, 0.5 + 0.5 * np.clip(f, 0, 1), 0.0)
 
-    rgb = np.stack([strength(c["written"]), strength(c["resident"]), strength(c["pinned"])], axis=-1)
+    green = c["read"] if "read" in c else c["resident"]
+    rgb = np.stack([strength(c["written"]), strength(green), strength(c["pinned"])], axis=-1)
     peak = rgb.max(axis=-1, keepdims=True)
     coloured = peak[..., 0] > 0
     hue = np.divide(rgb, peak, out=np.zeros_like(rgb), where=peak > 0)

@@ -41,7 +41,11 @@ def _text_w(draw: ImageDraw.ImageDraw, text: str, font: Any) -> int:
     return int(right - left)
 
 
-def _legend_items() -> list[tuple[str, tuple[float, float, float] | None]]:
+def _legend_items(reads: bool) -> list[tuple[str, tuple[float, float, float] | None]]:
+    if reads:  # the kernel counts the guest's reads: green is what it read, not what is cached
+        return [("pinned by vmcache", (0, 0, 1)), ("read recently by the guest", (0, 1, 0)),
+                ("written recently by the guest", (1, 0, 0)), ("pinned + written", (1, 0, 1)),
+                ("read + written", (1, 1, 0)), ("neither (not pinned)", None)]
     return [
         ("pinned by vmcache", (0, 0, 1)),
         ("loaded by the guest (or others)", (0, 1, 0)),
@@ -58,8 +62,9 @@ def _summary(data: HeatmapData) -> str:
     pinned = sum(length for _, length in regions)
     guest = float(data.resident.sum()) * bs
     written = float(data.written.sum()) * bs
+    read = f"   ·   read recently {format_size(float(data.read.sum()) * bs)}" if data.read is not None else ""
     return (f"pinned {format_size(pinned)} in {len(regions)} region{'s' if len(regions) != 1 else ''}"
-            f"   ·   guest-loaded {format_size(guest)}   ·   written recently {format_size(written)}"
+            f"   ·   guest-loaded {format_size(guest)}{read}   ·   written recently {format_size(written)}"
             f"   ·   highest heat {float(data.heat.max()) if data.nblocks else 0:.3g}")
 
 
@@ -78,7 +83,7 @@ def render_image(data: HeatmapData, options: RenderOptions = RenderOptions()) ->
     sub = "   ·   ".join(p for p in (data.image, f"{format_size(data.image_size)} image", when) if p)
     notes = _legend_notes(data, lay) if options.legend else []
     summary = _summary(data) if options.legend else ""
-    items = _legend_items() if options.legend else []
+    items = _legend_items(data.read is not None) if options.legend else []
     col_w = max([_text_w(probe, label, f_text) for label, _ in items] + [0]) + _SWATCH_W + 36
 
     tick_labels = _ticks(data, lay)

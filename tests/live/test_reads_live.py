@@ -1,0 +1,190 @@
+"""Every guest read counted in the kernel (issue 20), with the real libvirtd, QEMU, agent and BPF.
+
+Paused opted-in domains; "guest" reads are HMP ``qemu-io`` on the virtio
+disk, which QEMU serves with preadv from its thread pool as it would a
+guest's. The agents count them in the kernel: exactly, cache hits
+included, never the agent's own loads or another domain's reads, on the
+backing layer a read reaches. Where BPF is refused (the agent's
+capabilities dropped) the agent infers reads, says so once, and runs.
+Nothing of the program outlives the agents, also after ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("libvirt")
+
+from vmcache.host import bpf  # noqa: E402
+from vmcache.host.readprog import PROGRAM_NAME  # noqa: E402
+
+from tests.live.livelib import (  # noqa: E402
+    MiB,
+    LiveEnv,
+    agents_env,
+    cache_metadata,
+    domain_xml,
+    guest_read,
+    scrape,
+    start_paused,
+    wait_for,
+)
+
+pytestmark = pytest.mark.live
+
+PREFIX = f"rd-{os.getpid()}-"
+READ = "vmcache_guest_read_bytes_total"
+HIT = "vmcache_guest_read_hit_bytes_total"
+
+
+@pytest.fixture(scope="module")
+def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
+    yield from agents_env(live_tmp, hooked, PREFIX, cap=256 * MiB)
+
+
+def programs() -> int:
+    """The read-counting programs loaded on the host now."""
+    return bpf.program_names().count(PROGRAM_NAME)
+
+
+def data_image(path: Path, size: int) -> Path:
+    """``size`` bytes of data (not holes) at ``path``, out of the page cache."""
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return path
+
+
+def start(env: LiveEnv, name: str, disk: Path, *, devices: str = "") -> Any:
+    dom = start_paused(env.conn, domain_xml(PREFIX + name, disk, metadata=cache_metadata("64M"), devices=devices))
+    try:
+        wait_for(lambda: (s := env.status(PREFIX + name)) and s["state"] == "running" and s["disks"]
+                 and s["disks"][0].get("cycles", 0) >= 1, f"{name}'s agent to run a cycle", timeout=30)
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {env.status(PREFIX + name)}\n{env.agent_log(PREFIX + name)[-3000:]}") from None
+    return dom
+
+
+def counted(env: LiveEnv, name: str, metric: str = READ, source: Path | None = None) -> float:
+    status = env.status(PREFIX + name)
+    labels = {"target_device": "vda"} if source is None else {"source_file": str(source)}
+    return scrape(status["metrics_url"], metric, labels)
+
+
+def settled(env: LiveEnv, name: str, at_least: float, **kw: Any) -> float:
+    """The read bytes once they reached ``at_least`` and two more cycles added nothing."""
+    wait_for(lambda: counted(env, name, **kw) >= at_least, f"{name}'s reads to be counted", timeout=20)
+    cycles = env.status(PREFIX + name)["disks"][0]["cycles"]
+    wait_for(lambda: env.status(PREFIX + name)["disks"][0]["cycles"] >= cycles + 2, "two more cycles", timeout=20)
+    return counted(env, name, **kw)
+
+
+def stop(env: LiveEnv, dom: Any, name: str) -> None:
+    dom.destroy()
+    wait_for(lambda: env.agent_pid(PREFIX + name) is None, f"{name}'s agent to exit", timeout=30)
+
+
+def test_ten_reads_count_40_mib_exactly_hits_included_and_never_the_agent_s_own_loads(env: LiveEnv) -> None:
+    before = programs()
+    image = data_image(env.tmp / f"{PREFIX}one.raw", 64 * MiB)
+    dom = start(env, "one", image)
+    assert env.status(PREFIX + "one")["read_signal"] == "kernel", env.agent_log(PREFIX + "one")
+    assert programs() == max(before, 4)  # one set per host, whoever loaded it
+    read0, hit0 = counted(env, "one"), counted(env, "one", HIT)
+    for _ in range(10):
+        guest_read(dom, 8 * MiB, 4 * MiB)
+    with open(image, "rb") as f:  # another reader of the image: not the guest
+        os.pread(f.fileno(), 4 * MiB, 8 * MiB)
+    read = settled(env, "one", read0 + 40 * MiB)
+    assert read - read0 == 40 * MiB
+    assert counted(env, "one", HIT) - hit0 >= 36 * MiB
+    # read on until the agent pins the range (its own preadv + mlock of it): only the guest's bytes count
+    reads = []
+
+    def pinned() -> bool:
+        guest_read(dom, 8 * MiB, 4 * MiB)
+        reads.append(4 * MiB)
+        return env.pinned(PREFIX + "one") >= 4 * MiB
+
+    wait_for(pinned, "the read range to be pinned", timeout=30, step=0.3)
+    read += sum(reads)
+    assert settled(env, "one", read) == read
+    disk = env.status(PREFIX + "one")["disks"][0]
+    assert disk["guest_read_bytes"] == read and disk["guest_read_hit_bytes"] >= 36 * MiB
+    out = subprocess.run([sys.executable, "-m", "vmcache", "status", "--host-config", str(env.config)],
+                         capture_output=True, text=True, timeout=30)
+    assert "guest reads: kernel" in out.stdout and "% hits of" in out.stdout, out.stdout + out.stderr
+    stop(env, dom, "one")
+    assert programs() == before
+
+
+def test_two_domains_on_two_images_never_count_each_other_s_reads(env: LiveEnv) -> None:
+    a = start(env, "a", data_image(env.tmp / f"{PREFIX}a.raw", 32 * MiB))
+    b = start(env, "b", data_image(env.tmp / f"{PREFIX}b.raw", 32 * MiB))
+    a0, b0 = counted(env, "a"), counted(env, "b")
+    guest_read(a, 0, 4 * MiB)
+    guest_read(b, 16 * MiB, MiB)
+    assert settled(env, "a", a0 + 4 * MiB) - a0 == 4 * MiB
+    assert settled(env, "b", b0 + MiB) - b0 == MiB
+    stop(env, a, "a")
+    stop(env, b, "b")
+
+
+def test_a_backing_layer_s_reads_are_counted_on_the_layer(env: LiveEnv) -> None:
+    base = data_image(env.tmp / f"{PREFIX}base.raw", 32 * MiB)
+    top = env.tmp / f"{PREFIX}top.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "raw", str(top)], check=True)
+    os.chmod(top, 0o644)
+    disk = (f"<disk type='file' device='disk'><driver name='qemu' type='qcow2' cache='writethrough'/>"
+            f"<source file='{top}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>")
+    dom = start(env, "chain", data_image(env.tmp / f"{PREFIX}chain.raw", 8 * MiB), devices=disk)
+    wait_for(lambda: any(d["source"] == str(base) and d["eligible"] for d in env.status(PREFIX + "chain")["disks"]),
+             "the base to be managed as a layer", timeout=30)
+    b0 = counted(env, "chain", source=base)
+    guest_read(dom, 8 * MiB, 4 * MiB, dev="ua-vdb")  # never written on the top: read from the base
+    assert settled(env, "chain", b0 + 4 * MiB, source=base) - b0 == 4 * MiB
+    stop(env, dom, "chain")
+
+
+def test_the_program_goes_with_the_last_agent_also_after_kill_9(env: LiveEnv) -> None:
+    before = programs()
+    dom = start(env, "kill", data_image(env.tmp / f"{PREFIX}kill.raw", 8 * MiB))
+    assert programs() == max(before, 4)
+    pid = env.agent_pid(PREFIX + "kill")
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "the agent to die", timeout=10)
+    if before == 0:  # no other agent on the host holds them
+        wait_for(lambda: programs() == 0, "the programs to go with their last holder", timeout=10)
+    dom.destroy()
+    assert programs() == before
+
+
+def test_bpf_refused_the_agent_infers_reads_says_so_once_and_runs(env: LiveEnv) -> None:
+    config = env.config.read_text()
+    drop = "[setpriv, --bounding-set, '-bpf,-perfmon,-sys_admin', --, "
+    env.config.write_text(config.replace("agent_command: [", drop, 1))
+    try:
+        dom = start(env, "nobpf", data_image(env.tmp / f"{PREFIX}nobpf.raw", 8 * MiB))
+    finally:
+        env.config.write_text(config)
+    status = env.status(PREFIX + "nobpf")
+    assert status["read_signal"] == "inferred" and status["read_signal_reason"], status
+    assert status["disks"][0]["guest_read_bytes"] is None
+    guest_read(dom, 0, MiB)
+    url = status["metrics_url"]
+    wait_for(lambda: scrape(url, "vmcache_agent_info", {"read_signal": "inferred"}) == 1, "the signal label")
+    assert scrape(url, READ) == 0  # no series
+    assert env.agent_log(PREFIX + "nobpf").count("reads.inferred") == 1
+    assert dom.isActive()
+    stop(env, dom, "nobpf")
