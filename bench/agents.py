@@ -1,7 +1,7 @@
 """Memory and CPU of N agents on one host, idle and busy (paused domains, the real agent).
 
-    .venv/bin/python bench/agents.py [--n 10,30] [--modes idle,busy] [--window 60] [--interval 10s]
-                                     [--disk 1G] [--dir /var/tmp]
+    .venv/bin/python bench/agents.py [--n 10,30] [--modes idle,busy,reads,reads-inferred] [--window 60] [--interval 10s]
+                                     [--disk 1G] [--dir /var/tmp] [--read-rate 10000]
 
 For each N and mode: starts N transient paused TCG domains named
 ``vmcache-scale-agents-PID-K`` (32 MiB, one sparse writethrough raw disk
@@ -14,7 +14,13 @@ whatever hook an earlier ``make install`` left; waits until every agent reports
 ``busy``: every second, each domain gets a 1 MiB guest write (HMP qemu-io
 through libvirt) at a random offset of a 128 MiB hot area, and 4 MiB of that
 area are read from the image by the host (page-cache residency the agent
-takes for guest reads); ``idle``: nothing happens. Per agent: CPU % over the
+takes for guest reads); ``idle``: nothing happens; ``reads``: QEMU reads
+``--read-rate`` 4 KiB blocks per second in all (spread over the domains) at
+random over each whole disk, asked through a FUSE export of the disk's node
+(QMP ``block-export-add``) by fio with O_DIRECT, so every read is QEMU's
+preadv of the image, as a guest's would be; ``reads-inferred``: the same
+with the agents' CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN dropped (setpriv),
+so they infer reads instead of counting them. Per agent: CPU % over the
 window (utime + stime from /proc/PID/stat), and at the end Rss, Pss,
 Pss_Anon (smaps_rollup), RssAnon and Threads (status). Prints one table row
 per (N, mode): medians over the agents and the maximum. Removes every
@@ -28,10 +34,12 @@ docs/benchmarks.md shows ("A real agent on a 64 TiB thin disk").
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,33 +48,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.live.livelib import (
-
-    MiB,
-
-    cache_metadata,
-
-    connect,
-
-    create_disk,
-
-    destroy_domains,
-
-    domain_xml,
-
-    read_status,
-
-    start_paused,
-
-    wait_for,
-
-)
-
-from tests.live.guestlib import guest_write
-
+from tests.live.guestlib import guest_write, qmp
 from tests.live.hooklib import installed_hook
-from vmcache.host.files import file_stem
-from vmcache.host.files import lock_holder
+from tests.live.livelib import (
+    MiB,
+    cache_metadata,
+    connect,
+    create_disk,
+    destroy_domains,
+    domain_xml,
+    read_status,
+    start_paused,
+    wait_for,
+)
+from vmcache.host.files import file_stem, lock_holder
 from vmcache.units import parse_duration, parse_size
 
 import libvirt
@@ -99,13 +94,33 @@ def memory(pid: int) -> dict[str, float]:
     return out
 
 
-def write_config(tmp: Path, interval: str) -> Path:
+def write_config(tmp: Path, interval: str, *, no_bpf: bool = False) -> Path:
     config = tmp / "vmcache.yaml"
+    command = (f"agent_command: [setpriv, --bounding-set, '-bpf,-perfmon,-sys_admin', --, {sys.executable}, -m, "
+               "vmcache.cli, agent]\n" if no_bpf else "")
     config.write_text(
         f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\nhotset_dir: {tmp}/hotsets\ninterval: {interval}\nmin_free: 256M\n"
-        "pinned_cap: 4G\nmetrics:\n  ports: 19850-19999\n"
+        "pinned_cap: 4G\nmetrics:\n  ports: 19850-19999\n" + command
     )
     return config
+
+
+def fuse_readers(doms: list, tmp: Path, disk_size: int, rate: int, seconds: float) -> list[subprocess.Popen]:
+    """fio reading each domain's disk through a FUSE export of its node: ``rate`` reads/s in all."""
+    procs = []
+    for k, dom in enumerate(doms):
+        node = next(n["node-name"] for n in qmp(dom, "query-named-block-nodes", {"flat": True})
+                    if n["drv"] == "raw")
+        mount = tmp / f"fuse-{k}"
+        mount.touch()
+        qmp(dom, "block-export-add", {"type": "fuse", "id": "bench-fuse", "node-name": node,
+                                      "mountpoint": str(mount), "writable": False})
+        procs.append(subprocess.Popen(
+            ["fio", "--name=reads", f"--filename={mount}", "--direct=1", "--rw=randread", "--bs=4k",
+             "--ioengine=psync", f"--rate_iops={max(1, rate // len(doms))}", "--time_based",
+             f"--runtime={int(seconds)}", f"--size={disk_size}", "--output-format=json"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    return procs
 
 
 def hook_agents(names: list[str], agents_dir: Path) -> list[int]:
@@ -128,10 +143,11 @@ def busy_second(doms: list, disks: list[Path], rng: random.Random) -> None:
             f.read(4 * MiB)
 
 
-def run(n: int, mode: str, window: float, interval: str, tmp: Path, disk_size: int) -> dict[str, float]:
+def run(n: int, mode: str, window: float, interval: str, tmp: Path, disk_size: int,
+        read_rate: int = 10_000) -> dict[str, float]:
     """One (N, mode) measurement; medians and maxima over the agents."""
     tmp.mkdir()
-    config = write_config(tmp, interval)
+    config = write_config(tmp, interval, no_bpf=mode == "reads-inferred")
     names = [f"{PREFIX}{n}-{mode}-{k}" for k in range(n)]
     conn = connect()
     pids: list[int] = []
@@ -144,6 +160,8 @@ def run(n: int, mode: str, window: float, interval: str, tmp: Path, disk_size: i
             for name in names:
                 wait_for(lambda n=name: (s := read_status(tmp / "run" / "agents", n)) and s.get("state") == "running",
                          f"{name}'s agent to run", timeout=120)
+            readers = (fuse_readers(doms, tmp, disk_size, read_rate, window + 3 * parse_duration(interval, key="--interval"))
+                       if mode.startswith("reads") else [])
             time.sleep(2 * parse_duration(interval, key="--interval"))
             rng = random.Random(n)
             before = [cpu_seconds(pid) for pid in pids]
@@ -159,6 +177,14 @@ def run(n: int, mode: str, window: float, interval: str, tmp: Path, disk_size: i
                 raise RuntimeError(f"agents exited during the run: {dead}")
             cpu = [100 * (cpu_seconds(pid) - b) / elapsed for pid, b in zip(pids, before)]
             mem = [memory(pid) for pid in pids]
+            signals = {read_status(tmp / "run" / "agents", name).get("read_signal") for name in names}
+            for proc in readers:
+                proc.terminate()
+                out, _ = proc.communicate()
+                if out.strip():
+                    print(f"  fio: {float(json.loads(out)['jobs'][0]['read']['iops']):.0f} reads/s", flush=True)
+            if readers:
+                print(f"  read signal: {sorted(s or '?' for s in signals)}", flush=True)
             destroy_domains(PREFIX)
             wait_gone(pids)  # stopped by the hook, while it is still installed
     finally:
@@ -178,6 +204,7 @@ def main() -> int:
     ap.add_argument("--modes", default="idle,busy")
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--interval", default="10s")
+    ap.add_argument("--read-rate", type=int, default=10_000, help="reads mode: QEMU's 4 KiB reads per second in all")
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--disk", default="1G", help="size of each domain's sparse disk (16T and more: --dir on XFS, needs xfsprogs)")
     args = ap.parse_args()
@@ -193,7 +220,7 @@ def main() -> int:
         stack.callback(destroy_domains, PREFIX)
         for n in (int(x) for x in args.n.split(",")):
             for mode in args.modes.split(","):
-                r = run(n, mode, args.window, args.interval, tmp / f"{n}-{mode}", disk_size)
+                r = run(n, mode, args.window, args.interval, tmp / f"{n}-{mode}", disk_size, args.read_rate)
                 print(f"| {n} | {mode} | {r['cpu_pct']:.2f} ({r['cpu_pct_max']:.2f}) | {r['cpu_pct_sum']:.1f} | "
                       f"{r['RssAnon']:.1f} ({r['RssAnon_max']:.1f}) | {r['Rss']:.1f} | {r['Pss']:.1f} | "
                       f"{r['Pss_Anon']:.1f} | {r['Threads']:.0f} ({r['Threads_max']:.0f}) |", flush=True)

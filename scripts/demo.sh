@@ -72,7 +72,8 @@ while [ "$SECONDS" -lt "$end" ]; do
 import sys, urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 want = ("vmcache_pinned_bytes", "vmcache_resident_bytes", "vmcache_guest_dirtied_bytes_total",
-        "vmcache_guest_read_miss_bytes_total", "vmcache_bitmap_reads_total", "vmcache_pinned_regions")
+        "vmcache_guest_read_miss_bytes_total", "vmcache_guest_read_bytes_total",
+        "vmcache_guest_read_hit_bytes_total", "vmcache_bitmap_reads_total", "vmcache_pinned_regions")
 text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
 for fam in text_string_to_metric_families(text):
     for s in fam.samples:
@@ -89,6 +90,14 @@ if [ -d /run/systemd/system ]; then
 else
   agent_log="tail -f /var/log/vmcache/agent-$NAME.log"
 fi
+# the disk's heat map as the agent sees it now: green what the guest read (where the kernel counts its
+# reads; what it loaded where reads are inferred), red what it wrote, blue what vmcache pinned
+heatmap="$DIR/heatmap-vda.png"
+if vmcache heatmap "$NAME" vda -o "$heatmap"; then
+  echo "demo: the heat map of $NAME's disk (reads green, writes red, pinned blue): $heatmap"
+else
+  heatmap="(not written: see the agent's log)"
+fi
 cat <<EOF
 
 demo: vmcache keeps $NAME's hot region (the first ~200 MiB the guest hammers) in the page cache.
@@ -98,5 +107,6 @@ Look further:
   ls /run/vmcache/prometheus/        file_sd targets for Prometheus (docs/metrics.md)
   $agent_log   the agent's log
   grep -a '"iops"' $DIR/console.log   the guest's fio results
+  $heatmap   the disk's heat map (vmcache heatmap $NAME vda -o FILE.png writes a new one)
 Clean up: make demo-clean   (and make uninstall to remove vmcache)
 EOF

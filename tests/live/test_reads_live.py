@@ -23,10 +23,10 @@ import pytest
 
 pytest.importorskip("libvirt")
 
-from vmcache.host import bpf  # noqa: E402
-from vmcache.host.readprog import PROGRAM_NAME  # noqa: E402
+from vmcache.host import bpf
+from vmcache.host.readprog import PROGRAM_NAME
 
-from tests.live.livelib import (  # noqa: E402
+from tests.live.livelib import (
     MiB,
     LiveEnv,
     agents_env,

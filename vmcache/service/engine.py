@@ -199,11 +199,14 @@ class DiskEngine:
         self._written = written = extents_to_block_values(sample.extents, bs, n)
         current = self._pinner.pinned
         per_block = evidence_per_block(self._pinner.pinned_blocks(bs, n).size)
-        seen = self._pinner.read_evidence(bs, n, self._refs, per_block=per_block, phase=self._cycles)
+        seen = None
+        if self.last_reads is None:  # counted reads include the pinned blocks': no referenced bits needed
+            seen = self._pinner.read_evidence(bs, n, self._refs, per_block=per_block, phase=self._cycles)
         self._cycles += 1
         now = self._clock()
         decided = self._cycle.step(res.blocks, written, current, size_bytes=res.size_bytes,
-                                   budget=self.budget, now=now, seen=seen, seen_sample=per_block)
+                                   budget=self.budget, now=now, seen=seen, seen_sample=per_block,
+                                   reads=self.last_reads)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
         report = self._pinner.apply(decided.regions, self.budget)
