@@ -96,7 +96,7 @@ def memory(pid: int) -> dict[str, float]:
 
 def write_config(tmp: Path, interval: str, *, no_bpf: bool = False) -> Path:
     config = tmp / "vmcache.yaml"
-    command = (f"agent_command: [setpriv, --bounding-set, '-bpf,-perfmon,-sys_admin', --, {sys.executable}, -m, "
+    command = (f"agent_command: [{shutil.which('setpriv')}, --bounding-set, '-bpf,-perfmon,-sys_admin', --, {sys.executable}, -m, "
                "vmcache.cli, agent]\n" if no_bpf else "")
     config.write_text(
         f"runtime_dir: {tmp}/run\nlog_dir: {tmp}/log\nhotset_dir: {tmp}/hotsets\ninterval: {interval}\nmin_free: 256M\n"
@@ -117,7 +117,8 @@ def fuse_readers(doms: list, tmp: Path, disk_size: int, rate: int, seconds: floa
                                       "mountpoint": str(mount), "writable": False})
         procs.append(subprocess.Popen(
             ["fio", "--name=reads", f"--filename={mount}", "--direct=1", "--rw=randread", "--bs=4k",
-             "--ioengine=psync", f"--rate_iops={max(1, rate // len(doms))}", "--time_based",
+             "--ioengine=psync", "--numjobs=4", "--group_reporting", "--thread",
+             f"--rate_iops={max(1, rate // len(doms) // 4)}", "--time_based",
              f"--runtime={int(seconds)}", f"--size={disk_size}", "--output-format=json"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
     return procs
@@ -219,8 +220,8 @@ def main() -> int:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         stack.callback(destroy_domains, PREFIX)
         for n in (int(x) for x in args.n.split(",")):
-            for mode in args.modes.split(","):
-                r = run(n, mode, args.window, args.interval, tmp / f"{n}-{mode}", disk_size, args.read_rate)
+            for i, mode in enumerate(args.modes.split(",")):  # a mode may come again: arms interleaved
+                r = run(n, mode, args.window, args.interval, tmp / f"{n}-{mode}-{i}", disk_size, args.read_rate)
                 print(f"| {n} | {mode} | {r['cpu_pct']:.2f} ({r['cpu_pct_max']:.2f}) | {r['cpu_pct_sum']:.1f} | "
                       f"{r['RssAnon']:.1f} ({r['RssAnon_max']:.1f}) | {r['Rss']:.1f} | {r['Pss']:.1f} | "
                       f"{r['Pss_Anon']:.1f} | {r['Threads']:.0f} ({r['Threads_max']:.0f}) |", flush=True)

@@ -12,6 +12,7 @@ Nothing of the program outlives the agents, also after ``kill -9``.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -172,7 +173,7 @@ def test_the_program_goes_with_the_last_agent_also_after_kill_9(env: LiveEnv) ->
 
 def test_bpf_refused_the_agent_infers_reads_says_so_once_and_runs(env: LiveEnv) -> None:
     config = env.config.read_text()
-    drop = "[setpriv, --bounding-set, '-bpf,-perfmon,-sys_admin', --, "
+    drop = f"[{shutil.which('setpriv')}, --bounding-set, '-bpf,-perfmon,-sys_admin', --, "
     env.config.write_text(config.replace("agent_command: [", drop, 1))
     try:
         dom = start(env, "nobpf", data_image(env.tmp / f"{PREFIX}nobpf.raw", 8 * MiB))
