@@ -72,7 +72,8 @@ def start(env: LiveEnv, name: str, disk: Path, *, devices: str = "") -> Any:
         wait_for(lambda: (s := env.status(PREFIX + name)) and s["state"] == "running" and s["disks"]
                  and s["disks"][0].get("cycles", 0) >= 1, f"{name}'s agent to run a cycle", timeout=30)
     except AssertionError as err:
-        raise AssertionError(f"{err}: {env.status(PREFIX + name)}\n{env.agent_log(PREFIX + name)[-3000:]}") from None
+        raise AssertionError(f"{err}: {env.status(PREFIX + name)}\nagent log:\n{env.agent_log(PREFIX + name)[-3000:]}"
+                             f"\nhook log:\n{env.hook_log()[-3000:]}") from None
     return dom
 
 
@@ -173,7 +174,8 @@ def test_the_program_goes_with_the_last_agent_also_after_kill_9(env: LiveEnv) ->
 
 def test_bpf_refused_the_agent_infers_reads_says_so_once_and_runs(env: LiveEnv) -> None:
     config = env.config.read_text()
-    drop = f"[{shutil.which('setpriv')}, --bounding-set, '-bpf,-perfmon,-sys_admin', --, "
+    drop = f"agent_command: [{shutil.which('setpriv')}, --bounding-set, '-bpf,-perfmon,-sys_admin', --, "
+    assert "agent_command: [" in config
     env.config.write_text(config.replace("agent_command: [", drop, 1))
     try:
         dom = start(env, "nobpf", data_image(env.tmp / f"{PREFIX}nobpf.raw", 8 * MiB))
