@@ -32,8 +32,8 @@ from vmcache.host.files import file_stem
 
 __all__ = [
     "agents_env", "cache_metadata", "connect", "create_disk", "destroy_domains", "domain_xml", "GiB",
-    "libvirtd_pid", "LiveEnv", "MiB", "nbd_dir", "open_conn", "qemu_pid", "read_status", "REPO", "restart_libvirtd",
-    "scrape", "start_paused", "stop_agents", "URI", "wait_for"
+    "libvirtd_pid", "LiveEnv", "loop_device", "MiB", "nbd_dir", "open_conn", "qemu_pid", "read_status", "REPO",
+    "restart_libvirtd", "scrape", "start_paused", "stop_agents", "URI", "wait_for"
 ]
 
 T = TypeVar("T")
@@ -112,6 +112,18 @@ def create_disk(path: Path, size: int) -> Path:
     with open(path, "wb") as f:
         f.truncate(size)
     return path
+
+
+@contextmanager
+def loop_device(backing: Path, size: int) -> Iterator[str]:
+    """A loop device over a sparse file ``backing`` of ``size`` bytes; detached afterwards."""
+    create_disk(backing, size)
+    dev = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
 
 
 def domain_xml(name: str, disk: Path, *, metadata: str = "", devices: str = "") -> str:

@@ -15,8 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ libvirt = pytest.importorskip("libvirt")
 
 from vmcache.host.files import file_stem  # noqa: E402
 
-from tests.live.livelib import MiB, cache_metadata, domain_xml, scrape, wait_for  # noqa: E402
+from tests.live.livelib import MiB, cache_metadata, domain_xml, loop_device, scrape, wait_for  # noqa: E402
 
 from tests.live.guestlib import guest_write, leftovers, pivot_when_ready, qmp  # noqa: E402
 from tests.live.livelib import LiveEnv  # noqa: E402
@@ -294,19 +292,6 @@ def test_an_active_commit_waiting_for_its_pivot_leaves_the_agent_cycling(env: Li
 
 
 # -- block devices ----------------------------------------------------------------------------------
-
-
-@contextmanager
-def loop_device(backing: Path, size: int) -> Iterator[str]:
-    """A loop device over a sparse file ``backing`` of ``size`` bytes; detached afterwards."""
-    with open(backing, "wb") as f:
-        f.truncate(size)
-    dev = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
 
 
 def test_block_device_disk_is_scanned_tracked_and_pinned(env: LiveEnv, cleanup) -> None:

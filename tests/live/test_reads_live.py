@@ -32,8 +32,11 @@ from tests.live.livelib import (
     LiveEnv,
     agents_env,
     cache_metadata,
+    connect,
     domain_xml,
     guest_read,
+    loop_device,
+    restart_libvirtd,
     scrape,
     start_paused,
     wait_for,
@@ -158,6 +161,22 @@ def test_a_backing_layer_s_reads_are_counted_on_the_layer(env: LiveEnv) -> None:
     stop(env, dom, "chain")
 
 
+def test_a_block_device_s_reads_are_counted(env: LiveEnv) -> None:
+    """A block device's page cache belongs to the kernel's bdev inode, not to the /dev node the domain names."""
+    with loop_device(env.tmp / f"{PREFIX}loop.img", 16 * MiB) as dev:
+        disk = (f"<disk type='block' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
+                f"<source dev='{dev}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>")
+        dom = start(env, "block", data_image(env.tmp / f"{PREFIX}blockvda.raw", 8 * MiB), devices=disk)
+        wait_for(lambda: any(d["source"] == dev and d["eligible"] and d.get("cycles", 0) >= 1
+                             for d in env.status(PREFIX + "block")["disks"]), "the device to be managed", timeout=30)
+        d0 = counted(env, "block", source=Path(dev))
+        guest_read(dom, 4 * MiB, 2 * MiB, dev="ua-vdb")
+        try:
+            assert settled(env, "block", d0 + 2 * MiB, source=Path(dev)) - d0 == 2 * MiB
+        finally:
+            stop(env, dom, "block")
+
+
 def test_the_program_goes_with_the_last_agent_also_after_kill_9(env: LiveEnv) -> None:
     before = programs()
     dom = start(env, "kill", data_image(env.tmp / f"{PREFIX}kill.raw", 8 * MiB))
@@ -169,6 +188,47 @@ def test_the_program_goes_with_the_last_agent_also_after_kill_9(env: LiveEnv) ->
     if before == 0:  # no other agent on the host holds them
         wait_for(lambda: programs() == 0, "the programs to go with their last holder", timeout=10)
     dom.destroy()
+    assert programs() == before
+
+
+def test_counting_outlives_a_stopped_neighbour_a_libvirtd_restart_and_a_killed_agent(env: LiveEnv) -> None:
+    """The operator's day: two agents share the programs, one domain stops, libvirtd restarts, an agent is
+    killed and the reconnect hook starts a new one - each time the remaining reads are counted exactly."""
+    before = programs()
+    a = start(env, "opa", data_image(env.tmp / f"{PREFIX}opa.raw", 16 * MiB))
+    b = start(env, "opb", data_image(env.tmp / f"{PREFIX}opb.raw", 16 * MiB))
+    assert programs() == max(before, 4)
+    b0 = counted(env, "opb")
+    stop(env, a, "opa")  # the agent that loaded the programs goes; b's own descriptors keep them
+    assert programs() == max(before, 4)
+    guest_read(b, 0, 2 * MiB)
+    b1 = settled(env, "opb", b0 + 2 * MiB)
+    assert b1 - b0 == 2 * MiB
+    agent = env.agent_pid(PREFIX + "opb")
+    env.conn.close()
+    restart_libvirtd()
+    env.conn = connect()
+    b = env.conn.lookupByName(PREFIX + "opb")
+    wait_for(lambda: "agent.reconnected" in env.agent_log(PREFIX + "opb"), "the agent to reconnect", timeout=30)
+    assert env.agent_pid(PREFIX + "opb") == agent
+    guest_read(b, 4 * MiB, MiB)
+    b2 = settled(env, "opb", b1 + MiB)
+    assert b2 - b1 == MiB
+    os.kill(agent, signal.SIGKILL)
+    wait_for(lambda: env.agent_pid(PREFIX + "opb") is None, "the killed agent to be gone", timeout=10)
+    env.conn.close()
+    restart_libvirtd()  # its reconnect hook starts the domain's agent again
+    env.conn = connect()
+    b = env.conn.lookupByName(PREFIX + "opb")
+    wait_for(lambda: (p := env.agent_pid(PREFIX + "opb")) and p != agent, "the hook to start a new agent", timeout=30)
+    wait_for(lambda: (s := env.status(PREFIX + "opb")) and s["pid"] != agent and s["state"] == "running"
+             and s["disks"] and s["disks"][0].get("cycles", 0) >= 1, "the new agent's first cycle", timeout=30)
+    assert env.status(PREFIX + "opb")["read_signal"] == "kernel", env.agent_log(PREFIX + "opb")[-3000:]
+    assert programs() == max(before, 4)  # joined or loaded anew: never a second set
+    c0 = counted(env, "opb")
+    guest_read(b, 8 * MiB, 3 * MiB)
+    assert settled(env, "opb", c0 + 3 * MiB) - c0 == 3 * MiB
+    stop(env, b, "opb")
     assert programs() == before
 
 
