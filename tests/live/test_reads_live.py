@@ -205,6 +205,7 @@ def test_counting_outlives_a_stopped_neighbour_a_libvirtd_restart_and_a_killed_a
     b1 = settled(env, "opb", b0 + 2 * MiB)
     assert b1 - b0 == 2 * MiB
     agent = env.agent_pid(PREFIX + "opb")
+    assert agent
     env.conn.close()
     restart_libvirtd()
     env.conn = connect()

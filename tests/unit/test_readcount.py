@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from vmcache.host.bpf import Asm
-from vmcache.host.readcount import decode, kernel_dev, qemu_pid
+from vmcache.host.cachekey import kernel_dev
+from vmcache.host.readcount import decode, qemu_pid
 from vmcache.host.tracefs import Field, parse_formats
 
 FORMAT = """name: mm_filemap_get_pages
@@ -104,4 +105,4 @@ def test_file_reads_refuse_block_sizes_that_are_not_whole_pages(size: int, tmp_p
     from vmcache.host.readcount import FileReads
 
     with pytest.raises(ValueError):
-        FileReads(None, str(tmp_path), size)  # type: ignore[arg-type]  # refused before the maps are used
+        FileReads(None, str(tmp_path), size, (1, 2))  # type: ignore[arg-type]  # refused before the maps are used

@@ -44,10 +44,11 @@ from ..errors import HostError
 from ..model.blocks import BlockValues
 from ..model.reads import GuestReads
 from . import bpf
+from .cachekey import cache_key
 from .procs import cmdline
 from .readprog import COUNT_VALUE, EVENTS, INNER_ENTRIES, PROGRAM_NAME, Maps, programs
 from .runlock import RUN_LOCK_DIR
-from .tracefs import read_tracepoints
+from .tracefs import Tracepoint, read_tracepoints
 
 __all__ = ["ReadCountError", "ReadCounter", "FileReads", "qemu_pid", "LOCK_NAME"]
 
@@ -59,11 +60,6 @@ _log = logging.getLogger(__name__)
 
 class ReadCountError(HostError):
     """Guest reads cannot be counted on this host (no BPF, no tracepoint, not allowed); ``reason`` says why."""
-
-
-def kernel_dev(st_dev: int) -> int:
-    """A stat(2) device number in the kernel's ``major << 20 | minor`` (what tracepoints carry)."""
-    return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
 def qemu_pid(domain: str, *, run_dir: str = "/run/libvirt/qemu", proc: str = "/proc") -> int | None:
@@ -88,10 +84,12 @@ class _Found:
 class ReadCounter:
     """The host's read-counting program as one agent holds it, counting the reads of QEMU ``pid``."""
 
-    def __init__(self, maps: Maps, links: list[int], pid: int) -> None:
+    def __init__(self, maps: Maps, links: list[int], pid: int, *, get_pages: Tracepoint | None = None) -> None:
+        """``get_pages``: the tracepoint's layout, when the caller read it already (else read on first use)."""
         self._maps = maps
         self._links = links
         self.pid = pid
+        self._get_pages = get_pages
         self._maps.qemus.update(struct.pack("=I", pid), struct.pack("=I", os.getpid()))
 
     @classmethod
@@ -111,12 +109,13 @@ class ReadCounter:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two agents starting at once load one program
             found = _find()
+            points = None
             if found is not None:
                 maps, links = Maps.adopt(found.maps), found.links
             else:
-                maps, links = _load()
+                maps, links, points = _load()
             _sweep(maps)
-            return cls(maps, links, pid)
+            return cls(maps, links, pid, get_pages=points[EVENTS[0][1]] if points else None)
         except bpf.BpfError as err:
             raise ReadCountError(str(err), errno=err.errno) from err
         except HostError as err:
@@ -127,9 +126,17 @@ class ReadCounter:
     def watch(self, path: str, block_size: int) -> FileReads:
         """Count QEMU's reads of the image at ``path`` in blocks of ``block_size`` bytes (a multiple of 4096).
 
-        Raises ReadCountError (the file cannot be opened, the maps refuse it).
+        Raises ReadCountError (the file cannot be read, its page cache's
+        identity not found, the maps refuse it).
         """
-        return FileReads(self._maps, path, block_size)
+        try:
+            if self._get_pages is None:
+                self._get_pages = read_tracepoints([EVENTS[0]])[EVENTS[0][1]]
+            key = cache_key(path, self._get_pages)
+        except (OSError, HostError, LookupError, KeyError) as err:
+            raise ReadCountError(f"cannot tell how the kernel names {path}: {err}", path=path,
+                                 errno=getattr(err, "errno", None)) from err
+        return FileReads(self._maps, path, block_size, key)
 
     def close(self) -> None:
         """Stop counting this QEMU's reads; let go of the program (the last holder's close removes it)."""
@@ -146,17 +153,14 @@ class ReadCounter:
 class FileReads:
     """One image's counts: registered at creation, :meth:`take` once per cycle, :meth:`close` at the end."""
 
-    def __init__(self, maps: Maps, path: str, block_size: int) -> None:
+    def __init__(self, maps: Maps, path: str, block_size: int, key: tuple[int, int]) -> None:
+        """``key``: the (i_ino, s_dev) the tracepoints name the image by (:func:`cache_key`)."""
         if block_size <= 0 or block_size % PAGE:
             raise ValueError(f"block size {block_size} is not a positive multiple of {PAGE}")
-        try:
-            st = os.stat(path)
-        except OSError as err:
-            raise ReadCountError(f"cannot stat image: {err.strerror}", path=path, errno=err.errno) from err
         self.path = path
         self._maps = maps
         self._pages = block_size // PAGE
-        self._file = struct.pack("=QI", st.st_ino, kernel_dev(st.st_dev))
+        self._file = struct.pack("=QI", *key)
         self._gen = 0
         self._counts: list[bpf.Map] = []
         self.dropped = 0
@@ -314,7 +318,7 @@ def _maps_by_name(ids: list[int]) -> dict[str, int]:
     return out
 
 
-def _load() -> tuple[Maps, list[int]]:
+def _load() -> tuple[Maps, list[int], dict[str, Tracepoint]]:
     """Create the maps, load the program, attach it to its tracepoints. Raises BpfError, HostError."""
     points = read_tracepoints(list(EVENTS))
     missing = [f"{g}:{n}" for g, n in EVENTS if n not in points]
@@ -334,7 +338,7 @@ def _load() -> tuple[Maps, list[int]]:
             os.close(fd)
         maps.close()
         raise
-    return maps, links
+    return maps, links, points
 
 
 def _sweep(maps: Maps) -> None:
