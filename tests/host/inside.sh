@@ -85,6 +85,25 @@ EOF
   ok "$unit: active (pid $pid), $memlock, $pinned bytes pinned, metrics at $url"
 }
 
+# The signal of the guest's reads the agent uses, in `vmcache status` and the metric label; where
+# the kernel cannot count them (BPF refused, no tracepoint), the reason logged once.
+check_read_signal() {
+  local unit=$1 name=$2 line signal logged url
+  line=$(vmcache status "$name" | grep -o 'guest reads: .*' || true)
+  [ -n "$line" ] || { vmcache status "$name" || true; fail "no 'guest reads:' line in vmcache status"; }
+  signal=$(vmcache status "$name" --json | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)[0]["read_signal"])')
+  logged=$(journalctl -u "$unit" --no-pager -o cat | grep -c 'reads.inferred' || true)
+  case "$signal" in
+    kernel) [ "$logged" = 0 ] || fail "counted reads, yet reads.inferred logged $logged times" ;;
+    inferred) [ "$logged" = 1 ] || fail "inferred reads logged $logged times, not once" ;;
+    *) fail "read_signal '$signal'" ;;
+  esac
+  url=$(vmcache status "$name" --json | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)[0]["metrics_url"])')
+  .venv/bin/python -c 'import sys, urllib.request; sys.exit(sys.argv[2] not in urllib.request.urlopen(sys.argv[1]).read().decode())' \
+    "$url" "read_signal=\"$signal\"" || fail "vmcache_agent_info has no read_signal=\"$signal\""
+  ok "$line (metric label read_signal=\"$signal\", reads.inferred logged $logged time(s))"
+}
+
 step "1. a clean Debian 12 with systemd as PID 1"
 [ "$(cat /proc/1/comm)" = systemd ] && [ -d /run/systemd/system ] || fail "systemd is not PID 1"
 . /etc/os-release; ok "$PRETTY_NAME, systemd $(systemctl --version | head -1 | cut -d' ' -f2), $(systemctl is-system-running || true)"
@@ -109,6 +128,7 @@ sed -i 's/^interval: .*/interval: 2s/' /etc/vmcache/vmcache.yaml
 step "2. make demo (20 s of it)"
 VMCACHE_DEMO_SECONDS=20 make demo
 check_agent "$DEMO_UNIT" vmcache-demo
+check_read_signal "$DEMO_UNIT" vmcache-demo
 journalctl -u "$DEMO_UNIT" --no-pager -o cat | grep -q 'disk.managed' || fail "no agent log in the journal of $DEMO_UNIT"
 ok "the agent's log is in the journal of $DEMO_UNIT"
 
