@@ -16,9 +16,10 @@ through libvirt) at a random offset of a 128 MiB hot area, and 4 MiB of that
 area are read from the image by the host (page-cache residency the agent
 takes for guest reads); ``idle``: nothing happens; ``reads``: QEMU reads
 ``--read-rate`` 4 KiB blocks per second in all (spread over the domains) at
-random over each whole disk, asked through a FUSE export of the disk's node
-(QMP ``block-export-add``) by fio with O_DIRECT, so every read is QEMU's
-preadv of the image, as a guest's would be; ``reads-inferred``: the same
+random over each whole disk, asked through an NBD export of the disk's node
+(QMP ``nbd-server-start`` + ``block-export-add``) by fio's nbd engine, so
+every read is QEMU's preadv of the image, as a guest's would be (the
+agents' dirty-bitmap reads are deferred meanwhile: QEMU has one NBD server); ``reads-inferred``: the same
 with the agents' CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN dropped (setpriv),
 so they infer reads instead of counting them. Per agent: CPU % over the
 window (utime + stime from /proc/PID/stat), and at the end Rss, Pss,
@@ -105,19 +106,24 @@ def write_config(tmp: Path, interval: str, *, no_bpf: bool = False) -> Path:
     return config
 
 
-def fuse_readers(doms: list, tmp: Path, disk_size: int, rate: int, seconds: float) -> list[subprocess.Popen]:
-    """fio reading each domain's disk through a FUSE export of its node: ``rate`` reads/s in all."""
+def nbd_readers(doms: list, tmp: Path, disk_size: int, rate: int, seconds: float) -> list[subprocess.Popen]:
+    """fio reading each domain's disk through an NBD export of its node: ``rate`` reads/s in all.
+
+    QEMU serves each NBD read with a preadv of the image, as it would a guest's. (A FUSE export cannot
+    be mounted from libvirt's QEMU: it runs in a mount namespace whose /dev has no /dev/fuse.) QEMU
+    has one NBD server, so the agents' dirty-bitmap reads are deferred while it runs, in every mode.
+    """
     procs = []
     for k, dom in enumerate(doms):
         node = next(n["node-name"] for n in qmp(dom, "query-named-block-nodes", {"flat": True})
                     if n["drv"] == "raw")
-        mount = tmp / f"fuse-{k}"
-        mount.touch()
-        qmp(dom, "block-export-add", {"type": "fuse", "id": "bench-fuse", "node-name": node,
-                                      "mountpoint": str(mount), "writable": False})
+        sock = tmp / f"nbd-{k}.sock"
+        qmp(dom, "nbd-server-start", {"addr": {"type": "unix", "data": {"path": str(sock)}}})
+        qmp(dom, "block-export-add", {"type": "nbd", "id": "bench-nbd", "node-name": node, "name": "bench",
+                                      "writable": False})
         procs.append(subprocess.Popen(
-            ["fio", "--name=reads", f"--filename={mount}", "--direct=1", "--rw=randread", "--bs=4k",
-             "--ioengine=psync", "--numjobs=4", "--group_reporting", "--thread",
+            ["fio", "--name=reads", "--ioengine=nbd", f"--uri=nbd+unix:///bench?socket={sock}", "--rw=randread",
+             "--bs=4k", "--numjobs=4", "--group_reporting", "--thread",
              f"--rate_iops={max(1, rate // len(doms) // 4)}", "--time_based",
              f"--runtime={int(seconds)}", f"--size={disk_size}", "--output-format=json"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
@@ -161,7 +167,7 @@ def run(n: int, mode: str, window: float, interval: str, tmp: Path, disk_size: i
             for name in names:
                 wait_for(lambda n=name: (s := read_status(tmp / "run" / "agents", n)) and s.get("state") == "running",
                          f"{name}'s agent to run", timeout=120)
-            readers = (fuse_readers(doms, tmp, disk_size, read_rate, window + 3 * parse_duration(interval, key="--interval"))
+            readers = (nbd_readers(doms, tmp, disk_size, read_rate, window + 3 * parse_duration(interval, key="--interval"))
                        if mode.startswith("reads") else [])
             time.sleep(2 * parse_duration(interval, key="--interval"))
             rng = random.Random(n)

@@ -69,9 +69,17 @@ def per_agent(n: int) -> list[int]:
     a.mov(0, 0)
     a.exit()
     code, fds = a.assemble(), []
-    for _ in range(n):
-        prog = bpf.load_tracepoint_program(code, name="rd_bench_agent")
-        fds += [prog, bpf.attach_tracepoint(prog, point.id)]
+    try:
+        for i in range(n):
+            fds.append(bpf.load_tracepoint_program(code, name="rd_bench_agent"))
+            try:
+                fds.append(bpf.attach_tracepoint(fds[-1], point.id))
+            except bpf.BpfError as err:
+                raise bpf.BpfError(f"attachment {i + 1} of {n}: {err}", errno=err.errno) from err
+    except BaseException:
+        for fd in fds:  # none may stay attached: the next arm's programs would not fit
+            os.close(fd)
+        raise
     return fds
 
 
