@@ -27,6 +27,7 @@ pytest.importorskip("libvirt")
 from vmcache.host import bpf
 from vmcache.host.readprog import PROGRAM_NAME
 
+from tests.live.guestlib import guest_read
 from tests.live.livelib import (
     MiB,
     LiveEnv,
@@ -34,7 +35,6 @@ from tests.live.livelib import (
     cache_metadata,
     connect,
     domain_xml,
-    guest_read,
     loop_device,
     restart_libvirtd,
     scrape,
