@@ -234,14 +234,10 @@ def test_counting_outlives_a_stopped_neighbour_a_libvirtd_restart_and_a_killed_a
 
 
 def test_bpf_refused_the_agent_infers_reads_says_so_once_and_runs(env: LiveEnv) -> None:
-    config = env.config.read_text()
-    drop = f"agent_command: [{shutil.which('setpriv')}, --bounding-set, '-bpf,-perfmon,-sys_admin', --, "
-    assert "agent_command: [" in config
-    env.config.write_text(config.replace("agent_command: [", drop, 1))
-    try:
+    drop = [shutil.which("setpriv"), "--bounding-set", "-bpf,-perfmon,-sys_admin", "--",
+            *env.base["agent_command"]]
+    with env.config_override(agent_command=drop):
         dom = start(env, "nobpf", data_image(env.tmp / f"{PREFIX}nobpf.raw", 8 * MiB))
-    finally:
-        env.config.write_text(config)
     status = env.status(PREFIX + "nobpf")
     assert status["read_signal"] == "inferred" and status["read_signal_reason"], status
     assert status["disks"][0]["guest_read_bytes"] is None
