@@ -188,8 +188,9 @@ def run(n: int, mode: str, window: float, interval: str, tmp: Path, disk_size: i
             for proc in readers:
                 proc.terminate()
                 out, _ = proc.communicate()
-                if out.strip():
-                    print(f"  fio: {float(json.loads(out)['jobs'][0]['read']['iops']):.0f} reads/s", flush=True)
+                if "{" in out:  # a terminated fio says so on stdout before its JSON
+                    report = json.loads(out[out.index("{"):])
+                    print(f"  fio: {float(report['jobs'][0]['read']['iops']):.0f} reads/s", flush=True)
             if readers:
                 print(f"  read signal: {sorted(s or '?' for s in signals)}", flush=True)
             destroy_domains(PREFIX)
