@@ -277,6 +277,13 @@ def warm_on_b(b: Side, name: str, carried: DiskHotSet, resumed: float, *, by_rul
     return done[0][0]
 
 
+def moved_cleanly(a: Side, b: Side, name: str, uuid: str) -> None:
+    """After the switch: nothing of the domain's agent on A, only B's bitmap in B's QEMU, B's writes exact."""
+    nothing_left_on_a(a, name, uuid)
+    one_bitmap_on_b(b, name)
+    exact_writes_on_b(b, name)
+
+
 def nothing_left_on_a(a: Side, name: str, uuid: str) -> None:
     """A's agent stopped cleanly once its QEMU was gone: no process, pin, file or ledger entry of it."""
     wait_for(lambda: a.host.unit(unit_of(name))["ActiveState"] == "inactive", "A's agent to stop")
@@ -340,9 +347,7 @@ def test_an_opted_in_domain_moves_warm_exact_and_clean(sides: tuple[Side, Side])
     took = migrate(a, b, name)
     resumed = resume_time(b, name)
     warmed = warm_on_b(b, name, carried, resumed)
-    nothing_left_on_a(a, name, uuid)
-    one_bitmap_on_b(b, name)
-    exact_writes_on_b(b, name)
+    moved_cleanly(a, b, name, uuid)
     record(test="metadata", migrate_s=round(took, 3), set_bytes=carried.bytes,
            locked_after_resume_s=round(warmed - resumed, 3),
            hook_started_after_resume_s=round(_hook_time(b.host, name, "started") - resumed, 3))
@@ -359,9 +364,7 @@ def test_a_domain_opted_in_only_by_a_host_rule_moves_the_same_way(sides: tuple[S
     took = migrate(a, b, name)
     resumed = resume_time(b, name)
     warmed = warm_on_b(b, name, carried, resumed, by_rule=True)
-    nothing_left_on_a(a, name, uuid)
-    one_bitmap_on_b(b, name)
-    exact_writes_on_b(b, name)
+    moved_cleanly(a, b, name, uuid)
     record(test="rule", migrate_s=round(took, 3), set_bytes=carried.bytes,
            locked_after_resume_s=round(warmed - resumed, 3))
     stop_on_b(b, name, uuid)
@@ -407,9 +410,7 @@ def test_a_long_incoming_migration_is_waited_for_then_the_set_is_locked(sides: t
     incoming = resumed - agent_started
     warmed = warm_on_b(b, name, carried, resumed)
     assert lines(b.host, name, "agent.migration_wait") and lines(b.host, name, "agent.migration_done")
-    nothing_left_on_a(a, name, uuid)
-    one_bitmap_on_b(b, name)
-    exact_writes_on_b(b, name)
+    moved_cleanly(a, b, name, uuid)
     record(test="long", incoming_s=round(incoming, 1), set_bytes=carried.bytes,
            locked_after_resume_s=round(warmed - resumed, 3))
     stop_on_b(b, name, uuid)
