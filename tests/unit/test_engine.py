@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vmcache.model.blocks import BlockValues
 from vmcache.model.extents import DirtyRead
+from vmcache.model.reads import GuestReads
 from vmcache.service.engine import DiskEngine
 from vmcache.host.pagecache import scan_residency
 from vmcache.model.params import ModelParams
@@ -295,3 +297,20 @@ def test_heat_map_of_a_disk_larger_than_a_picture_is_shown_in_coarser_blocks(
     np.testing.assert_array_equal(coarse.heat, fine.heat.reshape(16, 16).max(axis=1))
     np.testing.assert_array_equal(coarse.pinned, fine.pinned.reshape(16, 16).any(axis=1))
     np.testing.assert_allclose(coarse.resident, fine.resident.reshape(16, 16).mean(axis=1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("decide", [False, True])
+def test_counted_reads_decide_only_when_asked_and_are_reported_either_way(image: Path, decide: bool) -> None:
+    """Counted reads of 40-44 MiB (the page cache never sees them: only the counter says so) pin that range
+    with ``decide_on_reads``; without it the model infers from residency, finds nothing, pins nothing."""
+    index = np.arange(40, 44, dtype=np.int64)
+    counted = GuestReads(BlockValues(index, np.full(4, 256, np.float32)), BlockValues.empty())
+    with engine(image, reads=lambda nblocks: counted, decide_on_reads=decide) as e:
+        for _ in range(4):
+            e.cycle()
+        assert e.last_reads is counted
+        spans = pinned_spans(e)
+    if decide:
+        assert any(start <= 40 * MiB and start + length >= 44 * MiB for start, length in spans), spans
+    else:
+        assert spans == [], spans

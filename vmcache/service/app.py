@@ -92,7 +92,7 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
                           socket_owner=qemu_user(),
                           granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,
                           heatmap=None if layer_of else _heatmap_writer(domain, choice.disk.target, config),
-                          layer_of=layer_of, reads=reads)
+                          layer_of=layer_of, reads=reads, decide_on_reads=config.read_model == "counted")
 
     return make
 

@@ -64,10 +64,12 @@ class DiskWorker:
         engine_factory: type[DiskEngine] = DiskEngine,
         layer_of: str | None = None,
         reads: ReadSignal | None = None,
+        decide_on_reads: bool = False,
     ) -> None:
         """Start tracking; raises VmcacheError when the image cannot be opened.
 
         ``reads``: the agent's read counter (None: the guest's reads are inferred);
+        ``decide_on_reads``: its counts replace the inference in the model (host config ``read_model``);
         ``heatmap`` writes the disk's heat-map files after its cycles;
         ``layer_of``: the image is a read-only backing layer of that target's
         top image (no tracker: give ``node`` None).
@@ -99,7 +101,8 @@ class DiskWorker:
             self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
                                          prefetch_rate=prefetch_rate, warm_rate=warm_rate, refs=refs,
                                          clear_refs=False, writes=self._writes if self.tracker else None,
-                                         reads=self._read_source(), logger=logger)
+                                         reads=self._read_source(), decide_on_reads=decide_on_reads,
+                                         logger=logger)
         except BaseException:
             self._close_reads()
             raise

@@ -65,6 +65,7 @@ class DiskEngine:
         warm_rate: int | None = None,
         writes: WriteSource | None = None,
         reads: ReadSource | None = None,
+        decide_on_reads: bool = False,
         pinner: Pinner | None = None,
         refs: PageRefs | None = None,
         clear_refs: bool = True,
@@ -81,7 +82,9 @@ class DiskEngine:
         ``refs`` reads the referenced bits of
         pinned pages (the guest's reads of them); ``reads`` counts every read
         the guest made (host/readcount.py; None: inferred from residency
-        growth and referenced bits); ``clear_refs``: clear them
+        growth and referenced bits); ``decide_on_reads``: the counted reads
+        replace the inference in the model (False: they are only reported);
+        ``clear_refs``: clear them
         at the end of each cycle - an agent running several engines clears
         once, after all of them. Raises PageCacheError when the image cannot
         be opened.
@@ -91,6 +94,7 @@ class DiskEngine:
         self.budget = budget
         self._writes = writes
         self._reads = reads
+        self._decide_on_reads = decide_on_reads
         self._meminfo = meminfo
         self._clock = clock
         self._log = logger or logging.getLogger(__name__)
@@ -199,14 +203,15 @@ class DiskEngine:
         self._written = written = extents_to_block_values(sample.extents, bs, n)
         current = self._pinner.pinned
         per_block = evidence_per_block(self._pinner.pinned_blocks(bs, n).size)
+        exact = self.last_reads if self._decide_on_reads else None
         seen = None
-        if self.last_reads is None:  # counted reads include the pinned blocks': no referenced bits needed
+        if exact is None:  # counted reads include the pinned blocks': no referenced bits needed
             seen = self._pinner.read_evidence(bs, n, self._refs, per_block=per_block, phase=self._cycles)
         self._cycles += 1
         now = self._clock()
         decided = self._cycle.step(res.blocks, written, current, size_bytes=res.size_bytes,
                                    budget=self.budget, now=now, seen=seen, seen_sample=per_block,
-                                   reads=self.last_reads)
+                                   reads=exact)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
         report = self._pinner.apply(decided.regions, self.budget)

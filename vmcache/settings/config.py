@@ -115,6 +115,7 @@ class HostConfig:
     metrics: MetricsConfig = MetricsConfig()
     heatmap: HeatmapConfig = HeatmapConfig()
     rules: tuple[Rule, ...] = ()        # the domains: list, in order (vmcache.settings.rules)
+    read_model: str = "inferred"        # what the model decides on: inferred reads, or the counted ones
 
     def model_params(self, overrides: Mapping[str, Any] | None = None) -> ModelParams:
         """ModelParams from the host's ``model`` section, ``interval`` and a domain's overrides.
@@ -231,6 +232,8 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
         values["metrics"] = parse_metrics(data["metrics"])
     if "heatmap" in data:
         values["heatmap"] = _heatmap(data["heatmap"])
+    if "read_model" in data:
+        values["read_model"] = _read_model(data["read_model"])
     if "domains" in data:
         from .rules import parse_rules  # here: a host without rules (most) never loads them
 
@@ -243,8 +246,18 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
 
 _TOP_KEYS = ("budget", "min_free", "prefetch_rate", "warm_rate", "psi_threshold", "interval", "hotset_interval",
              "hotset_dir", "hotset_keep", "hotset_max_age", "cache_modes", "pinned_cap", "model",
-             "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap", "domains")
+             "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap", "domains", "read_model")
 _HEATMAP_KEYS = ("dir", "every", "blocks_per_pixel", "aspect")
+
+
+READ_MODELS = ("inferred", "counted")
+
+
+def _read_model(value: object) -> str:
+    """``read_model``: ``inferred`` (the default) or ``counted`` (the guest's counted reads replace the inference)."""
+    if value not in READ_MODELS:
+        raise ConfigError("read_model", value, "must be inferred or counted (docs/configuration.md)")
+    return str(value)
 
 
 def _warm_rate(value: object) -> int:
