@@ -201,6 +201,7 @@ def start_agent(prometheus: Prometheus) -> Iterator[Callable[..., StandInAgent]]
                 pinned_bytes=pinned_mib * MiB, pinned_regions=3, resident_bytes=(pinned_mib + 40) * MiB,
                 guest_written_bytes=MiB, guest_read_miss_bytes=2 * MiB, recently_evicted_pages=10,
                 bitmap_read=BitmapRead.OK, mem_available_bytes=8192 * MiB, backing_off=False))
+            disk.observe_reads(6 * MiB, 4 * MiB, 0)  # the guest's reads, counted by the kernel
         metrics.set_share(budget=512 * MiB, granted=pinned_mib * MiB, demand=(pinned_mib + 8) * MiB, minimum=0,
                           cap=1024 * MiB)
         server = serve_metrics(metrics.registry, ports=DEFAULT_PORTS, tls=tls, basic_auth=basic_auth)

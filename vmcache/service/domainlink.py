@@ -111,10 +111,12 @@ class DomainLink:
         """True while the run is still coming in by a migration (libvirt holds the domain's job until it
         ends: a QMP command would wait for it, 30 s at most). Raises DomainError."""
         try:
-            state = tuple(self._dom.state())
+            # A domain restored paused stays (paused, migration) for good: only a job still running
+            # (libvirt's incoming migration) makes it an incoming one.
+            return (tuple(self._dom.state()) == _INCOMING
+                    and self._dom.controlInfo()[0] == libvirt.VIR_DOMAIN_CONTROL_JOB)
         except libvirt.libvirtError as err:
             raise DomainError(f"domain {self.domain!r}: cannot get its state: {err.get_error_message()}") from err
-        return state == _INCOMING
 
     def alive(self) -> bool:
         """True while the domain runs as the link's run (False when it stopped, restarted, or libvirtd cannot tell)."""
