@@ -111,12 +111,20 @@ class DomainLink:
         """True while the run is still coming in by a migration (libvirt holds the domain's job until it
         ends: a QMP command would wait for it, 30 s at most). Raises DomainError."""
         try:
-            # A domain restored paused stays (paused, migration) for good: only a job still running
-            # (libvirt's incoming migration) makes it an incoming one.
-            return (tuple(self._dom.state()) == _INCOMING
-                    and self._dom.controlInfo()[0] == libvirt.VIR_DOMAIN_CONTROL_JOB)
+            if tuple(self._dom.state()) != _INCOMING:
+                return False
         except libvirt.libvirtError as err:
             raise DomainError(f"domain {self.domain!r}: cannot get its state: {err.get_error_message()}") from err
+        # A domain restored paused stays (paused, migration) for good. What only an incoming migration's
+        # destination does: refuse job statistics ("available only on the source host"), before any job
+        # lock is taken (qemuDomainGetJobStatsInternal), so the question never waits.
+        try:
+            self._dom.jobInfo()
+        except libvirt.libvirtError as err:
+            if err.get_error_code() == libvirt.VIR_ERR_OPERATION_UNSUPPORTED:
+                return True
+            raise DomainError(f"domain {self.domain!r}: cannot get its job: {err.get_error_message()}") from err
+        return False
 
     def alive(self) -> bool:
         """True while the domain runs as the link's run (False when it stopped, restarted, or libvirtd cannot tell)."""
