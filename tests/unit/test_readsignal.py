@@ -10,7 +10,6 @@ import pytest
 from vmcache.errors import HostError
 from vmcache.model.blocks import BlockValues
 from vmcache.model.reads import GuestReads
-from vmcache.service.diskworker import read_totals
 from vmcache.service.readsignal import INFERRED, KERNEL, ReadSignal
 
 
@@ -66,5 +65,5 @@ def test_opened_counter_watches_each_image_and_is_closed_with_the_signal() -> No
 def test_read_totals_hits_are_per_block_reads_minus_pages_brought_in_never_below_zero() -> None:
     reads = GuestReads(BlockValues(np.array([1, 2, 5]), np.array([256, 10, 4], np.float32)),
                        BlockValues(np.array([1, 3, 5]), np.array([256, 64, 1], np.float32)))
-    assert read_totals(reads) == (270, 13)  # block 1 all missed, 2 all hits, 5: 3 hits; 3 is readahead only
-    assert read_totals(GuestReads.empty()) == (0, 0)
+    assert reads.totals() == (270, 13)  # block 1 all missed, 2 all hits, 5: 3 hits; 3 is readahead only
+    assert GuestReads.empty().totals() == (0, 0)

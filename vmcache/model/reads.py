@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .blocks import BlockValues
+import numpy as np
+
+from .blocks import BlockValues, member, positions
 
 __all__ = ["GuestReads"]
 
@@ -34,3 +36,11 @@ class GuestReads:
     @classmethod
     def empty(cls) -> GuestReads:
         return cls(BlockValues.empty(), BlockValues.empty())
+
+    def totals(self) -> tuple[int, int]:
+        """Pages the guest read, and of those the pages found in the page cache (per block: read minus missed)."""
+        pages, missed = self.pages, self.missed
+        found = member(pages.index, missed.index)
+        brought = np.zeros(pages.index.size, np.float32)
+        brought[found] = missed.value[positions(missed.index, pages.index[found])]
+        return int(pages.value.sum()), int(np.maximum(pages.value - brought, 0).sum())

@@ -13,8 +13,6 @@ import logging
 import os
 import time
 
-import numpy as np
-
 from .engine import DiskEngine, ReadSource
 from ..model.share import Curve
 from ..errors import MonitorError, TrackerError, VmcacheError
@@ -33,7 +31,7 @@ from ..model.stats import CycleStats
 from ..observe.status import DiskStatus
 from .readsignal import ReadSignal
 
-__all__ = ["DiskWorker", "read_totals"]
+__all__ = ["DiskWorker"]
 
 
 class DiskWorker:
@@ -166,7 +164,7 @@ class DiskWorker:
         self.status.update(stats, elapsed=elapsed, wall_time=time.time())
         reads = self.engine.last_reads
         if reads is not None and self._file_reads is not None:
-            pages, hits = read_totals(reads)
+            pages, hits = reads.totals()
             dropped, self._dropped = self._file_reads.dropped - self._dropped, self._file_reads.dropped
             self._metrics.observe_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, dropped)
             self.status.update_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, elapsed=elapsed)
@@ -275,17 +273,6 @@ class DiskWorker:
             except VmcacheError as err:
                 level = logging.WARNING if qemu_alive else logging.DEBUG
                 self._log.log(level, event("tracker.stop_failed", disk=self.target, error=err))
-
-
-def read_totals(reads: GuestReads) -> tuple[int, int]:
-    """Pages the guest read, and of those the pages found in the page cache (per block: read minus missed)."""
-    pages, missed = reads.pages, reads.missed
-    at = np.searchsorted(missed.index, pages.index)
-    found = at < missed.index.size
-    found[found] = missed.index[at[found]] == pages.index[found]
-    brought = np.zeros(pages.index.size)
-    brought[found] = missed.value[at[found]]
-    return int(pages.value.sum()), int(np.maximum(pages.value - brought, 0).sum())
 
 
 def _open_inode(path: str) -> int | None:
