@@ -14,9 +14,19 @@ else
     printf '# vmcache-sandbox: test environment settings\nuser = "root"\ngroup = "root"\nsecurity_driver = "none"\n' >> "$conf"
   fi
   mkdir -p /var/run/libvirt /var/log/libvirt /var/lib/libvirt/images
+  # The daemons outlive this script: they must not inherit its descriptors
+  # beyond stdio. A lock the caller holds (`flock LOCK make bench`) would
+  # stay held by libvirtd for good.
+  daemon() {
+    ( for fd in /proc/self/fd/*; do
+        n=${fd##*/}
+        if [ "$n" -gt 2 ] 2>/dev/null; then eval "exec $n>&-" 2>/dev/null || true; fi
+      done
+      exec "$@" )
+  }
   # --ns: a libvirtd in a container (systemd-nspawn) is not this host's
-  pgrep --ns $$ -x virtlogd >/dev/null || virtlogd -d
-  pgrep --ns $$ -x libvirtd >/dev/null || libvirtd -d
+  pgrep --ns $$ -x virtlogd >/dev/null || daemon virtlogd -d
+  pgrep --ns $$ -x libvirtd >/dev/null || daemon libvirtd -d
 fi
 for _ in $(seq 1 100); do
   virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
