@@ -209,7 +209,7 @@ def read_status(agents: Path, name: str) -> Any:
 
 def nbd_dir(runtime: Path, name: str) -> Path:
     """The NBD socket directory of ``name``'s agent."""
-    from vmcache.service.agent import nbd_dir as agent_nbd_dir
+    from vmcache.host.files import nbd_dir as agent_nbd_dir
 
     return Path(agent_nbd_dir(str(runtime), name))
 

@@ -95,11 +95,13 @@ def test_decisions(argv, xml, action, reason):
     assert [a for a, _ in launcher.calls] == ([action.value] if action in (Action.START, Action.STOP) else [])
 
 
-def run_hook(args, data, *, config_path="/nonexistent.yaml", launcher=None):
+def run_hook(args, data, *, config_path="/nonexistent.yaml", launcher=None, swept=None):
+    """One hook call with a fake launcher; ``swept`` collects the release's sweeps (none of the host's files)."""
     out = io.BytesIO()
     launcher = launcher or FakeLauncher()
+    swept = [] if swept is None else swept
     decision = run(args, io.BytesIO(data), out, config_path=config_path, launcher_for=launcher,
-                   setup_logging=None, cache_dir=None)
+                   setup_logging=None, cache_dir=None, sweep=lambda config, domain, xml: swept.append(domain))
     return decision, out.getvalue(), launcher
 
 
@@ -416,3 +418,11 @@ def test_start_passes_the_run_id_of_the_xml_to_the_launcher():
     xml = domain_xml().replace(b"<domain type='qemu'>", b"<domain type='qemu' id='42'>")
     _decision, _out, launcher = run_hook(["web-1", "started", "begin", "-"], xml)
     assert launcher.calls == [("start", "web-1")] and launcher.domain_ids == [42]
+
+
+def test_release_sweeps_after_the_stop_and_stopped_does_not():
+    swept: list[str] = []
+    _, _, launcher = run_hook(["web-1", "stopped", "end", "-"], domain_xml(), swept=swept)
+    assert launcher.calls == [("stop", "web-1")] and swept == []  # QEMU may still be going down
+    _, _, launcher = run_hook(["web-1", "release", "end", "-"], domain_xml(), swept=swept)
+    assert launcher.calls == [("stop", "web-1")] and swept == ["web-1"]

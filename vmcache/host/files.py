@@ -12,7 +12,7 @@ import re
 
 from ..errors import HostError
 
-__all__ = ["file_stem", "lock_holder", "names_fd", "pid_in", "short_name", "try_lock", "write_atomic"]
+__all__ = ["file_stem", "lock_holder", "names_fd", "nbd_dir", "pid_in", "short_name", "try_lock", "write_atomic"]
 
 _SAFE = re.compile(r"[A-Za-z0-9_.+-]")
 _MAX_STEM = 200
@@ -47,6 +47,15 @@ def short_name(text: str, digits: int = 8) -> str:
     import hashlib
 
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:digits]
+
+
+def nbd_dir(runtime_dir: str, domain: str) -> str:
+    """The directory (0700) of ``domain``'s NBD sockets under ``runtime_dir``.
+
+    Per domain: libvirt names nodes alike in every domain (libvirt-1-storage), and
+    the tracker names its NBD socket after the node. Short: a socket path has 108 bytes.
+    """
+    return os.path.join(runtime_dir, "nbd", short_name(domain, 12))
 
 
 def write_atomic(path: str | os.PathLike[str], payload: bytes | str, *, mode: int = 0o644, fsync: bool = True,

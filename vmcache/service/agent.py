@@ -42,7 +42,7 @@ from dataclasses import replace
 
 from .. import __version__
 from ..errors import ConfigError, DomainError, RunClaimedError, RunEndedError, VmcacheError
-from ..host.files import short_name
+from ..host.files import nbd_dir
 from ..host.runlock import RunLock
 from ..logfmt import domain_logger, event
 from ..observe.status import AgentStatus, status_path, write_status
@@ -60,21 +60,12 @@ from .launcher import remove_own_pidfile
 from .readsignal import ReadSignal
 from .telemetry import Telemetry
 
-__all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE", "nbd_dir"]
+__all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 RECONNECT_SECONDS = 2.0
 INCOMING_POLL_SECONDS = 1.0
-
-
-def nbd_dir(runtime_dir: str, domain: str) -> str:
-    """The directory (0700) of ``domain``'s NBD sockets under ``runtime_dir``.
-
-    Per domain: libvirt names nodes alike in every domain (libvirt-1-storage), and
-    the tracker names its NBD socket after the node. Short: a socket path has 108 bytes.
-    """
-    return os.path.join(runtime_dir, "nbd", short_name(domain, 12))
 
 
 class Agent:

@@ -23,10 +23,10 @@ from ..host.virtdomain import DEFAULT_URI, connect
 from ..logfmt import domain_logger
 from ..model.params import ModelParams
 from ..observe.heatmap import HeatmapWriter, RenderOptions
-from ..host.files import file_stem
+from ..host.files import file_stem, nbd_dir
 from ..settings.config import HostConfig
 from ..settings.policy import DiskChoice
-from .agent import Agent, nbd_dir
+from .agent import Agent
 from .budget import Budget
 from .configwatch import ConfigWatch
 from .diskset import DiskSet, WorkerFactory

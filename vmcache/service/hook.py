@@ -210,11 +210,13 @@ def run(
     launcher_for: Callable[..., Launcher] | None = None,
     setup_logging: Callable[[str], None] | None = _setup_logging,
     cache_dir: str | None = CACHE_DIR,
+    sweep: Callable[[HostConfig, str, bytes], None] | None = None,
 ) -> Decision:
     """One hook call: echo filters, decide, act; returns the decision. Raises nothing vmcache-made.
 
     ``launcher_for`` defaults to :func:`vmcache.service.launcher.make_launcher`;
-    ``cache_dir`` is where the validated host config is cached (None: no cache).
+    ``cache_dir`` is where the validated host config is cached (None: no cache);
+    ``sweep`` removes a killed agent's files at ``release`` (default :func:`_sweep`).
     """
     data = stdin.read()
     op = args[1] if len(args) > 1 else ""
@@ -257,9 +259,23 @@ def run(
             log.error(event("hook.failed", **fields, action=decision.action.value, error=str(err)))
         else:
             log.info(event("hook." + decision.action.value, **fields, result=str(result)))
+        if decision.op == "release":
+            (sweep or _sweep)(config, decision.domain, data)
     elif decision.action is Action.IGNORE and decision.op in START_OPS:
         log.info(event("hook.ignore", **fields, reason=decision.reason))
     return decision
+
+
+def _sweep(config: HostConfig, domain: str, xml: bytes) -> None:
+    """QEMU is gone: remove what a killed agent of the domain left (nothing while one runs)."""
+    from ..host.rungate import uuid_of
+    from ..host.runlock import RUN_LOCK_DIR
+    from .leftovers import sweep
+
+    removed = sweep(config, domain, uuid_of(xml), lock_dir=RUN_LOCK_DIR)
+    if removed:
+        log.warning(event("hook.swept", domain=domain, reason="left by an agent that did not stop itself",
+                          paths=",".join(removed)))
 
 
 def _fence(domain: str, xml: bytes, setup_logging: Callable[[], None]) -> None:
