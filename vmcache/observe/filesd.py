@@ -23,11 +23,16 @@ from ..errors import HostError
 from ..host.files import file_stem, write_atomic
 from ..logfmt import event
 
-__all__ = ["DEFAULT_DIRECTORY", "TargetsFile", "targets_document"]
+__all__ = ["DEFAULT_DIRECTORY", "TargetsFile", "targets_document", "targets_path"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DIRECTORY = Path("/run/vmcache/prometheus")
+
+
+def targets_path(directory: Path | str, domain: str) -> Path:
+    """Where the agent of ``domain`` keeps its targets file in ``directory``."""
+    return Path(directory) / f"{file_stem(domain)}.json"
 
 
 def targets_document(target: str, labels: dict[str, str]) -> list[dict[str, object]]:
@@ -57,7 +62,7 @@ class TargetsFile:
         self.uuid = uuid
         self.target = target
         self.directory = Path(directory)
-        self.path = self.directory / f"{file_stem(domain)}.json"
+        self.path = targets_path(self.directory, domain)
         self.labels = {**(labels or {}), "domain": domain, "uuid": uuid}
         self._text = json.dumps(targets_document(target, self.labels), indent=2, ensure_ascii=False) + "\n"
 

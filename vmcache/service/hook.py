@@ -269,10 +269,9 @@ def run(
 def _sweep(config: HostConfig, domain: str, xml: bytes) -> None:
     """QEMU is gone: remove what a killed agent of the domain left (nothing while one runs)."""
     from ..host.rungate import uuid_of
-    from ..host.runlock import RUN_LOCK_DIR
     from .leftovers import sweep
 
-    removed = sweep(config, domain, uuid_of(xml), lock_dir=RUN_LOCK_DIR)
+    removed = sweep(config, domain, uuid_of(xml))
     if removed:
         log.warning(event("hook.swept", domain=domain, reason="left by an agent that did not stop itself",
                           paths=",".join(removed)))

@@ -56,6 +56,7 @@ __all__ = [
     "SystemdLauncher",
     "DetachedLauncher",
     "make_launcher",
+    "pidfile_path",
     "systemd_escape",
     "remove_own_pidfile",
     "wait_for_pidfile",
@@ -112,6 +113,11 @@ def systemd_escape(name: str) -> str:
         else:
             out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
     return "".join(out)
+
+
+def pidfile_path(agents_dir: str, domain: str) -> str:
+    """The pidfile of ``domain``'s detached agent in ``agents_dir``."""
+    return os.path.join(agents_dir, file_stem(domain) + ".pid")
 
 
 def default_agent_command(python: str = sys.executable) -> tuple[str, ...]:
@@ -174,7 +180,7 @@ class DetachedLauncher:
         self._proc = proc
 
     def pidfile(self, domain: str) -> str:
-        return os.path.join(self.agents_dir, file_stem(domain) + ".pid")
+        return pidfile_path(self.agents_dir, domain)
 
     def argv(self, domain: str, domain_id: int | None = None) -> list[str]:
         run = ["--domain-id", str(domain_id)] if domain_id is not None else []

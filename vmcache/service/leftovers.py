@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import os
 
-from ..host.files import file_stem, nbd_dir, try_lock
+from ..host.files import nbd_dir, try_lock
 from ..host.runlock import RUN_LOCK_DIR
+from ..observe.filesd import targets_path
 from ..observe.status import status_path
 from ..settings.config import HostConfig
+from .launcher import pidfile_path
 
 __all__ = ["sweep"]
 
@@ -90,7 +92,7 @@ def _sweep_nbd(directory: str, removed: list[str]) -> None:
 def sweep(config: HostConfig, domain: str, uuid: str | None, *, lock_dir: str = RUN_LOCK_DIR) -> list[str]:
     """Remove what a dead agent of ``domain`` left; the paths removed (none while an agent runs)."""
     removed: list[str] = []
-    pidfile = os.path.join(config.agents_dir, file_stem(domain) + ".pid")
+    pidfile = pidfile_path(config.agents_dir, domain)
     held = _take(pidfile)
     if held is None and os.path.exists(pidfile):
         return removed  # an agent runs (or is being started): it owns its files
@@ -98,7 +100,7 @@ def sweep(config: HostConfig, domain: str, uuid: str | None, *, lock_dir: str = 
         if uuid is not None and not _sweep_runs(uuid, lock_dir, removed):
             return removed
         _remove(status_path(config.agents_dir, domain), removed)
-        _remove(os.path.join(config.runtime_dir, "prometheus", file_stem(domain) + ".json"), removed)
+        _remove(str(targets_path(config.targets_dir, domain)), removed)
         _sweep_nbd(nbd_dir(config.runtime_dir, domain), removed)
         if held is not None:
             _remove(pidfile, removed)

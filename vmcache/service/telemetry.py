@@ -6,7 +6,6 @@ the agent pins without it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from .. import __version__
@@ -48,7 +47,7 @@ class Telemetry:
                                      basic_auth=m.basic_auth,
                                      pages=lambda path: heatmap_page(path, heatmaps, options))
         self._targets = TargetsFile(self.domain, uuid, self._server.target,
-                                    directory=os.path.join(self._config.runtime_dir, "prometheus"))
+                                    directory=self._config.targets_dir)
         self._targets.write()
         return self._server.url
 

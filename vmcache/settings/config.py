@@ -136,6 +136,11 @@ class HostConfig:
         return os.path.join(self.runtime_dir, "agents")
 
     @property
+    def targets_dir(self) -> str:
+        """Where agents keep their Prometheus file_sd targets files."""
+        return os.path.join(self.runtime_dir, "prometheus")
+
+    @property
     def ledger_path(self) -> str:
         """The shared ledger of pinned bytes (see vmcache.host.ledger)."""
         return os.path.join(self.runtime_dir, "ledger.json")
