@@ -79,24 +79,29 @@ def test_cli_host_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["replay", *args, "--cap", "4M,8M", "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
     assert "device reads per guest request" in out and "benefit" in out and "first-come" in out and "min 1MiB" in out
+    assert "pins loaded per guest request" in out
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert main(["replay", *args, "--cap", "8M", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["arm"] for r in rows} == set(host.ARMS)
     benefit = next(r for r in rows if r["arm"] == "benefit")
     assert benefit["vms"]["idle"]["grant_mean_bytes"] >= 1 * MiB  # its guaranteed minimum
+    assert main(["replay", *args, "--cap", "8M", "--json", "--prefetch-rate", "16K"]) == 0
+    limited = next(r for r in json.loads(capsys.readouterr().out) if r["arm"] == "benefit")
+    assert limited["loaded_blocks"] < benefit["loaded_blocks"]
 
 
 @pytest.mark.parametrize("vm, message", [
     ("t.csv", "--vm[0]: 't.csv': needs budget=SIZE"),
     ("t.csv,budget=1M,min=2M", "--vm[0] min: '2M': must not be above the budget"),
     ("t.csv,budget=1M,colour=red", "--vm[0]: 't.csv,budget=1M,colour=red': use TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE]"),
+    ("t.csv,budget=1M --cache-unit 4K", "--cache-unit: 4096: host mode caches whole blocks: use --block-size"),
 ])
 def test_cli_host_mode_bad_vm(tmp_path: Path, capsys: pytest.CaptureFixture[str], vm: str, message: str,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.csv").write_text("time,op,offset,length\n0,R,0,4096\n")
-    assert main(["replay", "--vm", vm, "--cap", "1M"]) == 2
+    assert main(["replay", "--vm", *vm.split(" "), "--cap", "1M"]) == 2
     assert capsys.readouterr().err.strip() == f"vmcache replay: {message}"
 
 
@@ -116,3 +121,19 @@ def test_merged_accesses_keep_each_vm_s_own() -> None:
         assert int(merged.bt.write[mine].sum()) == int(vm.trace.write.sum())
         assert np.unique(merged.bt.request[mine]).size == len(vm.trace)
         assert merged.bt.block[mine].min() >= merged.offsets[i]
+
+
+def test_loads_are_counted_apart_and_bounded_by_the_prefetch_rate() -> None:
+    vms = small_case()
+    free = {r.arm: r for r in replay_host(vms, [8 * MiB], block_size=BS)}
+    assert "loaded_blocks" not in free["linux"].total.extra  # nobody pins in a shared arm
+    loaded = free["benefit"].total.extra["loaded_blocks"]
+    assert loaded > 0 and loaded == sum(v.extra["loaded_blocks"] for v in free["benefit"].vms.values())
+    assert free["benefit"].total.extra["loaded_per_request"] == round(loaded / free["benefit"].total.requests, 6)
+    rate = 16 << 10  # 16 KiB a trace second: a 64 KiB block every 4 s per VM
+    slow = {r.arm: r for r in replay_host(vms, [8 * MiB], block_size=BS, prefetch_rate=rate)}
+    duration = max(float(vm.trace.time[-1]) for vm in vms) + 10.0
+    for arm in ("equal", "benefit"):
+        per_vm = slow[arm].vms
+        assert all(v.extra["loaded_blocks"] <= duration * rate / BS + 1 for v in per_vm.values()), arm
+    assert slow["benefit"].total.extra["loaded_blocks"] < loaded

@@ -191,13 +191,15 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         raise ConfigError("trace", args.trace, "give either a trace or --vm (host mode), not both")
     if not args.cap:
         raise ConfigError("--cap", None, "host mode needs the host's pinned cap")
+    if args.cache_unit is not None and args.cache_unit != args.block_size:
+        raise ConfigError("--cache-unit", args.cache_unit, "host mode caches whole blocks: use --block-size")
     from ..replay import host, report
 
     vms = [_vm(text, i) for i, text in enumerate(args.vm)]
     caps = sorted({c for group in args.cap for c in group})
     try:
         results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory,
-                                   rest=args.rest)
+                                   rest=args.rest, prefetch_rate=args.prefetch_rate)
     except ValueError as err:
         raise ConfigError("--vm", args.vm, str(err)) from None
     if args.json:
@@ -212,6 +214,9 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         print(report.table([r.total for r in results], corner="cap"))
         print("read hit ratio, all VMs:")
         print(report.table([r.total for r in results], measure="read_hits", corner="cap"))
+        print("blocks vmcache's pins loaded per guest request (device reads beside the misses above):")
+        print(report.table([r.total for r in results if "loaded_per_request" in r.total.extra], measure="loads",
+                           corner="cap"))
         print("per VM: device reads per request, mean grant")
         print(report.host_table(results))
     if args.plot:

@@ -117,6 +117,7 @@ class _Vm:
     pinned: NDArray[np.int64]
     current: list[Region] = field(default_factory=list)
     granted: int = 0
+    loaded: int = 0   # blocks its new pins read from the device
     grant_sum: float = 0.0
     pinned_sum: float = 0.0
 
@@ -149,21 +150,38 @@ def _merge(vms: list[HostVm], block_size: int) -> _Merged:
     return _Merged(bt, which, offsets, sizes, [p.nblocks for p in parts])
 
 
-def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm],
-             hits: NDArray[np.bool_]) -> tuple[PolicyResult, dict[str, PolicyResult]]:
-    total = measure(arm, cap, merged.bt, hits, memory_bytes=memory)
-    return total, {vm.name: measure(arm, cap, merged.bt, hits, select=merged.vm == i, memory_bytes=memory)
-                   for i, vm in enumerate(vms)}
+def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm], hits: NDArray[np.bool_],
+             loaded: list[int] | None = None) -> tuple[PolicyResult, dict[str, PolicyResult]]:
+    """The arm's figures over all VMs and per VM; ``loaded``: the blocks each VM's pins loaded (split arms)."""
+    def extra(blocks: int | None, requests: int) -> dict[str, Any]:
+        if blocks is None:
+            return {}
+        return {"loaded_blocks": blocks, "loaded_per_request": round(blocks / requests, 6) if requests else 0.0}
+
+    bt = merged.bt
+    total = measure(arm, cap, bt, hits, memory_bytes=memory,
+                    **extra(None if loaded is None else sum(loaded), bt.requests()))
+    per_vm = {}
+    for i, vm in enumerate(vms):
+        mine = merged.vm == i
+        per_vm[vm.name] = measure(arm, cap, bt, hits, select=mine, memory_bytes=memory,
+                                  **extra(None if loaded is None else loaded[i], bt.requests(mine)))
+    return total, per_vm
 
 
 def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: ModelParams | None = None,
                 memory: int | None = None, memory_factor: float = 2.0,
-                arms: tuple[str, ...] = ARMS, rest: str = "linux") -> list[HostResult]:
+                arms: tuple[str, ...] = ARMS, rest: str = "linux",
+                prefetch_rate: int | None = None) -> list[HostResult]:
     """Every arm at every cap; ``memory`` (default ``memory_factor * cap``) is the host page cache.
 
     ``params``: the model of every VM (its ``block_size`` is replaced by
     ``block_size``); ``rest``: the policy of the memory nobody pins
-    (``linux`` or ``lru``). Raises ValueError for no VMs, duplicate names, an
+    (``linux`` or ``lru``); ``prefetch_rate``: bytes per trace second each
+    VM may load into new pins, as the agents' setting (None: unlimited).
+    The blocks pins loaded are device reads the guest does not wait for,
+    reported apart (``loaded_blocks``, ``loaded_per_request``), not in the
+    device reads per request. Raises ValueError for no VMs, duplicate names, an
     unknown arm, a cap above the memory or a trace past its VM's size.
     """
     if not vms:
@@ -186,8 +204,8 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
                 total, per_vm = _results(arm, cap, mem, merged, vms, SHARED[arm](merged.bt, capacity))
                 out.append(HostResult(arm, cap, mem, total, per_vm))
                 continue
-            hits, states = _run_split(arm, merged, vms, cap, capacity, p, rest)
-            total, per_vm = _results(arm, cap, mem, merged, vms, hits)
+            hits, states = _run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate)
+            total, per_vm = _results(arm, cap, mem, merged, vms, hits, [s.loaded for s in states])
             cycles = max(1, len(cycle_ends(merged.bt, p.interval)))
             out.append(HostResult(arm, cap, mem, total, per_vm,
                                   {s.vm.name: s.grant_sum / cycles for s in states},
@@ -196,14 +214,14 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
 
 
 def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity: int,
-               params: ModelParams, rest: str) -> tuple[NDArray[np.bool_], list[_Vm]]:
+               params: ModelParams, rest: str, prefetch_rate: int | None) -> tuple[NDArray[np.bool_], list[_Vm]]:
     """Hits per access of one split arm, and the VMs' states at the end.
 
     Each VM's cycle runs under the grant of the previous split; its demand
     curve after the step feeds the next split (the agents' one-cycle lag).
     """
     bt = merged.bt
-    states = [_Vm(vm, i, off, nb, size, Cycle(params, nb), np.zeros(0, dtype=np.int64))
+    states = [_Vm(vm, i, off, nb, size, Cycle(params, nb, prefetch_rate=prefetch_rate), np.zeros(0, dtype=np.int64))
               for i, (vm, off, nb, size) in enumerate(zip(vms, merged.offsets, merged.nblocks, merged.sizes))]
     benefit = arm == "benefit"
     grants = _benefit_grants(states, None, cap) if benefit else static_grants(arm, vms, cap)
@@ -225,6 +243,8 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
             wanted.append(s.pinned + s.offset)
             s.grant_sum += s.granted
             s.pinned_sum += int(s.pinned.size) * params.block_size
+        for s, units in zip(states, wanted):
+            s.loaded += sum(1 for u in units.tolist() if u not in memory.pinned and u not in memory.rest)
         memory.pin(np.concatenate(wanted))
         for s in states:
             s.cycle.pinned(s.current)

@@ -25,6 +25,7 @@ MEASURES = {
     "reads": "device reads per guest request",
     "read_hits": "read hit ratio",
     "hits": "hit ratio over all accesses",
+    "loads": "blocks vmcache's pins loaded per guest request (host mode)",
 }
 
 COLOURS = {
@@ -61,6 +62,8 @@ def _cell(r: PolicyResult, measure: str, first: bool) -> str:
         return f"{r.extra[key]:.4f}" if key in r.extra else "-"
     if measure == "reads":
         return f"{r.reads_per_request:.4f}"
+    if measure == "loads":
+        return f"{r.extra['loaded_per_request']:.4f}" if "loaded_per_request" in r.extra else "-"
     return f"{(r.read_hit_ratio if measure == 'read_hits' else r.hit_ratio):.3f}"
 
 
