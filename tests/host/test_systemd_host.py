@@ -206,6 +206,30 @@ def test_kill_9_systemd_restarts_the_agent_which_cleans_up_and_carries_on(conn: 
     assert journal(unit, since).count("disk.managed disk=vda") == 2   # one per agent process
 
 
+def test_kill_9_then_destroy_before_the_restart_leaves_nothing_behind(conn: Any) -> None:
+    """The domain goes while systemd waits to restart its killed agent (RestartSec): the release stops the
+    unit, so no agent comes back for a gone domain, and the hook removes what the dead one left."""
+    name = PREFIX + "kill9-gone"
+    dom = start(conn, name)
+    uuid = dom.UUIDString()
+    old = agent_running(name)
+    unit = unit_of(name)
+    guest_write(dom, 0, 4 * MiB)
+    wait_for(lambda: pinned(name) >= 4 * MiB, "a pin")
+    assert list(Path("/run/lock/vmcache").glob(f"{uuid}.*"))
+    assert (RUN / "prometheus" / f"{file_stem(name)}.json").exists()
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{old}").exists() and main_pid(unit) == 0, "the killed agent to be gone")
+    dom.destroy()
+    wait_for(lambda: show(unit)["ActiveState"] in ("inactive", "failed"), f"the hook to stop {unit}")
+    time.sleep(6)  # past RestartSec=5s: nothing restarts it
+    info = show(unit)
+    assert info["ActiveState"] in ("inactive", "failed") and main_pid(unit) == 0, info
+    assert_nothing_left(None, name)
+    assert not list(Path("/run/lock/vmcache").glob(f"{uuid}.*"))
+    assert not (RUN / "prometheus" / f"{file_stem(name)}.json").exists()
+
+
 def test_systemctl_stop_leaves_nothing_behind(conn: Any) -> None:
     name = PREFIX + "stop"
     since = time.time() - 1
