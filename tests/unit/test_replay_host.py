@@ -88,14 +88,14 @@ def test_cli_host_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert benefit["vms"]["idle"]["grant_mean_bytes"] >= 1 * MiB  # its guaranteed minimum
     assert main(["replay", *args, "--cap", "8M", "--json", "--prefetch-rate", "16K"]) == 0
     limited = next(r for r in json.loads(capsys.readouterr().out) if r["arm"] == "benefit")
-    assert limited["loaded_blocks"] < benefit["loaded_blocks"]
+    assert limited["loaded_units"] < benefit["loaded_units"]
 
 
 @pytest.mark.parametrize("vm, message", [
     ("t.csv", "--vm[0]: 't.csv': needs budget=SIZE"),
     ("t.csv,budget=1M,min=2M", "--vm[0] min: '2M': must not be above the budget"),
     ("t.csv,budget=1M,colour=red", "--vm[0]: 't.csv,budget=1M,colour=red': use TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE]"),
-    ("t.csv,budget=1M --cache-unit 4K", "--cache-unit: 4096: host mode caches whole blocks: use --block-size"),
+    ("t.csv,budget=1M --cache-unit 24K", "--cache-unit: 24576: must divide --block-size (65536)"),
 ])
 def test_cli_host_mode_bad_vm(tmp_path: Path, capsys: pytest.CaptureFixture[str], vm: str, message: str,
                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,28 +112,47 @@ def test_stream_generator_is_sequential():
     assert not t.write.any()
 
 
-def test_merged_accesses_keep_each_vm_s_own() -> None:
+@pytest.mark.parametrize("unit, per", [(BS, 1), (4096, 16)])
+def test_merged_accesses_keep_each_vm_s_own(unit: int, per: int) -> None:
     vms = small_case()
-    merged = host._merge(vms, BS)
+    merged = host._merge(vms, unit, per)
     assert merged.bt.write.dtype == bool and merged.bt.costly.dtype == bool
     for i, vm in enumerate(vms):
         mine = merged.vm == i
-        assert int(merged.bt.write[mine].sum()) == int(vm.trace.write.sum())
+        assert int(merged.bt.write[mine].sum()) == int(vm.trace.write.sum()) * (BS // unit if vm.name == "stream" else 1)
         assert np.unique(merged.bt.request[mine]).size == len(vm.trace)
-        assert merged.bt.block[mine].min() >= merged.offsets[i]
+        assert merged.offsets[i] <= merged.bt.block[mine].min() and merged.bt.block[mine].max() < merged.offsets[i] + merged.units[i]
+        assert merged.offsets[i] % per == 0 and merged.units[i] % per == 0
+
+
+def test_page_units_keep_what_a_guest_touched_and_pins_hold_and_load_whole_blocks() -> None:
+    """With 4 KiB units the shared cache holds the pages the guests read, pins their whole 64 KiB blocks."""
+    vms = small_case()
+    pages = {r.arm: r for r in replay_host(vms, [8 * MiB], block_size=BS, cache_unit=4096)}
+    blocks = {r.arm: r for r in replay_host(vms, [8 * MiB], block_size=BS)}
+    for arm in ("linux", "benefit"):
+        assert pages[arm].total.requests == blocks[arm].total.requests
+        # the zoned VM's 4 KiB reads: one unit per request either way
+        zoned_reads = int((~vms[1].trace.write).sum())
+        assert pages[arm].vms["zoned"].read_accesses == blocks[arm].vms["zoned"].read_accesses == zoned_reads
+    # a 64 KiB stream request is 16 page units, one block unit
+    assert pages["linux"].vms["stream"].accesses == 16 * blocks["linux"].vms["stream"].accesses
+    assert sum(pages["benefit"].pinned_mean.values()) <= 8 * MiB
+    loaded = pages["benefit"].total.extra["loaded_units"]
+    assert loaded > 0
 
 
 def test_loads_are_counted_apart_and_bounded_by_the_prefetch_rate() -> None:
     vms = small_case()
     free = {r.arm: r for r in replay_host(vms, [8 * MiB], block_size=BS)}
-    assert "loaded_blocks" not in free["linux"].total.extra  # nobody pins in a shared arm
-    loaded = free["benefit"].total.extra["loaded_blocks"]
-    assert loaded > 0 and loaded == sum(v.extra["loaded_blocks"] for v in free["benefit"].vms.values())
+    assert "loaded_units" not in free["linux"].total.extra  # nobody pins in a shared arm
+    loaded = free["benefit"].total.extra["loaded_units"]
+    assert loaded > 0 and loaded == sum(v.extra["loaded_units"] for v in free["benefit"].vms.values())
     assert free["benefit"].total.extra["loaded_per_request"] == round(loaded / free["benefit"].total.requests, 6)
     rate = 16 << 10  # 16 KiB a trace second: a 64 KiB block every 4 s per VM
     slow = {r.arm: r for r in replay_host(vms, [8 * MiB], block_size=BS, prefetch_rate=rate)}
     duration = max(float(vm.trace.time[-1]) for vm in vms) + 10.0
     for arm in ("equal", "benefit"):
         per_vm = slow[arm].vms
-        assert all(v.extra["loaded_blocks"] <= duration * rate / BS + 1 for v in per_vm.values()), arm
-    assert slow["benefit"].total.extra["loaded_blocks"] < loaded
+        assert all(v.extra["loaded_units"] <= duration * rate / BS + 1 for v in per_vm.values()), arm
+    assert slow["benefit"].total.extra["loaded_units"] < loaded

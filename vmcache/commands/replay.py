@@ -191,22 +191,23 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         raise ConfigError("trace", args.trace, "give either a trace or --vm (host mode), not both")
     if not args.cap:
         raise ConfigError("--cap", None, "host mode needs the host's pinned cap")
-    if args.cache_unit is not None and args.cache_unit != args.block_size:
-        raise ConfigError("--cache-unit", args.cache_unit, "host mode caches whole blocks: use --block-size")
+    if args.cache_unit is not None and args.block_size % args.cache_unit:
+        raise ConfigError("--cache-unit", args.cache_unit, f"must divide --block-size ({args.block_size})")
     from ..replay import host, report
 
     vms = [_vm(text, i) for i, text in enumerate(args.vm)]
     caps = sorted({c for group in args.cap for c in group})
     try:
         results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory,
-                                   rest=args.rest, prefetch_rate=args.prefetch_rate)
+                                   rest=args.rest, prefetch_rate=args.prefetch_rate, cache_unit=args.cache_unit)
     except ValueError as err:
         raise ConfigError("--vm", args.vm, str(err)) from None
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=1))
     else:
-        print(f"host: {len(vms)} VMs, blocks {format_size(args.block_size)}, interval {params.interval:g}s, memory "
-              + (format_size(args.memory) if args.memory else "2 x cap"))
+        unit = f" (cached in {format_size(args.cache_unit)} units)" if args.cache_unit else ""
+        print(f"host: {len(vms)} VMs, blocks {format_size(args.block_size)}{unit}, interval {params.interval:g}s, "
+              + "memory " + (format_size(args.memory) if args.memory else "2 x cap"))
         for vm in vms:
             print(f"  {vm.name}: {len(vm.trace)} requests, {vm.trace.duration:.0f}s, budget {format_size(vm.budget)}"
                   + (f", min {format_size(vm.minimum)}" if vm.minimum else ""))
@@ -214,7 +215,7 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         print(report.table([r.total for r in results], corner="cap"))
         print("read hit ratio, all VMs:")
         print(report.table([r.total for r in results], measure="read_hits", corner="cap"))
-        print("blocks vmcache's pins loaded per guest request (device reads beside the misses above):")
+        print("units vmcache's pins loaded per guest request (device reads beside the misses above):")
         print(report.table([r.total for r in results if "loaded_per_request" in r.total.extra], measure="loads",
                            corner="cap"))
         print("per VM: device reads per request, mean grant")

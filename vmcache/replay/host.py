@@ -106,36 +106,38 @@ def static_grants(how: str, vms: list[HostVm], cap: int) -> dict[str, int]:
 
 @dataclass
 class _Vm:
-    """One VM's cycle and pins in a split arm (blocks are the VM's own, 0-based)."""
+    """One VM's cycle and pins in a split arm (model blocks are the VM's own, 0-based; ``offset`` in units)."""
 
     vm: HostVm
     index: int
     offset: int
-    nblocks: int
+    units: int
+    per: int      # cache units per model block
     size: int
     cycle: Cycle
     pinned: NDArray[np.int64]
     current: list[Region] = field(default_factory=list)
     granted: int = 0
-    loaded: int = 0   # blocks its new pins read from the device
+    loaded: int = 0   # units its new pins read from the device
     grant_sum: float = 0.0
     pinned_sum: float = 0.0
 
 
 @dataclass
 class _Merged:
-    """All VMs' block accesses in time order, in one block space (VM i's blocks from ``offsets[i]``)."""
+    """All VMs' accesses in time order, in one space of cache units (VM i's from ``offsets[i]``)."""
 
     bt: BlockTrace
     vm: NDArray[np.int64]
     offsets: list[int]
     sizes: list[int]
-    nblocks: list[int]
+    units: list[int]  # each VM's, a whole number of model blocks
 
 
-def _merge(vms: list[HostVm], block_size: int) -> _Merged:
-    parts = [to_blocks(vm.trace, block_size, vm.size_bytes) for vm in vms]
-    offsets = np.cumsum([0] + [p.nblocks for p in parts])[:-1].tolist()
+def _merge(vms: list[HostVm], unit: int, per: int) -> _Merged:
+    parts = [to_blocks(vm.trace, unit, vm.size_bytes) for vm in vms]
+    units = [-(-p.nblocks // per) * per for p in parts]  # a VM's model blocks start at a block boundary
+    offsets = np.cumsum([0] + units)[:-1].tolist()
     requests = np.cumsum([0] + [int(p.request[-1]) + 1 if len(p) else 0 for p in parts])[:-1].tolist()
     order = np.argsort(np.concatenate([p.time for p in parts]), kind="stable")  # ties keep VM order
 
@@ -144,10 +146,10 @@ def _merge(vms: list[HostVm], block_size: int) -> _Merged:
         return np.concatenate(arrays)[order]
 
     which = np.concatenate([np.full(len(p), i, dtype=np.int64) for i, p in enumerate(parts)])[order]
-    bt = BlockTrace(joined("block", offsets), joined("time"), joined("write"), block_size,
-                    sum(p.nblocks for p in parts), joined("pages"), joined("costly"), joined("request", requests))
-    sizes = [vm.size_bytes if vm.size_bytes is not None else p.nblocks * block_size for vm, p in zip(vms, parts)]
-    return _Merged(bt, which, offsets, sizes, [p.nblocks for p in parts])
+    bt = BlockTrace(joined("block", offsets), joined("time"), joined("write"), unit,
+                    sum(units), joined("pages"), joined("costly"), joined("request", requests))
+    sizes = [vm.size_bytes if vm.size_bytes is not None else p.nblocks * unit for vm, p in zip(vms, parts)]
+    return _Merged(bt, which, offsets, sizes, units)
 
 
 def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm], hits: NDArray[np.bool_],
@@ -156,7 +158,7 @@ def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm]
     def extra(blocks: int | None, requests: int) -> dict[str, Any]:
         if blocks is None:
             return {}
-        return {"loaded_blocks": blocks, "loaded_per_request": round(blocks / requests, 6) if requests else 0.0}
+        return {"loaded_units": blocks, "loaded_per_request": round(blocks / requests, 6) if requests else 0.0}
 
     bt = merged.bt
     total = measure(arm, cap, bt, hits, memory_bytes=memory,
@@ -172,17 +174,22 @@ def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm]
 def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: ModelParams | None = None,
                 memory: int | None = None, memory_factor: float = 2.0,
                 arms: tuple[str, ...] = ARMS, rest: str = "linux",
-                prefetch_rate: int | None = None) -> list[HostResult]:
+                prefetch_rate: int | None = None, cache_unit: int | None = None) -> list[HostResult]:
     """Every arm at every cap; ``memory`` (default ``memory_factor * cap``) is the host page cache.
 
     ``params``: the model of every VM (its ``block_size`` is replaced by
     ``block_size``); ``rest``: the policy of the memory nobody pins
     (``linux`` or ``lru``); ``prefetch_rate``: bytes per trace second each
     VM may load into new pins, as the agents' setting (None: unlimited).
-    The blocks pins loaded are device reads the guest does not wait for,
-    reported apart (``loaded_blocks``, ``loaded_per_request``), not in the
-    device reads per request. Raises ValueError for no VMs, duplicate names, an
-    unknown arm, a cap above the memory or a trace past its VM's size.
+    ``cache_unit``: what the page cache holds, a divisor of ``block_size``
+    (default the block; 4 KiB is the host's page, so the kernel keeps the
+    pages a guest touched while a pin holds whole blocks). Device reads and
+    loads are counted in these units. The units pins loaded are device reads
+    the guest does not wait for, reported apart (``loaded_units``,
+    ``loaded_per_request``), not in the device reads per request. Raises
+    ValueError for no VMs, duplicate names, an unknown arm, a cap above the
+    memory, a cache unit that does not divide the block or a trace past its
+    VM's size.
     """
     if not vms:
         raise ValueError("no VMs")
@@ -192,13 +199,16 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
     if unknown:
         raise ValueError(f"unknown arms: {', '.join(sorted(unknown))} (known: {', '.join(ARMS)})")
     p = ModelParams(**{**(params or ModelParams()).__dict__, "block_size": block_size})
-    merged = _merge(vms, block_size)
+    unit = block_size if cache_unit is None else cache_unit
+    if unit < 1 or block_size % unit:
+        raise ValueError(f"cache unit {unit} does not divide the block size {block_size}")
+    merged = _merge(vms, unit, block_size // unit)
     out: list[HostResult] = []
     for cap in caps:
         mem = memory if memory is not None else int(cap * memory_factor)
         if cap > mem:
             raise ValueError(f"cap {cap} is more than the memory {mem}")
-        capacity = mem // block_size
+        capacity = mem // unit
         for arm in arms:
             if arm in SHARED:
                 total, per_vm = _results(arm, cap, mem, merged, vms, SHARED[arm](merged.bt, capacity))
@@ -221,8 +231,10 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
     curve after the step feeds the next split (the agents' one-cycle lag).
     """
     bt = merged.bt
-    states = [_Vm(vm, i, off, nb, size, Cycle(params, nb, prefetch_rate=prefetch_rate), np.zeros(0, dtype=np.int64))
-              for i, (vm, off, nb, size) in enumerate(zip(vms, merged.offsets, merged.nblocks, merged.sizes))]
+    per = params.block_size // bt.block_size
+    states = [_Vm(vm, i, off, units, per, size, Cycle(params, units // per, prefetch_rate=prefetch_rate),
+                  np.zeros(0, dtype=np.int64))
+              for i, (vm, off, units, size) in enumerate(zip(vms, merged.offsets, merged.units, merged.sizes))]
     benefit = arm == "benefit"
     grants = _benefit_grants(states, None, cap) if benefit else static_grants(arm, vms, cap)
     hits = bytearray(len(bt))
@@ -240,7 +252,7 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
         for s in states:
             s.granted = grants[s.vm.name]
             _step(s, merged, begin, end, served, resident, t0 + params.interval * (k + 1))
-            wanted.append(s.pinned + s.offset)
+            wanted.append(sampling.units_of(s.pinned, per, s.units) + s.offset)
             s.grant_sum += s.granted
             s.pinned_sum += int(s.pinned.size) * params.block_size
         for s, units in zip(states, wanted):
@@ -259,13 +271,14 @@ def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_],
     """One VM's cycle at the end of an interval, on its accesses in [begin, end) and its residency."""
     mine = merged.vm[begin:end] == s.index
     bt = merged.bt
-    block = bt.block[begin:end][mine] - s.offset
+    unit = bt.block[begin:end][mine] - s.offset
     write = bt.write[begin:end][mine]
-    own = resident[(resident >= s.offset) & (resident < s.offset + s.nblocks)] - s.offset
-    reads = sampling.guest_reads(block, write, bt.pages[begin:end][mine], hit[mine], 1, bt.block_size)
-    s.current = s.cycle.step(sampling.residency(own.tolist(), 1), sampling.written(block, write, 1, bt.block_size),
-                             s.current, size_bytes=s.size, budget=s.granted, now=now, reads=reads).regions
-    s.pinned = blocks_of(s.current, s.cycle.params.block_size, s.nblocks)
+    own = resident[(resident >= s.offset) & (resident < s.offset + s.units)] - s.offset
+    reads = sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], s.per, bt.block_size)
+    s.current = s.cycle.step(sampling.residency(own.tolist(), s.per),
+                             sampling.written(unit, write, s.per, bt.block_size), s.current, size_bytes=s.size,
+                             budget=s.granted, now=now, reads=reads).regions
+    s.pinned = blocks_of(s.current, s.cycle.params.block_size, s.cycle.nblocks)
 
 
 def _benefit_grants(states: list[_Vm], params: ModelParams | None, cap: int) -> dict[str, int]:

@@ -25,7 +25,7 @@ MEASURES = {
     "reads": "device reads per guest request",
     "read_hits": "read hit ratio",
     "hits": "hit ratio over all accesses",
-    "loads": "blocks vmcache's pins loaded per guest request (host mode)",
+    "loads": "cache units vmcache's pins loaded per guest request (host mode)",
 }
 
 COLOURS = {
