@@ -199,3 +199,18 @@ def test_minimums_over_the_cap_are_reported(tmp_path):
     got = ledger.divide("b", Demand(budget=10 * MiB, minimum=8 * MiB))
     assert got.split.error and sum(got.split.grants.values()) <= 10 * MiB
     assert Ledger(str(tmp_path / "ledger.json"), cap=None).host_share().split.error == got.split.error
+
+
+def test_forget_removes_a_domain_from_both_files_even_a_dead_agents_and_makes_nothing(tmp_path):
+    """For the hook once a domain's agents are gone: a dead agent's entries are not left in the files."""
+    path = tmp_path / "run" / "ledger.json"
+    assert Ledger(str(path), None).forget("web-1") == []
+    assert not (tmp_path / "run").exists()
+    Ledger(str(path), None).reserve("db-2", 1 << 20)
+    Ledger(str(path), None, pid=2 ** 22 + 5).reserve("web-1", 1 << 20)  # then killed: no other agent writes
+    hook = Ledger(str(path), None, alive=lambda pid, start: pid != 2 ** 22 + 5)
+    assert set(hook.entries()) == {"db-2"}  # dead to whoever reads: loading drops it from the view...
+    assert set(json.loads(path.read_text())["domains"]) == {"db-2", "web-1"}  # ...not from the file
+    assert hook.forget("web-1") == [str(path)]
+    assert list(json.loads(path.read_text())["domains"]) == ["db-2"]
+    assert hook.forget("web-1") == []

@@ -83,3 +83,30 @@ def test_nothing_there_is_nothing_removed(tmp_path):
     config = HostConfig(runtime_dir=str(tmp_path / "run"))
     assert sweep(config, "web-1", UUID, lock_dir=str(tmp_path / "none")) == []
     assert not (tmp_path / "run").exists()  # and nothing made
+
+
+def test_a_killed_agents_ledger_entries_go_and_a_live_agents_stay(tmp_path):
+    """Found on the clean host: with no other agent to divide the cap, a killed agent's reservation stayed."""
+    import json
+
+    config, locks, _ = _left_by_a_killed_agent(tmp_path)
+    live = {"pid": os.getpid(), "pid_start_time": None, "bytes": 1 << 20}
+    dead = {"pid": 2 ** 22 + 17, "pid_start_time": 1, "bytes": 64 << 20}  # past pid_max: no such process
+    ledger, share = Path(config.ledger_path), Path(config.runtime_dir, "share.json")
+    ledger.write_text(json.dumps({"domains": {"web-1": dead, "db-2": live}}))
+    share.write_text(json.dumps({"version": 1, "cap": None, "domains": {
+        "web-1": {**dead, "budget": 1 << 30, "minimum": 0, "granted": 0, "curve": [[1 << 20, 1.0]]},
+        "db-2": {**live, "budget": 1 << 30, "minimum": 0, "granted": 0, "curve": [[1 << 20, 1.0]]}}}))
+    removed = sweep(config, "web-1", UUID, lock_dir=str(locks))
+    assert f"{ledger}:web-1" in removed and f"{share}:web-1" in removed
+    assert list(json.loads(ledger.read_text())["domains"]) == ["db-2"]
+    assert list(json.loads(share.read_text())["domains"]) == ["db-2"]
+    assert sweep(config, "web-1", UUID, lock_dir=str(locks)) == []
+
+
+def test_a_damaged_ledger_is_left_to_the_agents(tmp_path):
+    config, locks, files = _left_by_a_killed_agent(tmp_path)
+    Path(config.ledger_path).write_text("{not json")
+    removed = sweep(config, "web-1", UUID, lock_dir=str(locks))
+    assert sorted(removed) == sorted([*map(str, files), nbd_dir(config.runtime_dir, "web-1")])
+    assert Path(config.ledger_path).read_text() == "{not json"

@@ -126,6 +126,35 @@ class Ledger:
             state.entries.pop(domain, None)
             state.demands.pop(domain, None)
 
+    def forget(self, domain: str) -> list[str]:
+        """Remove ``domain`` from both files, also when only a dead agent had it; the files that named it.
+
+        For the hook once the domain's agents are gone: loading drops a dead
+        agent's entries from what the others see but writes the files back
+        only when something else changes. Raises HostError.
+        """
+        if not (self._names(self.path, domain) or self._names(self.share_path, domain)):
+            return []  # files are replaced whole: a look without the lock is safe, and makes nothing
+        named = []
+        with self._locked() as entries:
+            if self._names(self.path, domain):
+                entries.pop(domain, None)
+                self._save(entries)
+                named.append(self.path)
+            if self._names(self.share_path, domain):
+                state = self._load_share(entries)
+                before = dict(state.demands)
+                state.demands.pop(domain, None)
+                self._save_share(state, before)
+                named.append(self.share_path)
+        return named
+
+    @classmethod
+    def _names(cls, path: str, domain: str) -> bool:
+        data = cls._read_json(path)
+        domains = data.get("domains") if isinstance(data, dict) else None
+        return isinstance(domains, dict) and domain in domains
+
     def divide(self, domain: str, demand: Demand, *, held: int = 0, keep: float = DEFAULT_KEEP,
                quantum: int = 0) -> HostShare:
         """Publish ``domain``'s demand, split the cap between all live demands, reserve this domain's grant.

@@ -3,7 +3,9 @@
 An agent removes its files as it stops (vmcache.service.agent). One killed
 by SIGKILL or the OOM killer cannot: its pidfile, status file, Prometheus
 targets file (Prometheus would go on scraping a dead target and report it
-down), run lock, run gate and NBD socket directory stay. The libvirt hook's
+down), run lock, run gate, NBD socket directory and its entries in the
+host ledger (reservation and demand: other agents drop a dead agent's only
+when they next divide the cap, and with none running they stay) remain. The libvirt hook's
 ``release`` of the domain (QEMU gone) calls :func:`sweep`, which removes
 them - only while no agent of the domain runs: it takes the domain's
 pidfile lock first, so no launcher starts one meanwhile, and stops at the
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import os
 
+from ..errors import VmcacheError
 from ..host.files import nbd_dir, try_lock
+from ..host.ledger import Ledger
 from ..host.runlock import RUN_LOCK_DIR
 from ..observe.filesd import targets_path
 from ..observe.status import status_path
@@ -89,6 +93,15 @@ def _sweep_nbd(directory: str, removed: list[str]) -> None:
     removed.append(directory)
 
 
+def _sweep_ledger(config: HostConfig, domain: str, removed: list[str]) -> None:
+    """The domain's reservation and demand in the host ledger (an unreadable ledger: left to the agents)."""
+    try:
+        named = Ledger(config.ledger_path, None).forget(domain)
+    except VmcacheError:
+        return
+    removed.extend(f"{path}:{domain}" for path in named)
+
+
 def sweep(config: HostConfig, domain: str, uuid: str | None, *, lock_dir: str = RUN_LOCK_DIR) -> list[str]:
     """Remove what a dead agent of ``domain`` left; the paths removed (none while an agent runs)."""
     removed: list[str] = []
@@ -102,6 +115,7 @@ def sweep(config: HostConfig, domain: str, uuid: str | None, *, lock_dir: str = 
         _remove(status_path(config.agents_dir, domain), removed)
         _remove(str(targets_path(config.targets_dir, domain)), removed)
         _sweep_nbd(nbd_dir(config.runtime_dir, domain), removed)
+        _sweep_ledger(config, domain, removed)
         if held is not None:
             _remove(pidfile, removed)
     finally:
