@@ -45,6 +45,8 @@ def test_a_killed_agents_files_are_removed_when_its_domain_is_destroyed(env: Liv
     except AssertionError as err:
         raise AssertionError(f"{err}: {_files_of(env, name, uuid)}\nhook log:\n{env.hook_log()[-2000:]}") from None
     assert "hook.swept domain=vmcache-test-left-kill9" in env.hook_log()
+    for ledger in (env.run / "ledger.json", env.run / "share.json"):  # its reservation and demand too
+        assert not ledger.exists() or f'"{name}"' not in ledger.read_text(), ledger.read_text()
 
 
 def test_a_live_agents_files_are_its_own_to_remove(env: LiveEnv, cleanup) -> None:
