@@ -131,9 +131,16 @@ def test_status_human_and_dead_agents(host, capsys, tmp_path):
                DiskStatus("vdb", "/img/b", "none", False, reason="cache=none bypasses the page cache")]))
     assert main(["status", "--host-config", opts[1], "--uri", URI]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB, demand -, granted 1GiB, pinned 1MiB, resident 2MiB")
+    # its pins went with its process (the kernel unlocks a process's memory when it ends): 0, and what it held
+    assert out.startswith(f"gone: not running pid {dead.pid}, budget 1GiB, demand -, granted 1GiB, "
+                          "pinned 0B (1MiB at its last status), resident 2MiB")
     assert "  last error: boom" in out
-    assert "vda    cache=writethrough budget 1GiB pinned 1MiB resident 2MiB dirtied 4KiB/s (64KiB granules) last cycle 0.250s" in out
+    assert ("vda    cache=writethrough budget 1GiB pinned 0B (1MiB at its last status) resident 2MiB dirtied 4KiB/s "
+            "(64KiB granules) last cycle 0.250s") in out
+    assert main(["status", "gone", "--json", "--host-config", opts[1], "--uri", URI]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["pinned_bytes"], row["last_pinned_bytes"]) == (0, 1 << 20)
+    assert (row["disks"][0]["pinned_bytes"], row["disks"][0]["last_pinned_bytes"]) == (0, 1 << 20)
     assert "vdb    cache=none         skipped: cache=none bypasses the page cache" in out
     assert main(["status", "other", "--host-config", opts[1], "--uri", URI]) == 1
     assert "no vmcache agent for domain 'other'" in capsys.readouterr().err

@@ -68,7 +68,17 @@ def _row(entry: AgentEntry) -> dict[str, Any]:
     data["resident_bytes"] = entry.status.resident_bytes
     if not entry.running:
         data["state"] = "not running"
+        for part in (data, *data.get("disks", [])):  # the kernel unlocked its memory when the process ended
+            if isinstance(part.get("pinned_bytes"), int):
+                part["last_pinned_bytes"], part["pinned_bytes"] = part["pinned_bytes"], 0
     return data
+
+
+def _pinned(part: dict[str, Any]) -> str:
+    """Pinned bytes; for an agent that is gone, 0 and what it held at its last status."""
+    now = _size(part.get("pinned_bytes"))
+    last = part.get("last_pinned_bytes")
+    return f"{now} ({format_size(last)} at its last status)" if isinstance(last, int) and last else now
 
 
 def collect(agents_dir: str, domain: str | None = None) -> list[dict[str, Any]]:
@@ -119,7 +129,7 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
                 + f", budget {_size(row.get('budget_bytes'))}"
                 + (f", min {_size(row['minimum_bytes'])}" if row.get("minimum_bytes") else "")
                 + f", demand {_size(row.get('demand_bytes'))}, granted {_size(row.get('granted_bytes'))}"
-                + f", pinned {_size(row.get('pinned_bytes'))}, resident {_size(row.get('resident_bytes'))}"
+                + f", pinned {_pinned(row)}, resident {_size(row.get('resident_bytes'))}"
                 + f", updated {_ago(row.get('updated_at'), now)}"
                 + (f", hot set saved {_ago(row['hotset_saved_at'], now)}" if row.get("hotset_saved_at") else ""))
         lines.append(head)
@@ -139,7 +149,7 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
             granule = disk.get("dirty_granule_bytes")
             lines.append(
                 f"  {disk['target']:6s} cache={disk['cache']:12s} budget {_size(disk.get('budget_bytes'))}"
-                f" pinned {_size(disk.get('pinned_bytes'))} resident {_size(disk.get('resident_bytes'))}"
+                f" pinned {_pinned(disk)} resident {_size(disk.get('resident_bytes'))}"
                 f" dirtied {format_size(disk.get('dirtied_bytes_per_second') or 0)}/s"
                 + (f" ({format_size(granule)} granules)" if isinstance(granule, int) else "")
                 + f" last cycle {f'{cycle:.3f}s' if isinstance(cycle, (int, float)) else '-'}"
