@@ -112,7 +112,6 @@ class _Vm:
     index: int
     offset: int
     units: int
-    per: int      # cache units per model block
     size: int
     cycle: Cycle
     pinned: NDArray[np.int64]
@@ -154,7 +153,7 @@ def _merge(vms: list[HostVm], unit: int, per: int) -> _Merged:
 
 def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm], hits: NDArray[np.bool_],
              loaded: list[int] | None = None) -> tuple[PolicyResult, dict[str, PolicyResult]]:
-    """The arm's figures over all VMs and per VM; ``loaded``: the blocks each VM's pins loaded (split arms)."""
+    """The arm's figures over all VMs and per VM; ``loaded``: the units each VM's pins loaded (split arms)."""
     def extra(blocks: int | None, requests: int) -> dict[str, Any]:
         if blocks is None:
             return {}
@@ -232,7 +231,7 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
     """
     bt = merged.bt
     per = params.block_size // bt.block_size
-    states = [_Vm(vm, i, off, units, per, size, Cycle(params, units // per, prefetch_rate=prefetch_rate),
+    states = [_Vm(vm, i, off, units, size, Cycle(params, units // per, prefetch_rate=prefetch_rate),
                   np.zeros(0, dtype=np.int64))
               for i, (vm, off, units, size) in enumerate(zip(vms, merged.offsets, merged.units, merged.sizes))]
     benefit = arm == "benefit"
@@ -255,9 +254,10 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
             wanted.append(sampling.units_of(s.pinned, per, s.units) + s.offset)
             s.grant_sum += s.granted
             s.pinned_sum += int(s.pinned.size) * params.block_size
-        for s, units in zip(states, wanted):
-            s.loaded += sum(1 for u in units.tolist() if u not in memory.pinned and u not in memory.rest)
-        memory.pin(np.concatenate(wanted))
+        loaded = np.bincount(np.searchsorted(merged.offsets, memory.pin(np.concatenate(wanted)), side="right") - 1,
+                             minlength=len(states))
+        for s, count in zip(states, loaded.tolist()):
+            s.loaded += count
         for s in states:
             s.cycle.pinned(s.current)
         begin = end
@@ -274,9 +274,10 @@ def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_],
     unit = bt.block[begin:end][mine] - s.offset
     write = bt.write[begin:end][mine]
     own = resident[(resident >= s.offset) & (resident < s.offset + s.units)] - s.offset
-    reads = sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], s.per, bt.block_size)
-    s.current = s.cycle.step(sampling.residency(own.tolist(), s.per),
-                             sampling.written(unit, write, s.per, bt.block_size), s.current, size_bytes=s.size,
+    per = s.cycle.params.block_size // bt.block_size
+    reads = sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], per, bt.block_size)
+    s.current = s.cycle.step(sampling.residency(own.tolist(), per),
+                             sampling.written(unit, write, per, bt.block_size), s.current, size_bytes=s.size,
                              budget=s.granted, now=now, reads=reads).regions
     s.pinned = blocks_of(s.current, s.cycle.params.block_size, s.cycle.nblocks)
 

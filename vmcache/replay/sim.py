@@ -73,10 +73,10 @@ class Memory:
             b = block[i]
             hits[i] = b in pinned or access(b, write[i])
 
-    def pin(self, units: NDArray[np.int64]) -> int:
-        """Pin exactly ``units``; how many had to be loaded (not resident before)."""
+    def pin(self, units: NDArray[np.int64]) -> list[int]:
+        """Pin exactly ``units``; the units that had to be loaded (not resident before)."""
         wanted = set(units.tolist())
-        loaded = sum(1 for u in wanted - self.pinned if not self.rest.discard(u))
+        loaded = [u for u in wanted - self.pinned if not self.rest.discard(u)]
         released = sorted(self.pinned - wanted)
         self.pinned = wanted
         self.rest.resize(self.capacity - len(wanted))
@@ -184,7 +184,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         now = t0 + params.interval * (k + 1)
         current = cycle.step(pinned=current, size_bytes=size, budget=pin_budget, now=now, **inputs).regions
         pinned = blocks_of(current, mbs, nmb)
-        run.prefetched += memory.pin(sampling.units_of(pinned, per, bt.nblocks))
+        run.prefetched += len(memory.pin(sampling.units_of(pinned, per, bt.nblocks)))
         cycle.pinned(current)
         if on_cycle is not None:
             on_cycle(now, pinned)
