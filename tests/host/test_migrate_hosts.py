@@ -302,8 +302,10 @@ def one_bitmap_on_b(b: Side, name: str) -> None:
     ours = re.search(r"bitmap=(vmcache-[0-9a-f]+)-", started[0][1])
     assert ours, started
     dom = b.conn.lookupByName(name)
-    left = wait_for(lambda: (x := leftovers(dom)) and not x["exports"] and not x["nodes"] and x,
-                    "a moment without a bitmap read in flight")
+    # A rotation adds the next bitmap before it exports and removes the last one: for a moment there are two
+    # and no export. A bitmap that came from A stays, so this times out instead of passing.
+    left = wait_for(lambda: (x := leftovers(dom)) and not x["exports"] and not x["nodes"] and len(x["bitmaps"]) == 1
+                    and x, "a moment with one bitmap and no bitmap read in flight")
     assert len(left["bitmaps"]) == 1 and left["bitmaps"][0].startswith(ours.group(1) + "-"), left
 
 
