@@ -360,6 +360,7 @@ def test_cli_generate_then_replay(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["replay", str(out), "--budget", "8M", "--model", "keep_factor=1.5"]) == 0
     table = capsys.readouterr().out
     assert "vmcache" in table and "8MiB" in table
+    assert "share of those loads the guest read within 2 minutes" in table
     assert main(["replay", str(out), "--budget", "8M", "--block-size", "1M", "--cache-unit", "4K"]) == 0
     assert "cache unit 4KiB" in capsys.readouterr().out
 

@@ -216,8 +216,10 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         print("read hit ratio, all VMs:")
         print(report.table([r.total for r in results], measure="read_hits", corner="cap"))
         print("units vmcache's pins loaded per guest request (device reads beside the misses above):")
-        print(report.table([r.total for r in results if "loaded_per_request" in r.total.extra], measure="loads",
-                           corner="cap"))
+        loading = [r.total for r in results if "loaded_per_request" in r.total.extra]
+        print(report.table(loading, measure="loads", corner="cap"))
+        print(f"{report.MEASURES['load_use']}:")
+        print(report.table(loading, measure="load_use", corner="cap"))
         print("per VM: device reads per request, mean grant")
         print(report.host_table(results))
     if args.plot:

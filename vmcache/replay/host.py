@@ -45,7 +45,8 @@ from ..model.share import Demand, demand_of, split
 from . import sampling
 from .accesses import BlockTrace, cycle_ends, to_blocks
 from .baselines import linux, lru, rest_cache
-from .measures import PolicyResult, measure
+from .loads import Loads
+from .measures import PolicyResult, loads_extra, measure
 from .sim import Memory
 from .trace import Trace
 
@@ -117,7 +118,6 @@ class _Vm:
     pinned: NDArray[np.int64]
     current: list[Region] = field(default_factory=list)
     granted: int = 0
-    loaded: int = 0   # units its new pins read from the device
     grant_sum: float = 0.0
     pinned_sum: float = 0.0
 
@@ -152,21 +152,26 @@ def _merge(vms: list[HostVm], unit: int, per: int) -> _Merged:
 
 
 def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm], hits: NDArray[np.bool_],
-             loaded: list[int] | None = None) -> tuple[PolicyResult, dict[str, PolicyResult]]:
-    """The arm's figures over all VMs and per VM; ``loaded``: the units each VM's pins loaded (split arms)."""
-    def extra(blocks: int | None, requests: int) -> dict[str, Any]:
-        if blocks is None:
-            return {}
-        return {"loaded_units": blocks, "loaded_per_request": round(blocks / requests, 6) if requests else 0.0}
-
+             loads: Loads | None = None) -> tuple[PolicyResult, dict[str, PolicyResult]]:
+    """The arm's figures over all VMs and per VM; ``loads``: what the VMs' pins loaded (split arms)."""
     bt = merged.bt
-    total = measure(arm, cap, bt, hits, memory_bytes=memory,
-                    **extra(None if loaded is None else sum(loaded), bt.requests()))
+    if loads is None:
+        used, owner = None, None
+    else:
+        used = loads.used(bt)
+        owner = np.searchsorted(merged.offsets, loads.arrays()[1], side="right") - 1
+
+    def extra(select: int | None, requests: int) -> dict[str, Any]:
+        if used is None:
+            return {}
+        return loads_extra(used if select is None else used[owner == select], requests)
+
+    total = measure(arm, cap, bt, hits, memory_bytes=memory, **extra(None, bt.requests()))
     per_vm = {}
     for i, vm in enumerate(vms):
         mine = merged.vm == i
         per_vm[vm.name] = measure(arm, cap, bt, hits, select=mine, memory_bytes=memory,
-                                  **extra(None if loaded is None else loaded[i], bt.requests(mine)))
+                                  **extra(i, bt.requests(mine)))
     return total, per_vm
 
 
@@ -185,7 +190,8 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
     pages a guest touched while a pin holds whole blocks). Device reads and
     loads are counted in these units. The units pins loaded are device reads
     the guest does not wait for, reported apart (``loaded_units``,
-    ``loaded_per_request``), not in the device reads per request. Raises
+    ``loaded_per_request``, and ``loaded_read_share``: the share the guest
+    read within two minutes), not in the device reads per request. Raises
     ValueError for no VMs, duplicate names, an unknown arm, a cap above the
     memory, a cache unit that does not divide the block or a trace past its
     VM's size.
@@ -213,8 +219,8 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
                 total, per_vm = _results(arm, cap, mem, merged, vms, SHARED[arm](merged.bt, capacity))
                 out.append(HostResult(arm, cap, mem, total, per_vm))
                 continue
-            hits, states = _run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate)
-            total, per_vm = _results(arm, cap, mem, merged, vms, hits, [s.loaded for s in states])
+            hits, states, loads = _run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate)
+            total, per_vm = _results(arm, cap, mem, merged, vms, hits, loads)
             cycles = max(1, len(cycle_ends(merged.bt, p.interval)))
             out.append(HostResult(arm, cap, mem, total, per_vm,
                                   {s.vm.name: s.grant_sum / cycles for s in states},
@@ -223,8 +229,9 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
 
 
 def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity: int,
-               params: ModelParams, rest: str, prefetch_rate: int | None) -> tuple[NDArray[np.bool_], list[_Vm]]:
-    """Hits per access of one split arm, and the VMs' states at the end.
+               params: ModelParams, rest: str, prefetch_rate: int | None
+               ) -> tuple[NDArray[np.bool_], list[_Vm], Loads]:
+    """Hits per access of one split arm, the VMs' states at the end and what their pins loaded.
 
     Each VM's cycle runs under the grant of the previous split; its demand
     curve after the step feeds the next split (the agents' one-cycle lag).
@@ -237,8 +244,9 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
     benefit = arm == "benefit"
     grants = _benefit_grants(states, None, cap) if benefit else static_grants(arm, vms, cap)
     hits = bytearray(len(bt))
+    loads = Loads()
     if len(bt) == 0:
-        return np.zeros(0, dtype=bool), states
+        return np.zeros(0, dtype=bool), states, loads
     memory = Memory(rest_cache(rest, capacity, bt.block_size), capacity)
     block, write = bt.block.tolist(), bt.write.tolist()
     t0 = float(bt.time[0])
@@ -254,16 +262,13 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
             wanted.append(sampling.units_of(s.pinned, per, s.units) + s.offset)
             s.grant_sum += s.granted
             s.pinned_sum += int(s.pinned.size) * params.block_size
-        loaded = np.bincount(np.searchsorted(merged.offsets, memory.pin(np.concatenate(wanted)), side="right") - 1,
-                             minlength=len(states))
-        for s, count in zip(states, loaded.tolist()):
-            s.loaded += count
+        loads.add(t0 + params.interval * (k + 1), memory.pin(np.concatenate(wanted)))
         for s in states:
             s.cycle.pinned(s.current)
         begin = end
         if benefit:
             grants = _benefit_grants(states, params, cap)
-    return np.frombuffer(bytes(hits), dtype=bool).copy(), states
+    return np.frombuffer(bytes(hits), dtype=bool).copy(), states, loads
 
 
 def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_], resident: NDArray[np.int64],

@@ -10,8 +10,11 @@ data nobody reads back. Beside it the read hit ratio (read hits over read
 accesses), and, secondary, the hit ratio over all accesses.
 
 Loads a policy makes off the guest's I/O path (vmcache pinning a region
-before the guest reads it) are not misses; the vmcache arms report them as
-``prefetched_blocks`` beside the figures.
+before the guest reads it) are not misses; the vmcache arms report them
+beside the figures (:func:`loads_extra`): how many (``prefetched_blocks``,
+``loaded_per_request``) and the share the guest read within two minutes
+(``loaded_read_share``, :mod:`vmcache.replay.loads`) - device reads that
+bought nothing where it is low.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from numpy.typing import NDArray
 
 from .accesses import BlockTrace
 
-__all__ = ["PolicyResult", "measure"]
+__all__ = ["PolicyResult", "loads_extra", "measure"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +86,10 @@ def measure(name: str, budget: int, bt: BlockTrace, hit: NDArray[np.bool_], *, h
         extra["head_read_hit_ratio"] = round(int((hit & reads & first).sum()) / first_reads, 6) if first_reads else 0.0
     return PolicyResult(name, budget, bt.requests(select), int(keep.sum()), int(hit.sum()), int(reads.sum()),
                         int((hit & reads).sum()), int(dev.sum()), dict(extra))
+
+
+def loads_extra(used: NDArray[np.bool_], requests: int) -> dict[str, Any]:
+    """The figures of a vmcache arm's loads (``used``: per load, read within the horizon) over ``requests``."""
+    loaded = int(used.size)
+    return {"loaded_units": loaded, "loaded_per_request": round(loaded / requests, 6) if requests else 0.0,
+            "loaded_read_share": round(int(used.sum()) / loaded, 6) if loaded else 0.0}

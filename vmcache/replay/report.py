@@ -2,7 +2,8 @@
 
 :func:`table` prints one row per budget and one column per policy, of one
 measure (:data:`MEASURES`: device reads per request by default, the
-headline; read hit ratio; hit ratio over all accesses). :func:`plot_png`
+headline; read hit ratio; hit ratio over all accesses; vmcache's loads and
+their use). :func:`plot_png`
 draws device reads per request: memory on the x axis (log scale when the
 budgets span a factor of 4 or more), one coloured line with dots per
 policy, a legend. It returns PNG bytes; writing them is the caller's job.
@@ -25,7 +26,8 @@ MEASURES = {
     "reads": "device reads per guest request",
     "read_hits": "read hit ratio",
     "hits": "hit ratio over all accesses",
-    "loads": "cache units vmcache's pins loaded per guest request (host mode)",
+    "loads": "cache units vmcache's pins loaded per guest request",
+    "load_use": "share of those loads the guest read within 2 minutes",
 }
 
 COLOURS = {
@@ -64,6 +66,8 @@ def _cell(r: PolicyResult, measure: str, first: bool) -> str:
         return f"{r.reads_per_request:.4f}"
     if measure == "loads":
         return f"{r.extra['loaded_per_request']:.4f}" if "loaded_per_request" in r.extra else "-"
+    if measure == "load_use":
+        return f"{r.extra['loaded_read_share']:.3f}" if r.extra.get("loaded_units") else "-"
     return f"{(r.read_hit_ratio if measure == 'read_hits' else r.hit_ratio):.3f}"
 
 

@@ -45,7 +45,8 @@ from ..model.warm import WarmStart, heat_of
 from . import sampling
 from .accesses import BlockTrace, cycle_ends, to_blocks
 from .baselines import BASELINES, Rest, rest_cache
-from .measures import PolicyResult, measure
+from .loads import Loads
+from .measures import PolicyResult, loads_extra, measure
 from .trace import Trace
 
 __all__ = ["POLICIES", "ARMS", "WARM", "RESTS", "Memory", "VmcacheRun", "saved_hotset", "vmcache", "replay"]
@@ -95,7 +96,7 @@ class VmcacheRun:
 
     hits: NDArray[np.bool_]
     cycles: int = 0
-    prefetched: int = 0
+    loads: Loads = field(default_factory=Loads)
     pinned_blocks_mean: float = 0.0
     pinned_blocks_max: int = 0
     hot: list[Region] = field(default_factory=list)
@@ -184,7 +185,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         now = t0 + params.interval * (k + 1)
         current = cycle.step(pinned=current, size_bytes=size, budget=pin_budget, now=now, **inputs).regions
         pinned = blocks_of(current, mbs, nmb)
-        run.prefetched += len(memory.pin(sampling.units_of(pinned, per, bt.nblocks)))
+        run.loads.add(now, memory.pin(sampling.units_of(pinned, per, bt.nblocks)))
         cycle.pinned(current)
         if on_cycle is not None:
             on_cycle(now, pinned)
@@ -215,9 +216,10 @@ def _arm_results(names: list[str], bt: BlockTrace, budget: int, capacity: int, p
         else:
             arm = {**_cold(options), "exact": name == "vmcache"}
             run = runs[name] = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, **arm)
-        out[name] = measure(name, budget, bt, run.hits, head=head, cycles=run.cycles, prefetched_blocks=run.prefetched,
+        out[name] = measure(name, budget, bt, run.hits, head=head, cycles=run.cycles, prefetched_blocks=len(run.loads),
                             pinned_blocks_mean=round(run.pinned_blocks_mean, 1),
-                            pinned_blocks_max=run.pinned_blocks_max, **extra)
+                            pinned_blocks_max=run.pinned_blocks_max,
+                            **loads_extra(run.loads.used(bt), bt.requests()), **extra)
     return out
 
 
