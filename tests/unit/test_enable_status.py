@@ -221,7 +221,9 @@ def test_hotset_shows_the_newest_set_and_where_it_is_kept_and_clear_removes_ever
     out = capsys.readouterr().out
     assert out.startswith(f"test: hot set from the host's copy ({store.path(dom.uuid())}), saved ")
     assert "  vda: 1 regions, 4MiB of /img/a.raw" in out
-    assert "also in: the live definition saved 1000 (older); the persistent definition saved 1000 (older)" in out
+    # every save's time as a date, the copies' as the chosen one's
+    old = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1000))
+    assert f"also in: the live definition saved {old} (older); the persistent definition saved {old} (older)" in out
     assert main(["hotset", "test", "--json", *opts]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["source"] == "host" and shown["saved"] == 2000 and shown["places"]["live"]["saved"] == 1000

@@ -112,13 +112,17 @@ def run(args: argparse.Namespace) -> int:
     age = max(0, int(time.time()) - hotset.saved)
     path = report[where]["path"]
     print(f"{args.domain}: hot set from {_WHERE[where]}" + (f" ({path})" if path else "")
-          + f", saved {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(hotset.saved))}"
-            f" ({age}s ago), {len(hotset.disks)} disk(s)")
+          + f", saved {_when(hotset.saved)} ({age}s ago), {len(hotset.disks)} disk(s)")
     for d in hotset.disks:
         print(f"  {d.dev}: {len(d.regions)} regions, {format_size(d.bytes)} of {d.image} "
               f"({format_size(d.size)}, id {d.image_id or 'none'}), blocks {format_size(d.block_size)}")
-    others = [f"{_WHERE[w]} saved {h.saved}" + (" (same)" if h == hotset else " (older)")
+    others = [f"{_WHERE[w]} saved {_when(h.saved)}" + (" (same)" if h == hotset else " (older)")
               for w, h in found if w != where]
     if others:
         print("  also in: " + "; ".join(others))
     return 0
+
+
+def _when(saved: int) -> str:
+    """A save's time as the operator reads it (the host's local time)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(saved))
