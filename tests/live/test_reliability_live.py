@@ -512,6 +512,33 @@ def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: L
     assert "Traceback" not in env.agent_log(name)
 
 
+def test_an_idle_disk_hotplugged_beside_a_hot_one_does_not_cut_the_hot_ones_pins(env: LiveEnv, cleanup) -> None:
+    """The domain budget goes where the heat is: a read-only disk nobody reads takes none of it from vda."""
+    name = PREFIX + "idleplug"
+    extra = env.tmp / "idleplug-sda.raw"
+    with open(extra, "wb") as f:
+        f.truncate(32 * MiB)
+    dom = env.domain(name, budget="32M", size=64 * MiB, devices="<controller type='scsi' model='virtio-scsi'/>")
+    running(env, name)
+    pid = env.agent_pid(name)
+    guest_write(dom, 0, 28 * MiB)
+    wait_for(lambda: _disk_status(env, name, "vda")["pinned_bytes"] >= 24 * MiB, "vda's hot 28 MiB pinned")
+    sda = (f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
+           f"<source file='{extra}'/><target dev='sda' bus='scsi'/><readonly/><alias name='ua-sda'/></disk>")
+    dom.attachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    wait_for(lambda: (d := _disk_status(env, name, "sda")) and d["eligible"] and d["last_cycle_at"],
+             "the hotplugged disk to be managed")
+    lowest = _disk_status(env, name, "vda")["pinned_bytes"]
+    for _ in range(8):  # a few 1 s cycles, vda kept hot
+        guest_write(dom, 0, 28 * MiB)
+        time.sleep(1)
+        lowest = min(lowest, _disk_status(env, name, "vda")["pinned_bytes"])
+    assert lowest >= 24 * MiB, f"vda's pins fell to {lowest} B when an idle disk was plugged in"
+    assert _disk_status(env, name, "sda")["pinned_bytes"] == 0
+    assert env.status(name)["budget_bytes"] == 32 * MiB  # the domain's budget, not the sum of the disks' caps
+    assert env.agent_pid(name) == pid and "Traceback" not in env.agent_log(name)
+
+
 def test_domain_destroyed_mid_cycle_the_agent_exits_cleanly_leaving_nothing(env: LiveEnv, cleanup) -> None:
     names = [PREFIX + f"destroy{i}" for i in range(2)]
     doms = [env.domain(n, budget="16M") for n in names]

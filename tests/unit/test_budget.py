@@ -141,3 +141,17 @@ def test_a_ledger_that_cannot_be_locked_fails_the_grant(tmp_path: Path) -> None:
     (tmp_path / "ledger.json.lock").mkdir()  # the lock file cannot be opened
     with pytest.raises(HostError):
         _budget(tmp_path, [0.0]).grant({"vda": 8}, {}, held=0)
+
+
+def test_disks_sharing_the_domains_rest_give_it_to_the_hot_one_and_never_pin_more_than_it(tmp_path: Path) -> None:
+    """Two disks may each take the whole 256 MiB rest: the hot one gets it all, an idle one none of it."""
+    MiB = 1 << 20
+    budget = _budget(tmp_path, [0.0, 0.0, 0.0])
+    disks = {"vda": 256 * MiB, "vdb": 256 * MiB}
+    first = budget.grant(disks, {}, held=0, total=256 * MiB)  # no curves yet: half each, the total kept
+    assert first.want == 256 * MiB and dict(first.disks) == {"vda": 128 * MiB, "vdb": 128 * MiB}
+    hot = budget.grant(disks, {"vda": _flat(256 * MiB, 0.8)}, held=0, total=256 * MiB)
+    assert hot.want == 256 * MiB and dict(hot.disks) == {"vda": 256 * MiB, "vdb": 0}
+    both = budget.grant(disks, {"vda": _flat(200 * MiB, 0.8), "vdb": _flat(200 * MiB, 0.4)}, held=0,
+                        total=256 * MiB)
+    assert dict(both.disks) == {"vda": 200 * MiB, "vdb": 56 * MiB}

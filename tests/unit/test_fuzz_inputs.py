@@ -31,7 +31,7 @@ from vmcache.errors import ConfigError
 from vmcache.service.hook import FILTER_OPS, START_OPS, STOP_OPS, Action, run
 from vmcache.service.launcher import LaunchResult
 from vmcache.settings.metadata import NAMESPACE, DiskInfo, parse_domain
-from vmcache.settings.policy import choose_disks, domain_budget
+from vmcache.settings.policy import choose_disks, domain_budget, total_budget
 from vmcache.host.files import file_stem
 from vmcache.observe.status import status_path
 from vmcache.units import MAX_SIZE, parse_size
@@ -174,8 +174,10 @@ def test_policy_on_any_parsed_metadata_gives_sane_budgets(disks, budget, overrid
     assert [c.disk.target for c in choices] == [d.target for d in disks]
     own = sum(c.budget for c in choices if c.eligible and (o := info.settings.disk(c.disk.target))
               and o.budget is not None)
-    shared = sum(c.budget for c in choices if c.eligible) - own
+    rest = max(0, domain_budget(info.settings, host) - own)
     for c in choices:
         assert c.budget >= 0 and (c.eligible or c.budget == 0)
         assert c.eligible == (c.reason is None)
-    assert shared <= max(0, domain_budget(info.settings, host) - own)
+        has_own = (o := info.settings.disk(c.disk.target)) is not None and o.budget is not None
+        assert c.shared == (c.eligible and not has_own) and (not c.shared or c.budget == rest)
+    assert total_budget(choices) <= max(own, domain_budget(info.settings, host))

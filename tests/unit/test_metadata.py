@@ -17,7 +17,7 @@ from vmcache.settings.metadata import (
     parse_domain,
     parse_settings,
 )
-from vmcache.settings.policy import choose_disks, domain_budget, domain_minimum
+from vmcache.settings.policy import choose_disks, domain_budget, domain_minimum, total_budget
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -283,12 +283,16 @@ def test_choose_disks_default_host():
     assert all(c.budget == 0 for c in choices.values() if not c.eligible)
 
 
-def test_choose_disks_writeback_opt_in_splits_budget():
+def test_choose_disks_writeback_opt_in_shares_the_rest_of_the_budget():
     host = parse_host_config("cache_modes: [writethrough, writeback]")
     info = parse_domain(DOMAIN)
-    choices = {c.disk.target: c for c in choose_disks(info.disks, info.settings, host)}
+    listed = choose_disks(info.disks, info.settings, host)
+    choices = {c.disk.target: c for c in listed}
     assert choices["vde"].eligible and choices["vda"].eligible
-    assert choices["vda"].budget == choices["vde"].budget == (2 * GiB - 512 * MiB) // 2
+    # either may take the whole rest (the hot one gets it), both together no more than it
+    assert choices["vda"].budget == choices["vde"].budget == 2 * GiB - 512 * MiB
+    assert choices["vda"].shared and choices["vde"].shared and not choices["vdc"].shared
+    assert total_budget(listed) == 2 * GiB
     assert choices["vdd"].eligible is False  # none is never eligible
 
 
@@ -298,3 +302,4 @@ def test_own_budgets_larger_than_domain_budget_leave_nothing_to_share():
     choices = {c.disk.target: c for c in choose_disks(info.disks, settings_, HostConfig())}
     assert choices["vdc"].budget == 4 * GiB
     assert choices["vda"].budget == 0
+    assert total_budget(choices.values()) == 4 * GiB

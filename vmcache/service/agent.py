@@ -215,7 +215,8 @@ class Agent:
         return True
 
     def _cycle(self) -> None:
-        grant = self._budget.grant(self._disks.budgets(), self._curves, held=self._disks.pinned_bytes())
+        grant = self._budget.grant(self._disks.budgets(), self._curves, held=self._disks.pinned_bytes(),
+                                   total=self._disks.total_budget())
         self.status.budget_bytes = grant.want
         self.status.granted_bytes = grant.target
         self.status.demand_bytes = grant.demand

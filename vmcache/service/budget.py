@@ -73,17 +73,20 @@ class Budget:
         self.minimum = 0  # guaranteed bytes of the cap (metadata min=)
         self._target: int | None = None
 
-    def grant(self, budgets: Mapping[str, int], curves: Mapping[str, Curve], *, held: int) -> Grant:
+    def grant(self, budgets: Mapping[str, int], curves: Mapping[str, Curve], *, held: int,
+              total: int | None = None) -> Grant:
         """Publish the demand, take this cycle's share of the cap, divide it between the disks.
 
-        ``budgets``: each disk's own budget; ``curves``: each disk's demand
+        ``budgets``: the most each disk may pin; ``total``: the most they
+        may pin together (default: the sum); ``curves``: each disk's demand
         curve from its last cycle (empty before the first); ``held``: bytes
         the disks hold pinned now. Raises HostError (ledger, meminfo).
         """
         cap = self._cap.bytes_for(self._meminfo().total_bytes)
         self._ledger.cap = cap
         share = self._update_share()
-        want = int(sum(budgets.values()) * share)
+        whole = sum(budgets.values())
+        want = int((whole if total is None else min(total, whole)) * share)
         curve = domain_curve(budgets, share, curves)
         demand = Demand(budget=want, minimum=min(self.minimum, want), curve=curve)
         host = self._ledger.divide(self.domain, demand, held=held,

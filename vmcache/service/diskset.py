@@ -69,6 +69,7 @@ class DiskSet:
         self._curves: dict[str, dict[str, Curve]] = {}  # each disk's top and layers' curves, by target
         self._log = logger
         self._workers: dict[str, DiskWorker] = {}
+        self._shared: set[str] = set()  # targets whose budget is the domain's rest, taken by any of them
         self._skipped: list[DiskStatus] = []
         self._lock = threading.Lock()  # the agent's cycles vs heat maps served over HTTP
 
@@ -93,6 +94,7 @@ class DiskSet:
                                     eligible=False, reason=c.reason) for c in choices if not c.eligible]
         for skipped in self._skipped:
             self._log.info(event("disk.skipped", disk=skipped.target, reason=skipped.reason))
+        self._shared = {t for t, c in wanted.items() if c.shared}
         for target, choice in wanted.items():
             if target in self._workers:
                 self._workers[target].budget = choice.budget
@@ -192,8 +194,13 @@ class DiskSet:
         return list(self._workers.values())
 
     def budgets(self) -> dict[str, int]:
-        """Each managed disk's own budget, by target."""
+        """Each managed disk's budget, by target: the most it may pin (see :meth:`total_budget`)."""
         return {target: w.budget for target, w in self._workers.items()}
+
+    def total_budget(self) -> int:
+        """The most the managed disks may pin together: own budgets, plus the domain's rest once."""
+        own = sum(w.budget for t, w in self._workers.items() if t not in self._shared)
+        return own + max((w.budget for t, w in self._workers.items() if t in self._shared), default=0)
 
     def cycle(self, budgets: Mapping[str, int], *, title: str) -> SetCycle:
         """One cycle of every disk under its granted bytes; heat-map files written after."""

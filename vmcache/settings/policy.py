@@ -7,22 +7,28 @@ the ``reason`` of every disk it leaves alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .config import NEVER_ELIGIBLE, HostConfig
 from .metadata import DiskInfo, DomainSettings
 
-__all__ = ["DiskChoice", "choose_disks", "domain_budget", "domain_minimum"]
+__all__ = ["DiskChoice", "choose_disks", "domain_budget", "domain_minimum", "total_budget"]
 
 
 @dataclass(frozen=True)
 class DiskChoice:
-    """A disk and vmcache's decision about it; ``budget`` is 0 for skipped disks."""
+    """A disk and vmcache's decision about it; ``budget`` is 0 for skipped disks.
+
+    ``shared``: the budget is the rest of the domain's, which every disk
+    without a budget of its own may take as a whole (not a share of it).
+    """
 
     disk: DiskInfo
     eligible: bool
     reason: str | None
     budget: int
+    shared: bool = False
 
 
 def domain_budget(settings: DomainSettings, host: HostConfig) -> int:
@@ -60,18 +66,25 @@ def choose_disks(disks: tuple[DiskInfo, ...] | list[DiskInfo], settings: DomainS
                  host: HostConfig) -> list[DiskChoice]:
     """Decide each disk, in XML order.
 
-    Eligible disks with a budget of their own keep it; the rest of the
-    domain budget (never below 0) is split evenly between the other
-    eligible disks.
+    Eligible disks with a budget of their own keep it; each other eligible
+    disk may take the whole rest of the domain budget (never below 0), and
+    together they never more than that (:func:`total_budget`): the rest goes
+    to whichever of them is hot, so an idle disk plugged in beside a hot one
+    takes nothing from it.
     """
     reasons = [_skip_reason(d, settings, host) for d in disks]
     own = {d.target: o.budget for d in disks if (o := settings.disk(d.target)) and o.budget is not None}
     eligible = [d for d, r in zip(disks, reasons) if r is None]
-    shared = [d for d in eligible if d.target not in own]
     rest = max(0, domain_budget(settings, host) - sum(own.get(d.target, 0) for d in eligible))
-    share = rest // len(shared) if shared else 0
     choices = []
     for disk, reason in zip(disks, reasons):
-        budget = 0 if reason else own.get(disk.target, share)
-        choices.append(DiskChoice(disk=disk, eligible=reason is None, reason=reason, budget=budget))
+        shared = reason is None and disk.target not in own
+        budget = 0 if reason else own.get(disk.target, rest)
+        choices.append(DiskChoice(disk=disk, eligible=reason is None, reason=reason, budget=budget, shared=shared))
     return choices
+
+
+def total_budget(choices: Iterable[DiskChoice]) -> int:
+    """The most the ``choices`` may pin together: the disks' own budgets, plus the rest the others share once."""
+    taken = [c for c in choices if c.eligible]
+    return sum(c.budget for c in taken if not c.shared) + max((c.budget for c in taken if c.shared), default=0)
