@@ -90,6 +90,19 @@ def test_enable_live_sets_metadata_and_starts_the_agent(host, capsys):
     wait_for(lambda: (markers / "test.stopped").exists())
 
 
+def test_enable_undoes_an_exclusion_and_an_own_disk_budget_and_says_what_each_disk_has(host, capsys):
+    opts, _, _ = host
+    assert main(["enable", "test", "--config", "--exclude", "vdb", "--disk-budget", "vdc=512M", *opts]) == 0
+    assert "test: disks: vdb excluded; vdc own budget 512MiB" in capsys.readouterr().out
+    # --include takes vdb back in; --disk-budget DEV=default lets vdc share the domain's rest again
+    assert main(["enable", "test", "--config", "--include", "vdb", "--disk-budget", "vdc=default", *opts]) == 0
+    out = capsys.readouterr().out
+    assert metadata(live=False) == DomainSettings(enabled=True, budget=None)
+    assert "disks:" not in out
+    assert main(["enable", "test", "--config", "--include", "vdb", "--exclude", "vdb", *opts]) == 2
+    assert capsys.readouterr().err.strip() == "vmcache enable: --include: 'vdb': also given to --exclude"
+
+
 def test_enable_config_only_does_not_start_an_agent(host, capsys):
     opts, _, markers = host
     assert main(["enable", "test", "--config", *opts]) == 0

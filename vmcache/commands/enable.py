@@ -32,8 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bytes of the host's pinned cap guaranteed to this domain (at most its budget)")
     parser.add_argument("--exclude", action="append", default=[], metavar="DEV",
                         help="leave disk DEV (target dev, e.g. vdb) alone; repeatable")
+    parser.add_argument("--include", action="append", default=[], metavar="DEV",
+                        help="manage disk DEV again (undoes --exclude); repeatable")
     parser.add_argument("--disk-budget", action="append", default=[], metavar="DEV=SIZE",
-                        help="own budget of disk DEV, e.g. vdc=512M; repeatable")
+                        help="own budget of disk DEV, e.g. vdc=512M; DEV=default: none, it shares the "
+                             "domain's rest again; repeatable")
     add_affect_options(parser)
     add_host_options(parser)
 
@@ -66,13 +69,14 @@ def read_from(flags: Affect, active: bool) -> Affect:
     return Affect.LIVE
 
 
-def _disk_budgets(items: list[str]) -> dict[str, int]:
-    budgets = {}
+def _disk_budgets(items: list[str]) -> dict[str, int | None]:
+    """``DEV=SIZE`` items by dev; ``DEV=default`` gives None (no budget of its own)."""
+    budgets: dict[str, int | None] = {}
     for item in items:
         dev, sep, size = item.partition("=")
         if not sep or not dev:
             raise ConfigError("--disk-budget", item, "use DEV=SIZE, e.g. vdc=512M")
-        budgets[dev] = parse_size(size, key=f"--disk-budget {dev}")
+        budgets[dev] = None if size == "default" else parse_size(size, key=f"--disk-budget {dev}")
     return budgets
 
 
@@ -80,10 +84,15 @@ def updated(current: DomainSettings | None, args: argparse.Namespace) -> DomainS
     """The settings ``current`` becomes: enabled, with the options applied."""
     settings = current or DomainSettings()
     disks = {d.dev: d for d in settings.disks}
+    for dev in args.include:
+        if dev in args.exclude:
+            raise ConfigError("--include", dev, "also given to --exclude")
+        disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), exclude=False)
     for dev in args.exclude:
         disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), exclude=True)
     for dev, disk_budget in _disk_budgets(args.disk_budget).items():
         disks[dev] = dataclasses.replace(disks.get(dev, DiskOverride(dev)), budget=disk_budget)
+    disks = {dev: d for dev, d in disks.items() if d.exclude or d.budget is not None}  # nothing left: no element
     budget = settings.budget if args.budget is None else args.budget
     minimum = settings.minimum if getattr(args, "minimum", None) is None else args.minimum
     if minimum is not None and budget is not None and minimum > budget:
@@ -107,7 +116,16 @@ def run(args: argparse.Namespace) -> int:
     shown = format_size(new.budget) if new.budget is not None else f"host default {format_size(config.budget)}"
     print(f"{args.domain}: vmcache enabled, budget {shown}"
           + (f", guaranteed {format_size(new.minimum)}" if new.minimum else ""))
+    if new.disks:
+        print(f"{args.domain}: disks: " + "; ".join(_override(d) for d in new.disks))
     if touches_live(flags, active):
         result = ensure_agent(args, config, args.domain, running=True)
         print(f"{args.domain}: agent {result.action}" + (f" (pid {result.pid})" if result.pid else ""))
     return 0
+
+
+def _override(disk: DiskOverride) -> str:
+    """One disk's override as ``enable`` reports it."""
+    if disk.exclude:
+        return f"{disk.dev} excluded" + (f" (own budget {format_size(disk.budget)} kept)" if disk.budget else "")
+    return f"{disk.dev} own budget {format_size(disk.budget or 0)}"
