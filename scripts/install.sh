@@ -38,6 +38,7 @@ MARKER=vmcache-hook
 UNIT=vmcache-agent@.service
 RECONCILE_UNIT=vmcache.service
 UNIT_DIR=/etc/systemd/system
+LOGROTATE=/etc/logrotate.d/vmcache
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -169,6 +170,10 @@ if [ "$UNINSTALL" = 1 ]; then
     have_systemd && systemctl daemon-reload
     say "removed $UNIT_DIR/$UNIT"
   fi
+  if [ -f "$LOGROTATE" ] && grep -q 'vmcache' "$LOGROTATE"; then
+    rm -f "$LOGROTATE"
+    say "removed $LOGROTATE"
+  fi
   if [ "$(readlink /usr/local/bin/vmcache 2>/dev/null)" = "$PREFIX/venv/bin/vmcache" ]; then
     rm -f /usr/local/bin/vmcache
     say "removed /usr/local/bin/vmcache"
@@ -198,6 +203,11 @@ else
 fi
 "$PREFIX/venv/bin/python" -c 'import sys; from vmcache.host.configfile import load_host_config; load_host_config(sys.argv[1])' "$CONFIG" \
   || say "WARNING: $CONFIG is not valid (see above): agents will refuse to start until it is fixed"
+
+if [ -d "$(dirname "$LOGROTATE")" ]; then
+  install -m 644 hooks/vmcache.logrotate "$LOGROTATE"
+  say "log rotation: $LOGROTATE (files of agents without systemd, and of the hook without syslog)"
+fi
 
 if have_systemd; then
   install -D -m 644 "hooks/$UNIT" "$UNIT_DIR/$UNIT"

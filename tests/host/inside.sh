@@ -122,6 +122,8 @@ make install
 [ "$(systemctl is-enabled vmcache.service)" = enabled ] && systemctl is-active -q vmcache.service \
   || fail "vmcache.service is not enabled and active"
 grep -q vmcache-hook /etc/libvirt/hooks/qemu || fail "no hook installed"
+logrotate --debug /etc/logrotate.d/vmcache 2>&1 | grep -q 'rotating pattern: /var/log/vmcache/\*.log' \
+  || fail "/etc/logrotate.d/vmcache missing or not read by logrotate"
 # An operator's edit: shorter cycles, so the checks below take seconds.
 sed -i 's/^interval: .*/interval: 2s/' /etc/vmcache/vmcache.yaml
 
@@ -145,6 +147,7 @@ make uninstall
   || fail "vmcache.service left after make uninstall"
 [ "$(agents_running)" = 0 ] || fail "agents still running after make uninstall"
 [ -f /etc/vmcache/vmcache.yaml ] || fail "make uninstall removed the config"
+[ ! -e /etc/logrotate.d/vmcache ] || fail "make uninstall left /etc/logrotate.d/vmcache"
 rm -rf /etc/vmcache   # a new start for the package
 ok "nothing of vmcache left but /etc/vmcache/vmcache.yaml (kept, as documented)"
 
