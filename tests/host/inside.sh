@@ -167,6 +167,8 @@ if [ "$DEB" = 1 ]; then
     || fail "vmcache.service is not enabled and active after apt install"
   grep -q 'VMCACHE_PYTHON=/usr/lib/vmcache/venv/bin/python' /etc/libvirt/hooks/qemu || fail "hook not installed"
   dpkg-query --showformat='${Conffiles}\n' -W vmcache | grep -q /etc/vmcache/vmcache.yaml || fail "config is not a conffile"
+  dpkg-query --showformat='${Conffiles}\n' -W vmcache | grep -q /etc/logrotate.d/vmcache \
+    || fail "/etc/logrotate.d/vmcache is not a conffile of the package"
   journalctl -u libvirtd.service --since "$since" --no-pager | grep -qi 'reload' || fail "libvirtd was not reloaded"
   ok "installed: /usr/bin/vmcache, the unit, the hook, /etc/vmcache/vmcache.yaml (conffile), libvirtd reloaded"
   sed -i 's/^interval: .*/interval: 2s/' /etc/vmcache/vmcache.yaml
@@ -198,6 +200,7 @@ EOF
   step "the Debian package: apt purge"
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -q vmcache | tail -2
   [ ! -e /etc/vmcache ] || fail "/etc/vmcache left after purge: $(ls -la /etc/vmcache)"
+  [ ! -e /etc/logrotate.d/vmcache ] || fail "/etc/logrotate.d/vmcache left after purge"
   [ ! -e /var/log/vmcache ] && [ ! -e /var/lib/vmcache ] && [ ! -e /run/vmcache ] && [ ! -e /run/lock/vmcache ] \
     || fail "logs, state or runtime files left after purge"
   [ ! -e /etc/systemd/system/vmcache.service ] && [ ! -L /etc/systemd/system/multi-user.target.wants/vmcache.service ] \
