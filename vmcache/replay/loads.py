@@ -6,8 +6,7 @@ reads only where the guest then reads what was loaded: a zone the guest
 reads all over, filled ahead of its misses, pays; the cold pages beside a
 few hot ones in a block do not. :class:`Loads` records each cycle's loaded
 units and counts those the guest read within ``horizon`` seconds of trace
-time after the load (:data:`HORIZON`: a dozen 10 s cycles, the time a pin
-lives at the least).
+time after the load (:data:`HORIZON`: two minutes, a dozen 10 s cycles).
 """
 
 from __future__ import annotations
