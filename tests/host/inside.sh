@@ -139,8 +139,12 @@ step "3. the systemd path (tests/host)"
 
 step "4. make demo-clean, make uninstall"
 make demo-clean
-for i in $(seq 1 30); do systemctl is-active -q "$DEMO_UNIT" || break; sleep 1; done
+# until the agent has stopped (deactivating: it still saves its hot set and lets go of its pins)
+for i in $(seq 1 30); do
+  case "$(systemctl is-active "$DEMO_UNIT")" in active|activating|deactivating) sleep 1 ;; *) break ;; esac
+done
 systemctl is-active -q "$DEMO_UNIT" && fail "$DEMO_UNIT still active after the domain was destroyed"
+! grep -qs demo/disk.raw /var/lib/vmcache/hotsets/*.xml || fail "make demo-clean left the demo's saved hot set"
 make uninstall
 [ -z "$(vmcache_files)" ] || fail "left after make uninstall: $(vmcache_files)"
 [ ! -e /etc/systemd/system/vmcache.service ] && [ ! -L /etc/systemd/system/multi-user.target.wants/vmcache.service ] \
