@@ -20,6 +20,11 @@ WATCH_SECONDS=${VMCACHE_DEMO_SECONDS:-60}
 
 if [ "${1:-}" = clean ]; then
   virsh -q destroy "$NAME" >/dev/null 2>&1 && echo "demo: destroyed $NAME" || true
+  # The agent saves the hot set as it stops: clear it (the XML's and the host's copy) once the agent is gone.
+  for _ in $(seq 1 30); do "$PY" -m vmcache status "$NAME" >/dev/null 2>&1 || break; sleep 0.5; done
+  if virsh -q dominfo "$NAME" >/dev/null 2>&1; then
+    "$PY" -m vmcache hotset "$NAME" --clear >/dev/null 2>&1 && echo "demo: removed its saved hot set" || true
+  fi
   virsh -q undefine "$NAME" >/dev/null 2>&1 && echo "demo: undefined $NAME" || true
   rm -rf "$DIR" && echo "demo: removed $DIR"
   echo "demo: vmcache itself stays installed; 'make uninstall' removes it"
