@@ -70,6 +70,7 @@ class Vm:
     qpid: int = 0
     agent_pid: int = 0
     agent_log_offset: int = 0
+    uuid: str = ""                  # libvirt's, of the transient domain (its saved hot set's key on the host)
 
 
 @dataclass

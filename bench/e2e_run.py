@@ -41,8 +41,11 @@ from tests.lab import GuestSpec, domain_xml, fio_results
 from tests.live.hooklib import HOOK_LOCK
 from tests.live.livelib import REPO, destroy_domains, open_conn, wait_for
 from tests.live.livelib import qemu_pid as _qemu_pid
+from vmcache.errors import VmcacheError
 from vmcache.observe.status import file_stem
+from vmcache.host.configfile import load_host_config
 from vmcache.host.files import lock_holder
+from vmcache.host.hotstore import HotStore
 from vmcache.settings.metadata import DomainSettings
 
 PREFIX = "vmcache-bench-e2e-"
@@ -194,6 +197,7 @@ def boot(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm]) -> None:
             if agent:
                 vm.agent_log_offset = _size(agent_log(vm.name))
             doms.append(conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED))
+            vm.uuid = doms[-1].UUIDString()
             vm.qpid = _qemu_pid(vm.name)
             Cgroup("memory", vm.cgroup).join(vm.qpid)
             if agent:
@@ -291,9 +295,25 @@ def cleanup(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm], procs: list, d
             log(f"{vm.name}: the agent outlived its domain: SIGTERM {vm.agent_pid}")
             os.kill(vm.agent_pid, signal.SIGTERM)
         _copy_tail(agent_log(vm.name), vm.agent_log_offset, vm.console.parent / f"agent-{vm.name}.log")
+    forget_hotsets([vm for vm in vms if vm.agent_pid], host_config(arm, s))
     for proc in device:
         unmount_delay(proc, s.mount)
     CGROUP.remove()
+
+
+def forget_hotsets(vms: list[Vm], config: str) -> None:
+    """Remove the hot sets the agents of ``vms`` saved on the host as they stopped (the next run has new uuids)."""
+    try:
+        hotset_dir = load_host_config(config).hotset_dir
+    except VmcacheError as err:
+        log(f"the agents' saved hot sets stay: {err}")
+        return
+    for vm in vms:
+        if hotset_dir is not None and vm.uuid:
+            try:
+                HotStore(hotset_dir).remove(vm.uuid)
+            except VmcacheError as err:
+                log(f"{vm.name}: its saved hot set stays: {err}")
 
 
 def _copy_tail(src: Path, offset: int, dst: Path) -> None:
