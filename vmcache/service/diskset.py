@@ -28,7 +28,7 @@ from ..observe.heatmap.data import HeatmapData
 from ..observe.status import DiskStatus
 from ..settings.config import HostConfig
 from ..settings.metadata import DomainInfo
-from ..settings.policy import DiskChoice, choose_disks
+from ..settings.policy import DiskChoice, choose_disks, total_budget
 from .diskworker import DiskWorker
 from .layers import Layers, Wanted
 
@@ -69,7 +69,7 @@ class DiskSet:
         self._curves: dict[str, dict[str, Curve]] = {}  # each disk's top and layers' curves, by target
         self._log = logger
         self._workers: dict[str, DiskWorker] = {}
-        self._shared: set[str] = set()  # targets whose budget is the domain's rest, taken by any of them
+        self._chosen: dict[str, DiskChoice] = {}  # the eligible disks' choices of the last sync, by target
         self._skipped: list[DiskStatus] = []
         self._lock = threading.Lock()  # the agent's cycles vs heat maps served over HTTP
 
@@ -94,7 +94,7 @@ class DiskSet:
                                     eligible=False, reason=c.reason) for c in choices if not c.eligible]
         for skipped in self._skipped:
             self._log.info(event("disk.skipped", disk=skipped.target, reason=skipped.reason))
-        self._shared = {t for t, c in wanted.items() if c.shared}
+        self._chosen = wanted
         for target, choice in wanted.items():
             if target in self._workers:
                 self._workers[target].budget = choice.budget
@@ -198,9 +198,8 @@ class DiskSet:
         return {target: w.budget for target, w in self._workers.items()}
 
     def total_budget(self) -> int:
-        """The most the managed disks may pin together: own budgets, plus the domain's rest once."""
-        own = sum(w.budget for t, w in self._workers.items() if t not in self._shared)
-        return own + max((w.budget for t, w in self._workers.items() if t in self._shared), default=0)
+        """The most the managed disks may pin together (settings/policy.py ``total_budget`` of their choices)."""
+        return total_budget(c for t, c in self._chosen.items() if t in self._workers)
 
     def cycle(self, budgets: Mapping[str, int], *, title: str) -> SetCycle:
         """One cycle of every disk under its granted bytes; heat-map files written after."""
