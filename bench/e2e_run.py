@@ -308,10 +308,13 @@ def forget_hotsets(vms: list[Vm], config: str) -> None:
     except VmcacheError as err:
         log(f"the agents' saved hot sets stay: {err}")
         return
+    if hotset_dir is None:
+        return
+    store = HotStore(hotset_dir)
     for vm in vms:
-        if hotset_dir is not None and vm.uuid:
+        if vm.uuid:
             try:
-                HotStore(hotset_dir).remove(vm.uuid)
+                store.remove(vm.uuid)
             except VmcacheError as err:
                 log(f"{vm.name}: its saved hot set stays: {err}")
 

@@ -45,7 +45,7 @@ from ..model.share import Demand, demand_of, split
 from . import sampling
 from .accesses import BlockTrace, cycle_ends, to_blocks
 from .baselines import linux, lru, rest_cache
-from .loads import Loads
+from .loads import Loads, read_within
 from .measures import PolicyResult, loads_extra, measure
 from .sim import Memory
 from .trace import Trace
@@ -158,8 +158,9 @@ def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm]
     if loads is None:
         used, owner = None, None
     else:
-        used = loads.used(bt)
-        owner = np.searchsorted(merged.offsets, loads.arrays()[1], side="right") - 1
+        times, units = loads.arrays()
+        used = read_within(bt, times, units)
+        owner = np.searchsorted(merged.offsets, units, side="right") - 1
 
     def extra(select: int | None, requests: int) -> dict[str, Any]:
         if used is None:
