@@ -22,7 +22,10 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
    saved hot set is being restored (``warm``), holds its seeded heat;
 4. plans the regions to pin (:func:`~vmcache.model.planner.plan`, the
    pinned regions as ``current`` for hysteresis, own heat for trimming);
-5. cuts new regions to the chunks whose uncached bytes the prefetch token
+5. leaves out of new regions the partly cached blocks the guest is not
+   spreading through (:mod:`vmcache.model.loadgate`), except while a saved
+   hot set is restored;
+6. cuts new regions to the chunks whose uncached bytes the prefetch token
    bucket can pay for (:mod:`vmcache.model.prefetch`: ``prefetch_rate``,
    ``warm_rate`` while restoring), highest priority first; the rest waits
    for the next cycles.
@@ -56,6 +59,7 @@ from numpy.typing import ArrayLike, NDArray
 from .blocks import BlockValues, blocks_of, member, union
 from .exact import PinShare, ReadBack, read_input
 from .heat import HeatModel
+from .loadgate import LoadGate
 from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
 from .prefetch import PrefetchBucket
@@ -119,6 +123,8 @@ class Cycle:
         """The share of written blocks the guest reads back (exact path)."""
         self.pin_share = PinShare()
         """The share of the pin budget used, balanced against the kernel's cache (exact path)."""
+        self.load_gate = LoadGate()
+        """The partly cached blocks new pins leave out: those the guest is not spreading through."""
         self.warm: WarmStart | None = None
         """A saved hot set being restored (set before the first step), None without one."""
 
@@ -197,6 +203,7 @@ class Cycle:
         evidence = None if seen is None else _listed(seen, n, "seen", nan_is_none=True)
         kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
         self._ours = union(kept, blocks_of(pinned, self.params.block_size, n))
+        self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
         if reads is None:
             res, evidence = self._relative_reads(res, grown, evidence, seen_sample)
@@ -211,6 +218,8 @@ class Cycle:
                               current=held)
         if reads is not None:
             regions = self._balanced(regions, reads, res, size_bytes, budget, held)
+        if not self._restoring:  # a saved hot set is loaded on purpose
+            regions = self.load_gate.cut(regions, pinned, self.params.block_size, n, self.params.max_regions)
         regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self._restoring)
         return CycleResult(regions, read_miss, waiting)
 
