@@ -16,18 +16,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
 from vmcache.cli import main  # noqa: E402
 from vmcache.host.files import file_stem  # noqa: E402
+from vmcache.host.pagecache import _mincore  # noqa: E402
 from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
 
 from tests.live.livelib import MiB, LiveEnv, agents_env, scrape, wait_for  # noqa: E402
 
-from tests.live.guestlib import guest_write, leftovers  # noqa: E402
-from tests.pagecache_util import vmlck  # noqa: E402
+from tests.live.guestlib import guest_read, guest_write, leftovers  # noqa: E402
+from tests.pagecache_util import drop, vmlck  # noqa: E402
 
 pytestmark = pytest.mark.live
 
@@ -170,3 +172,44 @@ def test_a_fast_restart_warms_from_the_set_the_last_agent_saved_as_it_stopped(en
             dom.destroy()
         wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
         dom.undefine()
+
+
+def _every_fourth_page_read(dom: object, first: int, blocks: int) -> None:
+    """The guest reads every fourth 4 KiB page of ``blocks`` 1 MiB blocks from block ``first``.
+
+    The kernel's readahead reads exactly these (pages two apart, it takes for a sequential reader's).
+    """
+    for page in range(first * 256, (first + blocks) * 256, 4):
+        guest_read(dom, page * 4096, 4096)
+
+
+def _resident_pages(path: Path, offset: int, length: int) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return int(_mincore(fd, offset, length, np.zeros(length // 4096, np.uint8)).sum())
+    finally:
+        os.close(fd)
+
+
+def test_the_agent_does_not_fill_blocks_the_guest_reads_the_same_quarter_of(env: LiveEnv) -> None:
+    """A pin locks whole blocks: one the guest keeps reading a quarter of must not get the rest read for it."""
+    name = PREFIX + "quarter"
+    image = env.disk(name, 64 * MiB)
+    with open(image, "wb") as f:  # data, not holes: read from the file system
+        f.write(b"\x5a" * (64 * MiB))
+        os.fsync(f.fileno())  # clean, so that it can be dropped
+    drop(image)
+    dom = env.domain(name, budget=None, image=image)
+    try:
+        _every_fourth_page_read(dom, 8, 16)  # before the agent: what it finds is one burst of the guest's
+        assert _resident_pages(image, 8 * MiB, 16 * MiB) == 1024
+        assert main(["enable", name, "--budget", "16M", "--live", "--host-config", str(env.config)]) == 0
+        wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "vmcache enable to start an agent")
+        for _ in range(8):  # the same quarter, again and again, over several cycles
+            _every_fourth_page_read(dom, 8, 16)
+            time.sleep(0.5)
+        resident = _resident_pages(image, 8 * MiB, 16 * MiB)
+        assert resident == 1024, f"{resident - 1024} pages read beside the guest's\n{env.agent_log(name)[-3000:]}"
+    finally:
+        dom.destroy()
+        wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
