@@ -165,10 +165,10 @@ def test_without_the_hold_the_slow_guests_zone_is_released_while_read() -> None:
 
 def test_sampled_evidence_is_pooled_over_the_blocks_the_sample_needs() -> None:
     """16 of 256 pages sampled: each pinned block's evidence is the mean over the pinned blocks within 8 of it."""
-    from vmcache.model.cycle import _window_mean
+    from vmcache.model.blocks import window_mean
 
     index = np.array([0, 1, 2, 3, 20, 21], np.int64)
     value = np.array([0.0, 1.0, 0.0, 0.0, 0.5, 0.0], np.float32)
-    np.testing.assert_allclose(_window_mean(index, value, 8), [0.25, 0.25, 0.25, 0.25, 0.25, 0.25])
-    np.testing.assert_allclose(_window_mean(index, value, 1), [0.5, 1 / 3, 1 / 3, 0.0, 0.25, 0.25])
-    assert _window_mean(index, value, 0) is value
+    np.testing.assert_allclose(window_mean(index, value, 8), [0.25, 0.25, 0.25, 0.25, 0.25, 0.25])
+    np.testing.assert_allclose(window_mean(index, value, 1), [0.5, 1 / 3, 1 / 3, 0.0, 0.25, 0.25])
+    assert window_mean(index, value, 0) is value

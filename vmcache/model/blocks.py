@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 from .region import Region
 
 __all__ = ["BlockValues", "PrefixSums", "binned", "blocks_of", "check_index", "dilate", "member", "positions", "runs",
-           "union"]
+           "union", "window_mean"]
 
 Index = NDArray[np.int64]
 
@@ -172,3 +172,14 @@ def binned(values: BlockValues, factor: int, nblocks: int, *, hottest: bool = Fa
         sizes[-1] = nblocks - (nbins - 1) * factor
     means: NDArray[np.float32] = (np.bincount(bins, weights=vals, minlength=nbins) / sizes).astype(np.float32)
     return means
+
+
+def window_mean(index: NDArray[np.int64], value: NDArray[np.float32], reach: int) -> NDArray[np.float32]:
+    """Per listed block, the mean ``value`` of the listed blocks within ``reach`` blocks of it (``index`` sorted)."""
+    if reach <= 0 or index.size == 0:
+        return value
+    sums: NDArray[np.float64] = np.concatenate(([0.0], np.cumsum(value, dtype=np.float64)))
+    lo = np.searchsorted(index, index - reach, side="left")
+    hi = np.searchsorted(index, index + reach, side="right")
+    mean: NDArray[np.float64] = (sums[hi] - sums[lo]) / (hi - lo)
+    return mean.astype(np.float32)

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .blocks import BlockValues, blocks_of, member, union
+from .blocks import BlockValues, blocks_of, member, union, window_mean
 from .exact import PinShare, ReadBack, read_input
 from .heat import HeatModel
 from .loadgate import LoadGate
@@ -334,7 +334,7 @@ class Cycle:
         guest's page read per block per cycle is seen in one block of
         ``pages / sample`` (as 1/``sample``, cut down by the cap): the
         evidence is first pooled over that many pinned blocks around each
-        (:func:`_window_mean`), so the cap applies to a mean, not to a
+        (:func:`~vmcache.model.blocks.window_mean`), so the cap applies to a mean, not to a
         sampled spike. With all pages (the replay) nothing is pooled; pooled
         there too, it held blocks the guest left beside ones it still read
         (moving and zipf cost up to 1.4 points). Above
@@ -353,20 +353,9 @@ class Cycle:
             return seen
         index, value = seen.index[known], seen.value[known]
         pages = p.block_size // PAGE_SIZE
-        pooled = _window_mean(index, value, 0 if sample is None else pages // max(1, min(sample, pages)) // 2)
+        pooled = window_mean(index, value, 0 if sample is None else pages // max(1, min(sample, pages)) // 2)
         held = np.minimum(np.float32(p.threshold * p.keep_factor), pooled * scale) / np.float32(p.seen_scale)
         return BlockValues(index, np.maximum(value, held).astype(np.float32))
-
-def _window_mean(index: NDArray[np.int64], value: NDArray[np.float32], reach: int) -> NDArray[np.float32]:
-    """Per listed block, the mean ``value`` of the listed blocks within ``reach`` blocks of it (``index`` sorted)."""
-    if reach <= 0 or index.size == 0:
-        return value
-    sums: NDArray[np.float64] = np.concatenate(([0.0], np.cumsum(value, dtype=np.float64)))
-    lo = np.searchsorted(index, index - reach, side="left")
-    hi = np.searchsorted(index, index + reach, side="right")
-    mean: NDArray[np.float64] = (sums[hi] - sums[lo]) / (hi - lo)
-    return mean.astype(np.float32)
-
 
 def _listed(values: BlockValues | ArrayLike, nblocks: int, name: str, *, nan_is_none: bool = False) -> BlockValues:
     """``values`` as listed blocks: as given, or the non-zero (not NaN) entries of a dense array."""
