@@ -59,13 +59,13 @@ def test_cut_splits_a_new_region_around_stale_blocks_and_keeps_pinned_ones() -> 
     gate = LoadGate()
     stale_after(gate, {10: 0.5, 12: 0.5, 14: 0.5})
     region = Region(10 * BS, 6 * BS, 60.0)
-    pins = [Region(14 * BS, BS, 9.0)]
-    cut = gate.cut([region], pins, BS, 100, most=10)
+    pins = np.array([14], np.int64)  # the blocks of a pin now
+    cut = gate.cut([region], pins, BS, most=10)
     assert [(r.start // BS, r.end // BS) for r in cut] == [(13, 16), (11, 12)]
     assert [r.priority for r in cut] == [30.0, 10.0]
-    assert gate.cut([region], pins, BS, 100, most=1) == [cut[0]]
+    assert gate.cut([region], pins, BS, most=1) == [cut[0]]
     other = Region(20 * BS, 2 * BS, 5.0)
-    assert gate.cut([other], [], BS, 100, most=10) == [other]
+    assert gate.cut([other], NONE, BS, most=10) == [other]
 
 
 def test_the_cycle_does_not_fill_a_block_the_guest_reads_the_same_part_of() -> None:

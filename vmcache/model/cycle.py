@@ -202,7 +202,8 @@ class Cycle:
         res, wr = _listed(residency, n, "residency"), _listed(written, n, "written")
         evidence = None if seen is None else _listed(seen, n, "seen", nan_is_none=True)
         kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
-        self._ours = union(kept, blocks_of(pinned, self.params.block_size, n))
+        pinned_blocks = blocks_of(pinned, self.params.block_size, n)
+        self._ours = union(kept, pinned_blocks)
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
         if reads is None:
@@ -219,7 +220,7 @@ class Cycle:
         if reads is not None:
             regions = self._balanced(regions, reads, res, size_bytes, budget, held)
         if not self._restoring:  # a saved hot set is loaded on purpose
-            regions = self.load_gate.cut(regions, pinned, self.params.block_size, n, self.params.max_regions)
+            regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
         regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self._restoring)
         return CycleResult(regions, read_miss, waiting)
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from .blocks import BlockValues, blocks_of, member, runs, union
+from .blocks import BlockValues, member, positions, runs, union
 from .region import Region
 
 __all__ = ["LoadGate"]
@@ -77,7 +77,7 @@ class LoadGate:
         blocks = union(resident.index, self._blocks)
         value = resident.at(blocks)
         known = member(blocks, self._blocks)
-        at = np.searchsorted(self._blocks, blocks[known])
+        at = positions(self._blocks, blocks[known])
         peak = np.zeros(blocks.size, dtype=np.float32)
         rose = np.zeros(blocks.size, dtype=np.int64)
         rises = np.zeros(blocks.size, dtype=np.int64)
@@ -90,16 +90,15 @@ class LoadGate:
         keep = (peak > 0) & ((value > 0) | member(blocks, heated))
         self._blocks, self._peak, self._rose, self._rises = blocks[keep], peak[keep], rose[keep], rises[keep]
 
-    def cut(self, regions: Sequence[Region], pinned: Sequence[Region], block_size: int, nblocks: int,
-            most: int) -> list[Region]:
-        """``regions`` without their stale blocks outside ``pinned``, at most ``most`` of them.
+    def cut(self, regions: Sequence[Region], pinned: NDArray[np.int64], block_size: int, most: int) -> list[Region]:
+        """``regions`` without their stale blocks outside the ``pinned`` blocks (sorted), at most ``most`` of them.
 
         A region loses its stale blocks and splits into the runs left; each
         run keeps the region's priority in proportion to its length, so a
         plan's order is kept. Where the pieces outnumber ``most``, the
         lowest in priority are dropped.
         """
-        gated = self._stale[~member(self._stale, blocks_of(pinned, block_size, nblocks))]
+        gated = self._stale[~member(self._stale, pinned)]
         if gated.size == 0:
             return list(regions)
         pieces: list[Region] = []
