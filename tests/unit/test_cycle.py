@@ -55,7 +55,8 @@ def test_resize_keeps_what_survives() -> None:
 
 
 def test_prefetch_limit_holds_back_cold_new_regions_until_paid() -> None:
-    c = Cycle(P, N, prefetch_rate=4 * BS)  # 4 uncached blocks per second
+    # 4 uncached blocks per second; these residencies count whole blocks, so the load gate is not in play
+    c = Cycle(P, N, prefetch_rate=4 * BS, residency_unit=BS)
     resident = zeros()
     written = zeros()
     written[20:28] = 1.0
@@ -169,8 +170,9 @@ def test_a_warm_rate_applies_only_while_the_saved_set_is_restored() -> None:
     history, warm = restore([(Region(0, 248 * MiB), 1.0)], budget=256 * MiB, warm_rate=16 * MiB, cycles=3)
     assert [total(p) // MiB for p in history] == [160, 248, 248]
     assert warm.done
-    # once restored, new heat is paid for at prefetch_rate again: 80 MiB a cycle, not 160
-    c = Cycle(WARM_P, DISK, prefetch_rate=8 * MiB, warm_rate=16 * MiB)
+    # once restored, new heat is paid for at prefetch_rate again: 80 MiB a cycle, not 160 (whole blocks: the
+    # load gate, which would hold back written blocks not cached, is not in play)
+    c = Cycle(WARM_P, DISK, prefetch_rate=8 * MiB, warm_rate=16 * MiB, residency_unit=MiB)
     c.warm = WarmStart([(Region(0, 8 * MiB), 1.0)], WARM_P)
     nothing = np.zeros(DISK, np.float32)
     pins = c.step(nothing, nothing, [], size_bytes=DISK * MiB, budget=512 * MiB, now=0.0).regions

@@ -17,6 +17,12 @@ PAGES = BS // PAGE_SIZE
 P = ModelParams(block_size=BS, interval=1.0, threshold=0.2)
 
 
+def cycle(n: int = N) -> Cycle:
+    """A cycle whose residency counts whole blocks: these tests give reads without the pages they cached, so
+    the load gate (tests/unit/test_loadgate.py), which reads the guest's reach from residency, is not in play."""
+    return Cycle(P, n, residency_unit=BS)
+
+
 def listed(blocks: range, value: float) -> BlockValues:
     index = np.arange(blocks.start, blocks.stop, dtype=np.int64)
     return BlockValues(index, np.full(index.size, value, np.float32))
@@ -29,7 +35,7 @@ def step(c: Cycle, reads: GuestReads, now: float, pinned: list[Region], *, resid
 
 
 def test_read_misses_are_the_counted_ones() -> None:
-    c = Cycle(P, N)
+    c = cycle()
     reads = GuestReads(listed(range(10, 14), PAGES), listed(range(10, 12), 3))
     result = c.step(listed(range(0, 50), 1.0), BlockValues.empty(), [], size_bytes=N * BS, budget=0, now=1.0,
                     reads=reads)
@@ -37,7 +43,7 @@ def test_read_misses_are_the_counted_ones() -> None:
 
 
 def test_blocks_read_are_pinned_and_residency_alone_heats_nothing() -> None:
-    c = Cycle(P, N)
+    c = cycle()
     pinned: list[Region] = []
     for t in range(1, 8):  # blocks 60-80 resident (a backup's pages), only 20-24 read
         pinned = step(c, GuestReads(listed(range(20, 24), PAGES), GuestReads.empty().missed), float(t), pinned,
@@ -46,7 +52,7 @@ def test_blocks_read_are_pinned_and_residency_alone_heats_nothing() -> None:
 
 
 def test_a_pinned_block_nobody_reads_cools_at_the_normal_decay() -> None:
-    c = Cycle(P, N)
+    c = cycle()
     pinned: list[Region] = []
     hot = GuestReads(listed(range(20, 24), PAGES // 4), BlockValues.empty())  # input 1 (seen_scale 4)
     for t in range(1, 8):
@@ -62,7 +68,7 @@ def test_a_pinned_block_nobody_reads_cools_at_the_normal_decay() -> None:
 
 
 def test_a_pinned_block_the_guest_keeps_reading_stays_pinned() -> None:
-    c = Cycle(P, N)
+    c = cycle()
     pinned: list[Region] = []
     for t in range(1, 60):  # a quarter of the block's pages read per cycle: all hits once pinned
         pinned = step(c, GuestReads(listed(range(20, 24), PAGES // 4), BlockValues.empty()), float(t), pinned)
@@ -71,7 +77,7 @@ def test_a_pinned_block_the_guest_keeps_reading_stays_pinned() -> None:
 
 def test_a_one_pass_read_is_never_pinned() -> None:
     """A backup streaming through the disk reads each block in full, once: one cycle of input, under the threshold."""
-    c = Cycle(P, N)
+    c = cycle()
     pinned: list[Region] = []
     for t in range(1, N // 4):
         stream = range(4 * (t - 1), 4 * t)
@@ -82,7 +88,7 @@ def test_a_one_pass_read_is_never_pinned() -> None:
 def test_a_slow_guest_s_hot_zone_is_pinned() -> None:
     """20 reads a cycle, 90% in 16 of 4000 blocks: a page per hot block per cycle, judged against the guest's rate."""
     n = 4000
-    c = Cycle(P, n)
+    c = cycle(n)
     rng = np.random.default_rng(5)
     pinned: list[Region] = []
     for t in range(1, 15):
@@ -111,7 +117,7 @@ def test_read_back_share_follows_what_the_guest_reads_again() -> None:
 def test_writes_nobody_reads_back_are_not_pinned() -> None:
     """A log the guest appends to and never reads: pinned at first (writes count until shown unread), then not."""
     n = 4000
-    c = Cycle(P, n)
+    c = cycle(n)
     pinned: list[Region] = []
     history = []
     for t in range(1, 40):
@@ -125,7 +131,7 @@ def test_writes_nobody_reads_back_are_not_pinned() -> None:
 
 def test_a_paused_guest_leaves_the_plan_where_it_is() -> None:
     """Nothing read or written: every block cools alike, so the pinned window neither moves nor grows."""
-    c = Cycle(P, N)
+    c = cycle()
     rng = np.random.default_rng(3)
     pinned: list[Region] = []
     for t in range(1, 20):  # a hot zone of 30 blocks, read unevenly, larger than the 8-block budget
@@ -153,7 +159,7 @@ def test_pin_share_follows_the_side_whose_ghosts_miss() -> None:
 
 def test_pins_the_kernel_would_keep_anyway_give_way() -> None:
     """Misses fall on blocks the kernel's cache held a moment ago: the cycle pins less of its budget."""
-    c = Cycle(P, N)
+    c = cycle()
     pinned: list[Region] = []
     hot = BlockValues(np.arange(20, 28, dtype=np.int64), np.full(8, PAGES, np.float32))
     for t in range(1, 40):

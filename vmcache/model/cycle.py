@@ -22,9 +22,9 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
    saved hot set is being restored (``warm``), holds its seeded heat;
 4. plans the regions to pin (:func:`~vmcache.model.planner.plan`, the
    pinned regions as ``current`` for hysteresis, own heat for trimming);
-5. leaves out of new regions the partly cached blocks the guest is not
-   spreading through (:mod:`vmcache.model.loadgate`), except while a saved
-   hot set is restored;
+5. leaves out of new regions the blocks that are neither cached whole nor
+   spread through by the guest (:mod:`vmcache.model.loadgate`), except
+   while a saved hot set is restored;
 6. cuts new regions to the chunks whose uncached bytes the prefetch token
    bucket can pay for (:mod:`vmcache.model.prefetch`: ``prefetch_rate``,
    ``warm_rate`` while restoring), highest priority first; the rest waits
@@ -109,11 +109,13 @@ class Cycle:
     pull in (a token bucket holding one interval's worth); None for no
     limit. ``warm_rate``: the rate instead while a saved hot set is being
     restored (the higher of the two applies; None: ``prefetch_rate``).
-    Raises ValueError (from HeatModel) for a negative ``nblocks``.
+    ``residency_unit``: the bytes the residency counts in (a page on a
+    host; the replay's cache unit); the load gate needs it smaller than a
+    block. Raises ValueError (from HeatModel) for a negative ``nblocks``.
     """
 
     def __init__(self, params: ModelParams, nblocks: int = 0, *, prefetch_rate: int | None = None,
-                 warm_rate: int | None = None) -> None:
+                 warm_rate: int | None = None, residency_unit: int = PAGE_SIZE) -> None:
         self.params = params
         self._bucket = PrefetchBucket(params, prefetch_rate, warm_rate)
         self.model = HeatModel(params, nblocks)
@@ -123,8 +125,8 @@ class Cycle:
         """The share of written blocks the guest reads back (exact path)."""
         self.pin_share = PinShare()
         """The share of the pin budget used, balanced against the kernel's cache (exact path)."""
-        self.load_gate = LoadGate()
-        """The partly cached blocks new pins leave out: those the guest is not spreading through."""
+        self.load_gate = LoadGate(pages=residency_unit < params.block_size)
+        """The blocks new pins may fill: cached whole, or spread through by the guest."""
         self.warm: WarmStart | None = None
         """A saved hot set being restored (set before the first step), None without one."""
 
@@ -207,8 +209,8 @@ class Cycle:
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
         if reads is None:
-            res, evidence = self._relative_reads(res, grown, evidence, seen_sample)
-            self.model.step_blocks(res, wr, self._masked(), now, seen=evidence)
+            judged, evidence = self._relative_reads(res, grown, evidence, seen_sample)
+            self.model.step_blocks(judged, wr, self._masked(), now, seen=evidence)
         else:
             read_input, wr, read_miss = self._exact(reads, wr, size_bytes)
             self.model.step_blocks(read_input, wr, np.zeros(0, np.int64), now)

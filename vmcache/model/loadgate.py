@@ -1,31 +1,36 @@
-"""Which partly cached blocks a new pin may fill: those the guest is still spreading through (pure).
+"""Which blocks a new pin may fill: those cached whole, and those the guest is spreading through (pure).
 
-Pinning a block mlocks all of it, so the pages of a partly cached block
-that are not cached are read from the device. That pays where the guest
-goes on to read them - a hot zone it covers a few pages a cycle at a time -
-and is pure cost where it keeps reading the same part of the block: on the
-real web server trace, pins filled 1 MiB blocks the guest reads ~44% of, and
-only 1-20% of the pages they loaded were read within two minutes
-(docs/benchmarks.md, issue 23's web server part).
+Pinning a block mlocks all of it, so the pages of the block that are not
+cached are read from the device. That pays where the guest goes on to read
+them - a hot zone it covers a few pages a cycle at a time - and is pure
+cost where it does not. On the real web server trace (1 MiB blocks over
+4 KiB pages, the agent's view) pins filled three kinds of block the guest
+then left alone, none of whose loaded pages it read within two minutes:
 
-The residency says which case a block is in. :class:`LoadGate` keeps, for
-each block the guest has read part of, its peak cached fraction from the
-guest's reads (not from pins: what a pin loaded says nothing about the
-guest) and when it rose. A block whose peak rose in two cycles, the last
-within GROWTH_CYCLES, is one the guest is spreading through: its rest is
-worth loading. A block whose peak is under 1 and not rising is one the guest
-reads the same part of (a burst that read part of it once rises once), or
-one it left: new pins leave it out (:meth:`LoadGate.cut`), its cached pages
-stay the kernel's to keep, and it is filled once it spreads again - also
-after the kernel evicted it, since a re-read of the same pages sets no new
-peak.
+- blocks it reads the same part of, cycle after cycle;
+- blocks never seen cached at all: the gaps the planner merges across
+  (``merge_gap``) and the margins around hot runs;
+- blocks the guest once read whole and the kernel has since evicted in
+  part.
 
-Not gated: a block fully cached (nothing to read), one inside a pin now
-(already locked), one whose peak reached 1 (the guest read all of it once:
-reloaded whole, as before), and one never seen cached (the margin and gaps
-the planner adds around hot blocks, the next blocks of a moving hot spot).
-With cache units as large as the model's blocks (the replay's default) a
-block is either cached or not, its peak is 1, and nothing is gated.
+The blocks it was spreading through were the only loads it read (27-42% of
+their pages; docs/benchmarks.md, issue 23).
+
+So :class:`LoadGate` keeps, for each block the guest has read part of, its
+peak cached fraction from the guest's reads (not from pins: what a pin
+loaded says nothing about the guest) and when it rose. A block whose peak
+rose in two cycles, the last within GROWTH_CYCLES, is one the guest is
+spreading through. New pins may take a block only if it is spreading,
+cached whole now (nothing to read) or pinned now (already locked);
+:meth:`LoadGate.cut` leaves every other block out of new regions. Its cached
+pages stay the kernel's to keep, and it is filled once the guest spreads
+through it again.
+
+That needs the residency to resolve pages within a block. Where it counts
+whole blocks (the replay's default, cache units as large as the model's
+blocks) a block is cached or not, nothing shows the guest's reach inside
+it, and nothing is gated.
+
 Memory: one entry per block cached now or with heat; a block neither is
 forgotten.
 """
@@ -54,20 +59,25 @@ RISES = 2
 
 
 class LoadGate:
-    """Per block the guest has read part of, its peak cached fraction; the blocks new pins must not fill."""
+    """Per block the guest has read part of, its peak cached fraction; the blocks new pins may fill.
 
-    def __init__(self) -> None:
+    ``pages``: whether the residency resolves pages within a block (the
+    agent's always does); False gates nothing.
+    """
+
+    def __init__(self, *, pages: bool = True) -> None:
+        self.pages = pages
         self._blocks = np.zeros(0, dtype=np.int64)  # sorted: the blocks tracked
         self._peak = np.zeros(0, dtype=np.float32)  # the guest's highest cached fraction of each
         self._rose = np.zeros(0, dtype=np.int64)    # the update that set it
         self._rises = np.zeros(0, dtype=np.int64)   # how many updates set a new one
         self._updates = 0
-        self._stale = np.zeros(0, dtype=np.int64)
+        self._fillable = np.zeros(0, dtype=np.int64)
 
     @property
-    def stale(self) -> NDArray[np.int64]:
-        """The blocks the guest read part of and is not spreading through (sorted)."""
-        return self._stale
+    def fillable(self) -> NDArray[np.int64]:
+        """The blocks cached whole or spread through by the guest at the last update (sorted)."""
+        return self._fillable
 
     def update(self, resident: BlockValues, ours: NDArray[np.int64], heated: NDArray[np.int64]) -> None:
         """Take one cycle's residency; ``ours``: the blocks whose residency a pin caused; ``heated``: the
@@ -86,30 +96,29 @@ class LoadGate:
         peak[grew], rose[grew] = value[grew], self._updates
         rises[grew] += 1
         spreading = (rises >= RISES) & (rose > self._updates - GROWTH_CYCLES)
-        self._stale = blocks[(value < 1) & (peak > 0) & (peak < 1) & ~spreading]
+        self._fillable = blocks[(value >= 1) | spreading]
         keep = (peak > 0) & ((value > 0) | member(blocks, heated))
         self._blocks, self._peak, self._rose, self._rises = blocks[keep], peak[keep], rose[keep], rises[keep]
 
     def cut(self, regions: Sequence[Region], pinned: NDArray[np.int64], block_size: int, most: int) -> list[Region]:
-        """``regions`` without their stale blocks outside the ``pinned`` blocks (sorted), at most ``most`` of them.
+        """``regions`` cut to their fillable or ``pinned`` blocks (sorted), at most ``most`` of them.
 
-        A region loses its stale blocks and splits into the runs left; each
+        A region loses its other blocks and splits into the runs left; each
         run keeps the region's priority in proportion to its length, so a
         plan's order is kept. Where the pieces outnumber ``most``, the
         lowest in priority are dropped.
         """
-        gated = self._stale[~member(self._stale, pinned)]
-        if gated.size == 0:
+        if not self.pages:
             return list(regions)
+        allowed = union(self._fillable, pinned)
         pieces: list[Region] = []
         for region in regions:
-            first, end = region.start // block_size, -(-region.end // block_size)
-            lo, hi = np.searchsorted(gated, [first, end])
-            if lo == hi:
+            blocks = np.arange(region.start // block_size, -(-region.end // block_size), dtype=np.int64)
+            kept = member(blocks, allowed)
+            if kept.all():
                 pieces.append(region)
                 continue
-            blocks = np.arange(first, end, dtype=np.int64)
-            starts, ends = runs(blocks[~member(blocks, gated[lo:hi])])
+            starts, ends = runs(blocks[kept])
             for s, e in zip(starts.tolist(), ends.tolist()):
                 start, stop = max(s * block_size, region.start), min(e * block_size, region.end)
                 pieces.append(Region(start, stop - start, region.priority * (stop - start) / region.length))
