@@ -82,7 +82,10 @@ class LoadGate:
     def update(self, resident: BlockValues, ours: NDArray[np.int64], heated: NDArray[np.int64]) -> None:
         """Take one cycle's residency; ``ours``: the blocks whose residency a pin caused; ``heated``: the
         blocks the model has heat for (both sorted: a block neither cached nor heated is forgotten).
+        Nothing to keep where the residency does not resolve pages: :meth:`cut` gates nothing there.
         """
+        if not self.pages:
+            return
         self._updates += 1
         blocks = union(resident.index, self._blocks)
         value = resident.at(blocks)
