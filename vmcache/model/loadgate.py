@@ -54,7 +54,7 @@ reads a hot zone slowly - 20 reads a second over 205 MiB is a page per block
 per cycle - leaves a third of its blocks without a new page in any one
 cycle, but hardly any for three (e^-3: 5%)."""
 
-RISES = 2
+RISES = 3
 """New peaks that make a block spreading: one is any first read of it."""
 
 
