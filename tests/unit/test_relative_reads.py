@@ -64,9 +64,10 @@ def covered(regions: list[Region]) -> tuple[int, int]:
     return int(mask[HOT].sum()), int(mask.sum() - mask[HOT].sum())
 
 
-@pytest.mark.parametrize("reads, within", [(200, 8), (1500, 6)])  # 20 and 150 reads per second
+@pytest.mark.parametrize("reads, within", [(200, 9), (1500, 6)])  # 20 and 150 reads per second
 def test_a_slow_guests_hot_zone_is_planned_within_a_few_cycles(reads: int, within: int) -> None:
-    """The first cycle has nothing to compare with; then ~9/12 of full input per cycle, 0.1 of it kept."""
+    """The first cycle has nothing to compare with; then ~9/12 of full input per cycle, 0.1 of it kept. A block
+    is filled after three new peaks (the load gate): at 20 reads a second a block gains a page in ~63% of cycles."""
     plans = run(Cycle(P, NBLOCKS), Guest(1), reads, within)
     hot, outside = covered(plans[-1])
     assert hot >= 0.9 * 205 and outside <= 8  # the zone, give or take the merge gap at its edges

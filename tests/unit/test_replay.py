@@ -396,4 +396,4 @@ def test_guard_periodic_hot_range_held_through_off_phases_at_the_default_decay()
 
     rows = hot_range_pinned(ModelParams().decay, seed=1, rate=1500.0, gap=60.0)
     assert len(rows) == 30
-    assert min(mib for _, mib in rows[1:]) >= 200  # of the 204 MiB range; the first cycle is still learning it
+    assert min(mib for _, mib in rows[2:]) >= 200  # of the 204 MiB range; the first two cycles are still learning it

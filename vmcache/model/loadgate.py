@@ -19,7 +19,7 @@ their pages; docs/benchmarks.md, issue 23).
 So :class:`LoadGate` keeps, for each block the guest has read part of, its
 peak cached fraction from the guest's reads (not from pins: what a pin
 loaded says nothing about the guest) and when it rose. A block whose peak
-rose in two cycles, the last within GROWTH_CYCLES, is one the guest is
+rose in RISES cycles, the last within GROWTH_CYCLES, is one the guest is
 spreading through. New pins may take a block only if it is spreading,
 cached whole now (nothing to read) or pinned now (already locked);
 :meth:`LoadGate.cut` leaves every other block out of new regions. Its cached
@@ -55,7 +55,12 @@ per cycle - leaves a third of its blocks without a new page in any one
 cycle, but hardly any for three (e^-3: 5%)."""
 
 RISES = 3
-"""New peaks that make a block spreading: one is any first read of it."""
+"""New peaks that make a block spreading. The first is any first read of it
+and the second one return: at two, the web server trace replayed live at 12x
+its pace (two cycles are four minutes of it) counted most blocks it touched
+twice as spreading, and the agent read about as much from the device as
+the guest did, too little of it read within the run to pay
+(docs/benchmarks.md, issue 23)."""
 
 
 class LoadGate:
