@@ -56,10 +56,11 @@ cycle, but hardly any for three (e^-3: 5%)."""
 
 RISES = 3
 """New peaks that make a block spreading. The first is any first read of it
-and the second one return: at two, the web server trace replayed live at 12x
-its pace (two cycles are four minutes of it) counted most blocks it touched
-twice as spreading, and the agent read about as much from the device as
-the guest did, too little of it read within the run to pay
+and the second one return. At two, on the web server trace replayed live at
+12x its pace (two 10 s cycles are four minutes of it), the agent read about
+as much from the device as the guest did, too little of it read within the
+run to pay; at three, about half as much live, and a fifth to a third fewer
+loads in the replay at the trace's own pace for at most 0.2% more misses
 (docs/benchmarks.md, issue 23)."""
 
 
