@@ -182,6 +182,13 @@ def _every_fourth_page_read(dom: object, first: int, blocks: int) -> None:
         guest_read(dom, page * 4096, 4096)
 
 
+def _resident_beside(path: Path, offset: int, length: int) -> int:
+    """Pages of ``path`` cached in ``[offset, offset + length)`` other than every fourth one (the guest's)."""
+    pages = scan_residency(path, 4096).blocks.index
+    inside = pages[(pages >= offset // 4096) & (pages < (offset + length) // 4096)]
+    return int(((inside - offset // 4096) % 4 != 0).sum())
+
+
 def _resident_pages(path: Path, offset: int, length: int) -> int:
     """Pages of ``path`` cached in ``[offset, offset + length)``, both whole MiB."""
     blocks = scan_residency(path, MiB).blocks
@@ -206,8 +213,10 @@ def test_the_agent_does_not_fill_blocks_the_guest_reads_the_same_quarter_of(env:
         for _ in range(8):  # the same quarter, again and again, over several cycles
             _every_fourth_page_read(dom, 8, 16)
             time.sleep(0.5)
-        resident = _resident_pages(image, 8 * MiB, 16 * MiB)
-        assert resident == 1024, f"{resident - 1024} pages read beside the guest's\n{env.agent_log(name)[-3000:]}"
+        # only the pages beside the guest's: the host's reclaim may take some of the guest's own
+        # (this machine's DAMON pages out page cache it saw read in at most 1 of 10 samples for a minute)
+        beside = _resident_beside(image, 8 * MiB, 16 * MiB)
+        assert beside == 0, f"{beside} pages read beside the guest's\n{env.agent_log(name)[-3000:]}"
     finally:
         dom.destroy()
         wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
