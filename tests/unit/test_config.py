@@ -100,6 +100,13 @@ read_model: counted
     assert (params.decay, params.block_size, params.interval) == (0.8, 65536, 5.0)
 
 
+def test_fill_is_whole_or_cached():
+    assert parse_host_config("").fill == "whole"
+    assert parse_host_config("fill: cached\n").fill == "cached"
+    with pytest.raises(ConfigError, match="fill.*whole, cached"):
+        parse_host_config("fill: pages\n")
+
+
 def test_read_model_is_inferred_or_counted():
     assert parse_host_config("read_model: inferred\n").read_model == "inferred"
     with pytest.raises(ConfigError, match="read_model.*inferred or counted"):

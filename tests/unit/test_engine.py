@@ -20,8 +20,9 @@ from vmcache.service.engine import DiskEngine
 from vmcache.host.pagecache import scan_residency
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
+from vmcache.model.warm import WarmStart
 
-from tests.pagecache_util import drop, fake_meminfo
+from tests.pagecache_util import drop, fake_meminfo, vmlck
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -218,6 +219,32 @@ def test_prefetch_rate_limits_device_reads_for_new_cold_regions(image: Path) -> 
     assert max(loaded) <= 8 * MiB, loaded  # paid for by what each block has uncached, not by its heat
     unlimited, loaded = run(None)
     assert unlimited[2] == 32 * MiB and loaded[2] == 20 * MiB, (unlimited, loaded)
+
+
+def test_fill_cached_pins_what_the_guest_spreads_through_and_reads_nothing(image: Path) -> None:
+    # As above, unlimited, but the pins take only the pages cached: each cycle locks what the guest read.
+    base = vmlck()
+    with engine(image, budget=64 * MiB, prefetch_rate=None, fill=False) as e:
+        pinned, loaded = [], []
+        for part in range(4):
+            guest_spread(image, 64 * MiB, 32 * MiB, part * 3 % 8, parts=8)
+            before = scan_residency(image, MiB).resident_pages
+            pinned.append(e.cycle().pinned_bytes)
+            loaded.append(scan_residency(image, MiB).resident_pages - before)
+        assert pinned == [0, 0, 32 * MiB, 32 * MiB] and loaded == [0] * 4, (pinned, loaded)
+        cached = scan_residency(image, MiB).resident_pages * 4096
+        assert vmlck() - base == cached == 4 * 4 * MiB  # four of every eight pages, all locked
+        drop(image)
+        assert scan_residency(image, MiB).resident_pages * 4096 == cached
+    assert vmlck() == base
+
+
+def test_fill_cached_still_loads_a_saved_hot_set(image: Path) -> None:
+    with engine(image, budget=64 * MiB, prefetch_rate=None, fill=False) as e:
+        e.warm = WarmStart([(Region(10 * MiB, 4 * MiB, 0.0), 1.0)], PARAMS)
+        stats = e.cycle()  # the guest reads nothing: what is pinned comes from the saved set
+        assert stats.pinned_bytes == 4 * MiB and stats.warm_restored_bytes == 4 * MiB
+        assert scan_residency(image, MiB).fraction[10:14].tolist() == [1.0] * 4
 
 
 def test_prefetch_rate_costs_nothing_for_regions_already_cached(image: Path) -> None:

@@ -6,13 +6,14 @@ import errno
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from vmcache.errors import PinError
-from vmcache.host import pinner as pinner_mod
+from vmcache.host import locking
 from vmcache.host.meminfo import MemInfo
 from vmcache.host.pagecache import PAGE_SIZE, scan_residency
 from vmcache.host.pinner import Pinner
@@ -287,14 +288,14 @@ def test_release_all_and_close_restore_vmlck(image: Path) -> None:
 
 
 def test_one_failure_does_not_lose_the_others(image: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = pinner_mod._mlock
+    real = locking.mlock
 
     def flaky(addr: int, length: int) -> None:
         if length == 3 * MiB:
             raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
         real(addr, length)
 
-    monkeypatch.setattr(pinner_mod, "_mlock", flaky)
+    monkeypatch.setattr(locking, "mlock", flaky)
     base = vmlck()
     with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
         with pytest.raises(PinError) as info:
@@ -311,3 +312,36 @@ def test_missing_image(tmp_path: Path) -> None:
     with pytest.raises(PinError) as info:
         Pinner(tmp_path / "nope.img", floor_bytes=0)
     assert info.value.errno == errno.ENOENT
+
+
+def _read_pages(path: Path, pages: Iterable[int]) -> None:
+    with open(path, "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # these pages and no read-around
+        for page in pages:
+            os.pread(f.fileno(), 1, page * PAGE_SIZE)
+
+
+def _cached_pages(path: Path) -> np.ndarray:
+    return scan_residency(path, PAGE_SIZE).blocks.index
+
+
+def test_fill_cached_locks_the_cached_pages_and_reads_nothing(image: Path) -> None:
+    """``fill: cached``: a pin locks what the guest read, then what it reads next; never a page more."""
+    base = vmlck()
+    first = 4 * MiB // PAGE_SIZE
+    _read_pages(image, range(first, first + 512, 4))  # every fourth page of 2 MiB
+    assert _cached_pages(image).tolist() == list(range(first, first + 512, 4))
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        report = pinner.apply([Region(4 * MiB, 2 * MiB, 1.0)], budget=SIZE, fill=False)
+        assert report.pinned_bytes == 2 * MiB  # the budget counts the pin whole
+        assert vmlck() - base == 128 * PAGE_SIZE
+        assert _cached_pages(image).tolist() == list(range(first, first + 512, 4))  # nothing read
+        drop(image)  # locked: they stay
+        assert _cached_pages(image).tolist() == list(range(first, first + 512, 4))
+        _read_pages(image, range(first + 1, first + 512, 4))  # the guest reads on, inside the pin
+        _read_pages(image, [first + 600])                      # and beside it
+        assert pinner.lock_cached() == []
+        assert vmlck() - base == 256 * PAGE_SIZE
+        drop(image)
+        assert _cached_pages(image).size == 256  # the page beside was not locked
+    assert vmlck() == base

@@ -85,3 +85,33 @@ def test_host_mode_reports_the_use_of_each_vms_loads() -> None:
     assert equal.vms["narrow"].extra["loaded_units"] == 0 or equal.vms["narrow"].extra["loaded_read_share"] == 0.0
     used = sum(v.extra["loaded_read_share"] * v.extra["loaded_units"] for v in equal.vms.values())
     assert equal.total.extra["loaded_read_share"] == pytest.approx(used / equal.total.extra["loaded_units"], abs=1e-5)
+
+
+def test_pins_that_fill_only_what_is_cached_load_nothing_and_keep_hits() -> None:
+    """``fill: cached``: the same plans, no loads; the blocks the guest spreads through are pinned as it reads them."""
+    size = 4 * MiB
+    broad = _blocks_read(16, size, 20000, 1)
+    results = {}
+    for fill in (True, False):
+        (r,) = replay(broad, [8 * MiB], block_size=64 << 10, cache_unit=4096, policies=("inferred",), size_bytes=size,
+                      fill=fill)
+        results[fill] = r
+    assert results[True].extra["loaded_units"] > 0
+    assert results[False].extra["loaded_units"] == 0
+    assert results[False].extra["pinned_blocks_mean"] > 0
+    (linux,) = replay(broad, [8 * MiB], block_size=64 << 10, cache_unit=4096, policies=("linux",), size_bytes=size)
+    # no neighbour here: what the pins hold the kernel's lists hold too, and nothing is read ahead
+    assert results[False].device_reads == linux.device_reads
+    assert results[True].device_reads < linux.device_reads  # the loads took misses off the guest
+
+
+def test_host_mode_pins_that_fill_only_what_is_cached_load_nothing() -> None:
+    from vmcache.replay.host import HostVm, replay_host
+
+    size = 4 * MiB
+    vms = [HostVm("broad", _blocks_read(16, size, 20000, 1), 8 * MiB, size_bytes=size),
+           HostVm("other", _blocks_read(16, size, 20000, 2), 8 * MiB, size_bytes=size)]
+    for fill, loads in ((True, True), (False, False)):
+        results = replay_host(vms, [4 * MiB], block_size=64 << 10, cache_unit=4096, memory=16 * MiB, fill=fill)
+        assert sum("loaded_units" in r.total.extra for r in results) >= 4  # the splits
+        assert all((r.total.extra["loaded_units"] > 0) == loads for r in results if "loaded_units" in r.total.extra)

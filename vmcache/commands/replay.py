@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-rate", type=size_arg, default=None, metavar="SIZE",
                         help="the rate while a warm start restores its saved set, as the agent's warm_rate "
                              "(the higher of the two applies; default: --prefetch-rate)")
+    parser.add_argument("--fill", choices=("whole", "cached"), default="whole",
+                        help="as the agent's fill: new pins load their blocks' uncached pages (whole, the "
+                             "default) or take only the pages cached (cached: nothing loaded)")
     parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of device reads per request against memory")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
@@ -199,7 +202,8 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
     caps = sorted({c for group in args.cap for c in group})
     try:
         results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory,
-                                   rest=args.rest, prefetch_rate=args.prefetch_rate, cache_unit=args.cache_unit)
+                                   rest=args.rest, prefetch_rate=args.prefetch_rate, cache_unit=args.cache_unit,
+                                   fill=args.fill == "whole")
     except ValueError as err:
         raise ConfigError("--vm", args.vm, str(err)) from None
     if args.json:
@@ -285,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     policies = tuple(dict.fromkeys(args.policy)) if args.policy else sim.POLICIES
     results = sim.replay(trace, budgets, block_size=args.block_size, params=params, pin_share=args.pin_share,
                          size_bytes=size, policies=policies, head=args.head, prefetch_rate=args.prefetch_rate,
-                         warm_rate=args.warm_rate, cache_unit=unit, rest=args.rest)
+                         warm_rate=args.warm_rate, cache_unit=unit, rest=args.rest, fill=args.fill == "whole")
     if args.json:
         print(json.dumps(report.rows_json(results), indent=1))
     else:
@@ -293,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{os.path.basename(args.trace)}: {len(trace)} requests, {trace.duration:.0f}s, image "
               f"{format_size(size)}, blocks {format_size(args.block_size)}, interval {params.interval:g}s, "
               f"pin share {args.pin_share:g}, rest {args.rest}" + _rates(args.prefetch_rate, args.warm_rate)
+              + (", pins fill only what is cached" if args.fill == "cached" else "")
               + (f", cache unit {format_size(unit)}" if paged else ""))
         for measure, title in report.MEASURES.items():
             print(f"{title}:")

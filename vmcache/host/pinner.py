@@ -1,7 +1,8 @@
 """Pin regions of an image in the page cache: one read-only mmap + mlock each.
 
 Each pinned region is its own ``MAP_SHARED``/``PROT_READ`` mapping of the
-image, locked whole with mlock(2): one VMA per region (the count is bounded
+image, locked with mlock(2) - whole, or only the pages cached (``fill``
+False: nothing is read from the device): one VMA per region (the count is bounded
 by the plan's region count, far below ``vm.max_map_count``). Python never
 touches the mapped memory, so a file truncated under a pin only loses the
 pages past its new end; it never SIGBUSes. Releasing is munlock + munmap.
@@ -28,6 +29,7 @@ from ..model.cycle import blocks_mask
 from ..model.pindiff import Span
 from ..model.region import Region
 from .cachestat import fd_size
+from . import locking
 from .meminfo import MemInfo, read_meminfo
 from .pagerefs import PageRefs
 from .pagecache import PAGE_SIZE, _libc, map_readonly, unmap
@@ -36,15 +38,11 @@ __all__ = ["Pinner", "PinReport", "PinFailure"]
 
 _LOG = logging.getLogger(__name__)
 
-_libc.mlock.restype = ctypes.c_int
-_libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.munlock.restype = ctypes.c_int
 _libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.restype = ctypes.c_int
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_RANDOM = 1
-_LOAD_CHUNK = 1 << 20
-_ADVICE_CHUNK = 128 << 10  # the kernel's default readahead: WILLNEED reads at most max(io_pages, ra_pages) a call
 
 
 
@@ -79,34 +77,6 @@ class _Pin:
     addr: int
 
 
-def _load(fd: int, addr: int, base: int, start: int, length: int) -> None:
-    """Load ``[start, start + length)`` of ``fd`` with large reads and lock it, 1 MiB at a time.
-
-    ``addr``: the region's mapping, which begins at file offset ``base``.
-    mlock of a ``MADV_RANDOM`` mapping faults each missing page in with a
-    4 KiB device read of its own: on a device limited in operations per
-    second (a busy SSD, network or HDD-class storage) loading a 256 MiB
-    region costs 65,536 reads taken from the guest's share, where large
-    reads cost a few hundred. So each MiB is first asked for with
-    ``POSIX_FADV_WILLNEED`` (reads of exactly the pages not cached, in
-    pieces of :data:`_ADVICE_CHUNK`, no more than the kernel reads at once
-    on any device), then locked, which waits for those reads. Not read(2):
-    a read through a page that another reader's readahead marked starts the
-    next readahead window past it, even on a ``POSIX_FADV_RANDOM`` file,
-    loading pages beside the region for nobody. What the advice did not
-    load, the lock faults in. Raises OSError from mlock.
-    """
-    end = start + length
-    for offset in range(start, end, _LOAD_CHUNK):
-        chunk = min(_LOAD_CHUNK, end - offset)
-        try:
-            for piece in range(offset, offset + chunk, _ADVICE_CHUNK):
-                os.posix_fadvise(fd, piece, min(_ADVICE_CHUNK, offset + chunk - piece), os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        _mlock(addr + offset - base, chunk)
-
-
 class _Run:
     """What one ``apply`` has done so far: releases, additions, failures, the MemAvailable estimate."""
 
@@ -128,12 +98,6 @@ class _Run:
         self.removed.append(region)
         self.available += span[1]
         return span[1]
-
-
-def _mlock(addr: int, length: int) -> None:
-    if _libc.mlock(ctypes.c_void_p(addr), length) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
 
 
 class Pinner:
@@ -226,8 +190,12 @@ class Pinner:
 
     # -- changes ---------------------------------------------------------
 
-    def _pin(self, region: Region, held: Sequence[Span] = ()) -> PinFailure | None:
-        """mmap, load and mlock ``region``; ``held``: pins still locked inside it (not read again)."""
+    def _pin(self, region: Region, held: Sequence[Span] = (), fill: bool = True) -> PinFailure | None:
+        """mmap and mlock ``region``; ``held``: pins still locked inside it (not read again).
+
+        ``fill``: read what is not cached and lock all of it; else lock only
+        what is cached (:func:`vmcache.host.locking.lock_cached`).
+        """
         assert self._fd is not None
         op = "mmap"
         try:
@@ -238,9 +206,12 @@ class Pinner:
                 # would load pages beside the region, which the next scan
                 # would take for guest reads (pinning feeding itself).
                 _libc.madvise(ctypes.c_void_p(addr), region.length, _MADV_RANDOM)
-                for start, length in pindiff.uncovered(region, held):
-                    _load(self._fd, addr, region.start, start, length)
-                _mlock(addr, region.length)
+                if fill:
+                    for start, length in pindiff.uncovered(region, held):
+                        locking.load_and_lock(self._fd, addr, region.start, start, length)
+                    locking.mlock(addr, region.length)
+                else:
+                    locking.lock_cached(addr, region.length)
             except OSError:
                 unmap(addr, region.length)
                 raise
@@ -275,7 +246,7 @@ class Pinner:
         self._log.info(event("pin.remove", start=span[0], length=span[1], reason=reason))
         return None
 
-    def apply(self, regions: Sequence[Region], budget: int) -> PinReport:
+    def apply(self, regions: Sequence[Region], budget: int, *, fill: bool = True) -> PinReport:
         """Make the pinned set equal to ``regions``, touching only the difference.
 
         Regions are taken by priority (highest first), clipped to the
@@ -288,7 +259,10 @@ class Pinner:
         under the floor nothing new is pinned and the lowest-priority pins
         are released until the estimate (MemAvailable plus the bytes
         released) is back above it. What to do is decided by
-        vmcache.model.pindiff; this method only carries it out.
+        vmcache.model.pindiff; this method only carries it out. ``fill``
+        False: new pins lock only the pages cached now (nothing is read from
+        the device; :meth:`lock_cached` locks those cached later); the
+        budget and the floor still count each pin whole.
 
         Raises PinError (with ``.report``) when some region could not be
         pinned or released; every other region is still applied and tracked.
@@ -315,7 +289,7 @@ class Pinner:
             self._log.info(event("pin.skip", reason="floor", bytes=todo.skipped_floor, available=run.available,
                                  floor=self.floor_bytes))
         for addition in todo.add:
-            self._add(addition, run)
+            self._add(addition, run, fill)
         for span in todo.orphans:
             if span in self._pins:
                 run.release(span, "budget")
@@ -326,20 +300,39 @@ class Pinner:
                 run.released_for_pressure += run.release(span, "pressure")
         return self._report(run, todo)
 
+    def lock_cached(self) -> list[PinFailure]:
+        """Lock the pages cached in the pins since they were locked by ``apply(fill=False)``; the failures.
+
+        Those are the guest's reads (nothing else reads into a pin), so the
+        read evidence (:meth:`read_evidence`) sees them once they are locked.
+        A pin whose lock fails stays as it was.
+        """
+        failures = []
+        for span, pin in self._pins.items():
+            try:
+                locking.lock_cached(pin.addr, span[1])
+            except OSError as err:
+                self._log.warning(event("pin.fail", op="mlock", start=span[0], length=span[1], errno=err.errno))
+                failures.append(PinFailure(span[0], span[1], "mlock", err.errno or 0))
+        return failures
+
     def _regions(self) -> dict[Span, Region]:
         return {span: pin.region for span, pin in self._pins.items()}
 
-    def _add(self, addition: pindiff.Addition, run: _Run) -> None:
-        """Lock a new region; the pins it replaces go once it holds their pages, or are locked whole again."""
+    def _add(self, addition: pindiff.Addition, run: _Run, fill: bool) -> None:
+        """Lock a new region; the pins it replaces go once it holds their pages, or are locked again."""
         region, old = addition.region, addition.replaces
         for span in old:
             self._unlock_outside(span, region)
-        failure = self._pin(region, old)
+        failure = self._pin(region, old, fill)
         if failure:
             run.failures.append(failure)
             for span in old:
                 try:
-                    _mlock(self._pins[span].addr, span[1])
+                    if fill:
+                        locking.mlock(self._pins[span].addr, span[1])
+                    else:
+                        locking.lock_cached(self._pins[span].addr, span[1])
                 except OSError:
                     run.release(span, "reshape")
             return

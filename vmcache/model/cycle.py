@@ -139,7 +139,8 @@ class Cycle:
         return self._bucket.warm_rate
 
     @property
-    def _restoring(self) -> bool:
+    def restoring(self) -> bool:
+        """A saved hot set is being restored: its pins are loaded on purpose."""
         return self.warm is not None and not self.warm.done
 
     @property
@@ -221,9 +222,9 @@ class Cycle:
                               current=held)
         if reads is not None:
             regions = self._balanced(regions, reads, res, size_bytes, budget, held)
-        if not self._restoring:  # a saved hot set is loaded on purpose
+        if not self.restoring:  # a saved hot set is loaded on purpose
             regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
-        regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self._restoring)
+        regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self.restoring)
         return CycleResult(regions, read_miss, waiting)
 
     def pinned(self, regions: Iterable[Region]) -> None:

@@ -179,13 +179,15 @@ def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm]
 def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: ModelParams | None = None,
                 memory: int | None = None, memory_factor: float = 2.0,
                 arms: tuple[str, ...] = ARMS, rest: str = "linux",
-                prefetch_rate: int | None = None, cache_unit: int | None = None) -> list[HostResult]:
+                prefetch_rate: int | None = None, cache_unit: int | None = None, fill: bool = True
+                ) -> list[HostResult]:
     """Every arm at every cap; ``memory`` (default ``memory_factor * cap``) is the host page cache.
 
     ``params``: the model of every VM (its ``block_size`` is replaced by
     ``block_size``); ``rest``: the policy of the memory nobody pins
     (``linux`` or ``lru``); ``prefetch_rate``: bytes per trace second each
-    VM may load into new pins, as the agents' setting (None: unlimited).
+    VM may load into new pins, as the agents' setting (None: unlimited);
+    ``fill`` False: pins take only resident units (``fill: cached``).
     ``cache_unit``: what the page cache holds, a divisor of ``block_size``
     (default the block; 4 KiB is the host's page, so the kernel keeps the
     pages a guest touched while a pin holds whole blocks). Device reads and
@@ -220,7 +222,7 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
                 total, per_vm = _results(arm, cap, mem, merged, vms, SHARED[arm](merged.bt, capacity))
                 out.append(HostResult(arm, cap, mem, total, per_vm))
                 continue
-            hits, states, loads = _run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate)
+            hits, states, loads = _run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate, fill)
             total, per_vm = _results(arm, cap, mem, merged, vms, hits, loads)
             cycles = max(1, len(cycle_ends(merged.bt, p.interval)))
             out.append(HostResult(arm, cap, mem, total, per_vm,
@@ -230,7 +232,7 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
 
 
 def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity: int,
-               params: ModelParams, rest: str, prefetch_rate: int | None
+               params: ModelParams, rest: str, prefetch_rate: int | None, fill: bool = True
                ) -> tuple[NDArray[np.bool_], list[_Vm], Loads]:
     """Hits per access of one split arm, the VMs' states at the end and what their pins loaded.
 
@@ -264,7 +266,7 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
             wanted.append(sampling.units_of(s.pinned, per, s.units) + s.offset)
             s.grant_sum += s.granted
             s.pinned_sum += int(s.pinned.size) * params.block_size
-        loads.add(t0 + params.interval * (k + 1), memory.pin(np.concatenate(wanted)))
+        loads.add(t0 + params.interval * (k + 1), memory.pin(np.concatenate(wanted), fill))
         for s in states:
             s.cycle.pinned(s.current)
         begin = end

@@ -74,10 +74,19 @@ class Memory:
             b = block[i]
             hits[i] = b in pinned or access(b, write[i])
 
-    def pin(self, units: NDArray[np.int64]) -> list[int]:
-        """Pin exactly ``units``; the units that had to be loaded (not resident before)."""
+    def pin(self, units: NDArray[np.int64], fill: bool = True) -> list[int]:
+        """Pin exactly ``units``; the units that had to be loaded (not resident before).
+
+        ``fill`` False (the host config's ``fill: cached``): of the units not
+        pinned yet, only the resident ones are pinned and nothing is loaded;
+        the others are left to the rest until a later call finds them resident.
+        """
         wanted = set(units.tolist())
-        loaded = [u for u in wanted - self.pinned if not self.rest.discard(u)]
+        if fill:
+            loaded = [u for u in wanted - self.pinned if not self.rest.discard(u)]
+        else:
+            loaded = []
+            wanted = (wanted & self.pinned) | {u for u in wanted - self.pinned if self.rest.discard(u)}
         released = sorted(self.pinned - wanted)
         self.pinned = wanted
         self.rest.resize(self.capacity - len(wanted))
@@ -141,7 +150,7 @@ def step_inputs(bt: BlockTrace, begin: int, end: int, hit: NDArray[np.bool_], pi
 
 def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
             size_bytes: int | None = None, warm: WarmStart | None = None, prefetch_rate: int | None = None,
-            warm_rate: int | None = None, rest: str = "linux", exact: bool = True,
+            warm_rate: int | None = None, rest: str = "linux", exact: bool = True, fill: bool = True,
             on_cycle: Callable[[float, NDArray[np.int64]], None] | None = None) -> VmcacheRun:
     """Hit or miss per access for vmcache's pins over the ``rest`` policy, ``capacity`` units in all.
 
@@ -154,7 +163,9 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     count as prefetched); ``prefetch_rate``, ``warm_rate``: the cycle's
     token bucket (bytes per trace second, None: no limit); ``rest``:
     ``linux`` or ``lru``; ``exact``: give the cycle the reads counted
-    exactly (else it infers them); ``on_cycle``: called after each cycle
+    exactly (else it infers them); ``fill`` False: pins take only resident
+    units and load nothing but a saved hot set (:meth:`Memory.pin`);
+    ``on_cycle``: called after each cycle
     with its trace time and the model blocks it pinned (sorted). Raises
     ValueError when they do not fit.
     """
@@ -185,7 +196,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         now = t0 + params.interval * (k + 1)
         current = cycle.step(pinned=current, size_bytes=size, budget=pin_budget, now=now, **inputs).regions
         pinned = blocks_of(current, mbs, nmb)
-        run.loads.add(now, memory.pin(sampling.units_of(pinned, per, bt.nblocks)))
+        run.loads.add(now, memory.pin(sampling.units_of(pinned, per, bt.nblocks), fill or cycle.restoring))
         cycle.pinned(current)
         if on_cycle is not None:
             on_cycle(now, pinned)
@@ -243,6 +254,7 @@ def replay(
     warm_rate: int | None = None,
     cache_unit: int | None = None,
     rest: str = "linux",
+    fill: bool = True,
 ) -> list[PolicyResult]:
     """Every policy at every budget (bytes of memory); results in budget order, then policy order.
 
@@ -255,7 +267,8 @@ def replay(
     simulated caches hold and count accesses in (default ``block_size``);
     a smaller unit (a 4 KiB page) makes the model see how much of each block
     is resident, as on a host. ``rest``: the policy of the memory vmcache
-    does not pin (``linux``, ``lru``). Raises ValueError for an unknown
+    does not pin (``linux``, ``lru``). ``fill`` False: the vmcache arms'
+    pins take only what is resident (``fill: cached``). Raises ValueError for an unknown
     policy or rest, a bad share, a block size that is not a multiple of the
     unit or parameters ModelParams refuses.
     """
@@ -280,7 +293,7 @@ def replay(
         pin_budget = int(capacity * pin_share) * unit
         ours = _arm_results([n for n in policies if n in ARMS], bt, budget, capacity, pin_budget, p,
                             size_bytes=size_bytes, size=size, head=head, prefetch_rate=prefetch_rate,
-                            warm_rate=warm_rate, rest=rest)
+                            warm_rate=warm_rate, rest=rest, fill=fill)
         for name in policies:
             baseline = BASELINES.get(name)
             results.append(measure(name, budget, bt, baseline(bt, capacity), head=head) if baseline else ours[name])

@@ -87,7 +87,7 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams,
              layer_of: str | None) -> DiskWorker:
         return DiskWorker(choice, node=node, monitor=monitor, params=params, floor_bytes=config.min_free,
-                          prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate,
+                          prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate, fill=config.fill == "whole",
                           refs=refs, runtime_dir=runtime_dir,
                           socket_owner=qemu_user(),
                           granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,

@@ -52,6 +52,7 @@ class DiskWorker:
         floor_bytes: int,
         prefetch_rate: int | None = None,
         warm_rate: int | None = None,
+        fill: bool = True,
         refs: PageRefs | None = None,
         runtime_dir: str,
         socket_owner: tuple[int, int] | None = None,
@@ -97,7 +98,7 @@ class DiskWorker:
         self._dropped = 0
         try:
             self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
-                                         prefetch_rate=prefetch_rate, warm_rate=warm_rate, refs=refs,
+                                         prefetch_rate=prefetch_rate, warm_rate=warm_rate, fill=fill, refs=refs,
                                          clear_refs=False, writes=self._writes if self.tracker else None,
                                          reads=self._read_source(), decide_on_reads=decide_on_reads,
                                          logger=logger)

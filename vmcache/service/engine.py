@@ -63,6 +63,7 @@ class DiskEngine:
         floor_bytes: int,
         prefetch_rate: int | None = None,
         warm_rate: int | None = None,
+        fill: bool = True,
         writes: WriteSource | None = None,
         reads: ReadSource | None = None,
         decide_on_reads: bool = False,
@@ -79,6 +80,8 @@ class DiskEngine:
         to fill regions it starts pinning (their pages not yet in the page
         cache); None for no limit. ``warm_rate``: the rate instead while a
         saved hot set is restored (the higher of the two; None: the same).
+        ``fill`` False: pins lock only the pages cached (the guest's), and
+        read nothing from the device but to restore a saved hot set.
         ``refs`` reads the referenced bits of
         pinned pages (the guest's reads of them); ``reads`` counts every read
         the guest made (host/readcount.py; None: inferred from residency
@@ -95,6 +98,7 @@ class DiskEngine:
         self._writes = writes
         self._reads = reads
         self._decide_on_reads = decide_on_reads
+        self._fill = fill
         self._meminfo = meminfo
         self._clock = clock
         self._log = logger or logging.getLogger(__name__)
@@ -201,6 +205,8 @@ class DiskEngine:
         self.last_reads = self._reads(n) if self._reads else None
         sample = self._writes() if self._writes else DirtyRead(BitmapRead.NONE)
         self._written = written = extents_to_block_values(sample.extents, bs, n)
+        if not self._fill:
+            self._pinner.lock_cached()  # the guest's reads into the pins: locked, and seen as read evidence
         current = self._pinner.pinned
         per_block = evidence_per_block(self._pinner.pinned_blocks(bs, n).size)
         exact = self.last_reads if self._decide_on_reads else None
@@ -214,7 +220,7 @@ class DiskEngine:
                                    reads=exact)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
-        report = self._pinner.apply(decided.regions, self.budget)
+        report = self._pinner.apply(decided.regions, self.budget, fill=self._fill or self._cycle.restoring)
         self._settle(report.regions)
         if self._clear_refs:
             self._refs.clear()  # also forgets the references mlock itself just made

@@ -100,6 +100,7 @@ class HostConfig:
     min_free: int = 1 << 30
     prefetch_rate: int | None = 8 << 20
     warm_rate: int = 32 << 20           # the prefetch rate while a saved hot set is restored (the higher applies)
+    fill: str = "whole"                 # "cached": pins lock only cached pages and read nothing (FILLS)
     psi_threshold: float = 10.0
     interval: float = 10.0
     hotset_interval: float = 300.0      # seconds between saves of the hot set; 0: never saved
@@ -207,6 +208,8 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
                                    else parse_size(data["prefetch_rate"], key="prefetch_rate"))
     if "warm_rate" in data:
         values["warm_rate"] = _warm_rate(data["warm_rate"])
+    if "fill" in data:
+        values["fill"] = _choice(data["fill"], "fill", FILLS)
     if "psi_threshold" in data:
         values["psi_threshold"] = _percent(data["psi_threshold"], "psi_threshold")
     if "interval" in data:
@@ -249,13 +252,23 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     return config
 
 
-_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "warm_rate", "psi_threshold", "interval", "hotset_interval",
+_TOP_KEYS = ("budget", "min_free", "prefetch_rate", "warm_rate", "fill", "psi_threshold", "interval", "hotset_interval",
              "hotset_dir", "hotset_keep", "hotset_max_age", "cache_modes", "pinned_cap", "model",
              "runtime_dir", "log_dir", "agent_command", "metrics", "heatmap", "domains", "read_model")
 _HEATMAP_KEYS = ("dir", "every", "blocks_per_pixel", "aspect")
 
 
 READ_MODELS = ("inferred", "counted")
+FILLS = ("whole", "cached")
+"""``fill``: whether a new pin reads the pages of its blocks that are not cached (``whole``, at
+``prefetch_rate``) or locks only the pages cached, its own and those the guest reads later
+(``cached``: vmcache reads nothing from the device but to restore a saved hot set)."""
+
+
+def _choice(value: object, key: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(key, value, f"must be one of {', '.join(choices)} (docs/configuration.md)")
+    return str(value)
 
 
 def _read_model(value: object) -> str:
