@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 libvirt = pytest.importorskip("libvirt")
@@ -173,20 +174,21 @@ def test_a_fast_restart_warms_from_the_set_the_last_agent_saved_as_it_stopped(en
         dom.undefine()
 
 
-def _every_fourth_page_read(dom: object, first: int, blocks: int) -> None:
-    """The guest reads every fourth 4 KiB page of ``blocks`` 1 MiB blocks from block ``first``.
+def _every_fourth_page_read(dom: object, first: int, blocks: int, part: int = 0) -> None:
+    """The guest reads every fourth 4 KiB page of ``blocks`` 1 MiB blocks from block ``first``, from page ``part``.
 
     The kernel's readahead reads exactly these (pages two apart, it takes for a sequential reader's).
     """
-    for page in range(first * 256, (first + blocks) * 256, 4):
+    for page in range(first * 256 + part, (first + blocks) * 256, 4):
         guest_read(dom, page * 4096, 4096)
 
 
-def _resident_beside(path: Path, offset: int, length: int) -> int:
-    """Pages of ``path`` cached in ``[offset, offset + length)`` other than every fourth one (the guest's)."""
+def _resident_beside(path: Path, offset: int, length: int, parts: tuple[int, ...] = (0,)) -> int:
+    """Pages of ``path`` cached in ``[offset, offset + length)`` other than the guest's: those ``parts`` of
+    every four."""
     pages = scan_residency(path, 4096).blocks.index
     inside = pages[(pages >= offset // 4096) & (pages < (offset + length) // 4096)]
-    return int(((inside - offset // 4096) % 4 != 0).sum())
+    return int((~np.isin((inside - offset // 4096) % 4, parts)).sum())
 
 
 def _resident_pages(path: Path, offset: int, length: int) -> int:
@@ -194,6 +196,37 @@ def _resident_pages(path: Path, offset: int, length: int) -> int:
     blocks = scan_residency(path, MiB).blocks
     inside = (blocks.index >= offset // MiB) & (blocks.index < (offset + length) // MiB)
     return round(float(blocks.value[inside].sum()) * (MiB // 4096))
+
+
+def test_with_fill_cached_the_agent_locks_what_the_guest_read_and_reads_nothing(env: LiveEnv) -> None:
+    """``fill: cached``: the blocks the guest spreads through are pinned, but only the pages it read are locked."""
+    name = PREFIX + "fillcached"
+    image = env.disk(name, 64 * MiB)
+    with open(image, "wb") as f:  # data, not holes: read from the file system
+        f.write(b"\x5a" * (64 * MiB))
+        os.fsync(f.fileno())
+    drop(image)
+    with env.config_override(fill="cached"):
+        dom = env.domain(name, budget=None, image=image)
+        try:
+            assert main(["enable", name, "--budget", "16M", "--live", "--host-config", str(env.config)]) == 0
+            pid = wait_for(lambda: env.agent_pid(name), "vmcache enable to start an agent")
+            wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
+            for part in (0, 1, 2):  # three quarters of 8 blocks, a quarter a few cycles at a time
+                for _ in range(3):
+                    _every_fourth_page_read(dom, 8, 8, part)
+                    time.sleep(1.0)
+            try:
+                wait_for(lambda: env.pinned(name) >= 8 * MiB and vmlck(pid) >= 6 * MiB,
+                         "the blocks pinned and the pages the guest read locked")
+            except AssertionError as err:
+                raise AssertionError(f"{err}: {vmlck(pid)} locked\n{env.agent_log(name)[-3000:]}") from None
+            assert vmlck(pid) <= 6 * MiB + 8 * MiB // 4 // 4  # locked what was read, hardly a page more
+            beside = _resident_beside(image, 8 * MiB, 8 * MiB, parts=(0, 1, 2))
+            assert beside == 0, f"{beside} pages read beside the guest's\n{env.agent_log(name)[-3000:]}"
+        finally:
+            dom.destroy()
+            wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")
 
 
 def test_the_agent_does_not_fill_blocks_the_guest_reads_the_same_quarter_of(env: LiveEnv) -> None:
