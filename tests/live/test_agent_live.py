@@ -174,21 +174,23 @@ def test_a_fast_restart_warms_from_the_set_the_last_agent_saved_as_it_stopped(en
         dom.undefine()
 
 
-def _every_fourth_page_read(dom: object, first: int, blocks: int, part: int = 0) -> None:
-    """The guest reads every fourth 4 KiB page of ``blocks`` 1 MiB blocks from block ``first``, from page ``part``.
+def _every_fourth_page_read(dom: object, first: int, blocks: int, part: int = 0, stride: int = 4) -> None:
+    """The guest reads every fourth (``stride``th) 4 KiB page of ``blocks`` 1 MiB blocks from block ``first``,
+    from page ``part``.
 
-    The kernel's readahead reads exactly these (pages two apart, it takes for a sequential reader's).
+    The kernel's readahead reads exactly these (pages two apart, it takes for a sequential reader's; and a page
+    right after cached ones starts its context readahead, so parts read later must not be next to earlier ones).
     """
-    for page in range(first * 256 + part, (first + blocks) * 256, 4):
+    for page in range(first * 256 + part, (first + blocks) * 256, stride):
         guest_read(dom, page * 4096, 4096)
 
 
-def _resident_beside(path: Path, offset: int, length: int, parts: tuple[int, ...] = (0,)) -> int:
+def _resident_beside(path: Path, offset: int, length: int, parts: tuple[int, ...] = (0,), stride: int = 4) -> int:
     """Pages of ``path`` cached in ``[offset, offset + length)`` other than the guest's: those ``parts`` of
-    every four."""
+    every ``stride``."""
     pages = scan_residency(path, 4096).blocks.index
     inside = pages[(pages >= offset // 4096) & (pages < (offset + length) // 4096)]
-    return int((~np.isin((inside - offset // 4096) % 4, parts)).sum())
+    return int((~np.isin((inside - offset // 4096) % stride, parts)).sum())
 
 
 def _resident_pages(path: Path, offset: int, length: int) -> int:
@@ -212,17 +214,18 @@ def test_with_fill_cached_the_agent_locks_what_the_guest_read_and_reads_nothing(
             assert main(["enable", name, "--budget", "16M", "--live", "--host-config", str(env.config)]) == 0
             pid = wait_for(lambda: env.agent_pid(name), "vmcache enable to start an agent")
             wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
-            for part in (0, 1, 2):  # three quarters of 8 blocks, a quarter a few cycles at a time
-                for _ in range(3):
-                    _every_fourth_page_read(dom, 8, 8, part)
-                    time.sleep(1.0)
-            try:
-                wait_for(lambda: env.pinned(name) >= 8 * MiB and vmlck(pid) >= 6 * MiB,
-                         "the blocks pinned and the pages the guest read locked")
-            except AssertionError as err:
-                raise AssertionError(f"{err}: {vmlck(pid)} locked\n{env.agent_log(name)[-3000:]}") from None
-            assert vmlck(pid) <= 6 * MiB + 8 * MiB // 4 // 4  # locked what was read, hardly a page more
-            beside = _resident_beside(image, 8 * MiB, 8 * MiB, parts=(0, 1, 2))
+            locked = []
+            for k in range(24):  # three eighths of 8 blocks, an eighth a few cycles at a time, then all three
+                for part in (0, 2, 4)[:k // 3 + 1]:
+                    _every_fourth_page_read(dom, 8, 8, part, stride=8)
+                time.sleep(1.0)
+                locked.append(vmlck(pid))
+                if locked[-1] >= 2 * MiB:  # the three eighths pinned (the pins may not stay: not asked here)
+                    break
+            else:
+                raise AssertionError(f"never pinned and locked: {locked}\n{env.agent_log(name)[-3000:]}")
+            assert max(locked) <= 3 * MiB, locked  # what the guest read, at most (the host's reclaim may take some)
+            beside = _resident_beside(image, 8 * MiB, 8 * MiB, parts=(0, 2, 4), stride=8)
             assert beside == 0, f"{beside} pages read beside the guest's\n{env.agent_log(name)[-3000:]}"
         finally:
             dom.destroy()
@@ -240,7 +243,7 @@ def test_the_agent_does_not_fill_blocks_the_guest_reads_the_same_quarter_of(env:
     dom = env.domain(name, budget=None, image=image)
     try:
         _every_fourth_page_read(dom, 8, 16)  # before the agent: what it finds is one burst of the guest's
-        assert _resident_pages(image, 8 * MiB, 16 * MiB) == 1024
+        assert _resident_beside(image, 8 * MiB, 16 * MiB) == 0 and _resident_pages(image, 8 * MiB, 16 * MiB) > 512
         assert main(["enable", name, "--budget", "16M", "--live", "--host-config", str(env.config)]) == 0
         wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "vmcache enable to start an agent")
         for _ in range(8):  # the same quarter, again and again, over several cycles
