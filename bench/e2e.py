@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import libvirt
+import yaml
 
 from bench import e2e_trace
 from bench.e2e_arms import GOALS, SCENARIOS, SETS, Arm, every_arm
@@ -71,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default="",
                    help="model parameters in the vmcache arms' domain metadata, KEY=VALUE,... (default: none, the "
                         "product's defaults; e.g. decay=0.7)")
+    p.add_argument("--host-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a host config setting for the vmcache arms' agents over the installed config, e.g. "
+                        "fill=cached (repeat; written to the run's host.yaml; the pair's config gets it too)")
     p.add_argument("--disk-gib", type=int, default=2, help="image size (default 2 GiB)")
     p.add_argument("--memory-mib", type=int, default=384, help="guest RAM (default 384)")
     p.add_argument("--neighbour-gib", type=int, default=2,
@@ -188,10 +192,15 @@ def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int, 
     if any(a.scenario.neighbour for a in arms):
         with open(s.neighbour_file, "wb") as f:
             f.truncate(neighbour_gib << 30)
+    if s.host_settings:
+        s.host_config = s.out / "host.yaml"
+        installed = yaml.safe_load(Path(HOST_CONFIG).read_text()) or {}
+        s.host_config.write_text(yaml.safe_dump({**installed, **s.host_settings}))
     if any(a.scenario.vms > 1 and a.mode == "vmcache" for a in arms):
         s.pair_config = s.out / "host-pair.yaml"
         s.pair_config.write_text(f"# the alternating pair's agents: the installed defaults, one shared cap\n"
-                                 f"pinned_cap: {s.pair_cap_mib}M\n")
+                                 f"pinned_cap: {s.pair_cap_mib}M\n" + (yaml.safe_dump(s.host_settings)
+                                                                     if s.host_settings else ""))
     for name in sorted({a.scenario.trace for a in arms if a.scenario.trace}):
         s.traces[name] = prepare_trace(name, s, trace_requests)
 
@@ -226,7 +235,7 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
             if arm.mode in ("vmcache", "warm"):
                 with hook_lock():   # no live test swaps the hook under this arm
                     res = run_arm(arm, s, round_)
-                    if s.pair_config is not None and arm.scenario.vms > 1:
+                    if (s.pair_config is not None and arm.scenario.vms > 1) or s.host_config is not None:
                         ensure_hook(HOST_CONFIG)   # the installed hook back, before another user's turn
             else:
                 res = run_arm(arm, s, round_)
@@ -272,7 +281,8 @@ def main() -> int:
                  reclaim_period=args.reclaim_period, out=out, guest_dir=args.guest_dir, memory_mib=args.memory_mib,
                  model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv), phase=args.phase,
                  pair_cache_mib=args.pair_cache_mib, pair_cap_mib=args.pair_cap_mib,
-                 log_reads=args.log_device_reads)
+                 log_reads=args.log_device_reads,
+                 host_settings={k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.host_setting)})
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -295,7 +305,7 @@ def main() -> int:
         log("interrupted: cleaning up")
     finally:
         destroy_ours()
-        if s.pair_config is not None:
+        if s.pair_config is not None or s.host_config is not None:
             with hook_lock():
                 ensure_hook(HOST_CONFIG)
         unmount_delay(None, s.mount)   # an arm's own cleanup unmounts; this catches one cut short

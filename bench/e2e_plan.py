@@ -50,6 +50,8 @@ class Settings:
     pair_cache_mib: int = 320  # alternate: the cache room of the two VMs together
     pair_cap_mib: int = 224    # alternate: the host's pinned_cap the two agents share (their host config)
     pair_config: Path | None = None   # that host config, written by bench/e2e.py
+    host_settings: dict = field(default_factory=dict)  # --host-setting: over the installed config, for every agent
+    host_config: Path | None = None   # the installed config with them, written by bench/e2e.py (None: none given)
     traces: dict = field(default_factory=dict)   # trace name -> TraceFiles
     log_reads: bool = False    # the delay device logs every read it serves (diagnosis)
 

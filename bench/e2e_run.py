@@ -83,8 +83,10 @@ def ensure_hook(config: str = HOST_CONFIG) -> None:
 
 
 def host_config(arm: Arm, s: Settings) -> str:
-    """The host config the arm's agents run with: the installed one, or the pair's (its pinned_cap)."""
-    return str(s.pair_config) if arm.scenario.vms > 1 and s.pair_config else HOST_CONFIG
+    """The host config the arm's agents run with: the installed one (with ``--host-setting``s), or the pair's."""
+    if arm.scenario.vms > 1 and s.pair_config:
+        return str(s.pair_config)
+    return str(s.host_config) if s.host_config else HOST_CONFIG
 
 
 def connection():
