@@ -29,7 +29,7 @@ from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
 from tests.live.livelib import MiB, LiveEnv, agents_env, scrape, wait_for  # noqa: E402
 
 from tests.live.guestlib import guest_read, guest_write, leftovers  # noqa: E402
-from tests.pagecache_util import drop, vmlck  # noqa: E402
+from tests.pagecache_util import drop, locked_pages, vmlck  # noqa: E402
 
 pytestmark = pytest.mark.live
 
@@ -219,7 +219,7 @@ def test_with_fill_cached_the_agent_locks_what_the_guest_read_and_reads_nothing(
                 for part in (0, 2, 4)[:k // 3 + 1]:
                     _every_fourth_page_read(dom, 8, 8, part, stride=8)
                 time.sleep(1.0)
-                locked.append(vmlck(pid))
+                locked.append(locked_pages(pid))
                 if locked[-1] >= 2 * MiB:  # the three eighths pinned (the pins may not stay: not asked here)
                     break
             else:

@@ -22,7 +22,7 @@ from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
 from vmcache.model.warm import WarmStart
 
-from tests.pagecache_util import drop, fake_meminfo, vmlck
+from tests.pagecache_util import drop, fake_meminfo, locked_pages
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -223,7 +223,7 @@ def test_prefetch_rate_limits_device_reads_for_new_cold_regions(image: Path) -> 
 
 def test_fill_cached_pins_what_the_guest_spreads_through_and_reads_nothing(image: Path) -> None:
     # As above, unlimited, but the pins take only the pages cached: each cycle locks what the guest read.
-    base = vmlck()
+    base = locked_pages()
     with engine(image, budget=64 * MiB, prefetch_rate=None, fill=False) as e:
         pinned, loaded = [], []
         for part in range(4):
@@ -233,10 +233,10 @@ def test_fill_cached_pins_what_the_guest_spreads_through_and_reads_nothing(image
             loaded.append(scan_residency(image, MiB).resident_pages - before)
         assert pinned == [0, 0, 32 * MiB, 32 * MiB] and loaded == [0] * 4, (pinned, loaded)
         cached = scan_residency(image, MiB).resident_pages * 4096
-        assert vmlck() - base == cached == 4 * 4 * MiB  # four of every eight pages, all locked
+        assert locked_pages() - base == cached == 4 * 4 * MiB  # four of every eight pages, all locked
         drop(image)
         assert scan_residency(image, MiB).resident_pages * 4096 == cached
-    assert vmlck() == base
+    assert locked_pages() == base
 
 
 def test_fill_cached_still_loads_a_saved_hot_set(image: Path) -> None:

@@ -19,7 +19,7 @@ from vmcache.host.pagecache import PAGE_SIZE, scan_residency
 from vmcache.host.pinner import Pinner
 from vmcache.model.region import Region
 
-from tests.pagecache_util import drop, fake_meminfo, vmlck
+from tests.pagecache_util import drop, fake_meminfo, locked_pages, vmlck
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -327,21 +327,24 @@ def _cached_pages(path: Path) -> np.ndarray:
 
 def test_fill_cached_locks_the_cached_pages_and_reads_nothing(image: Path) -> None:
     """``fill: cached``: a pin locks what the guest read, then what it reads next; never a page more."""
-    base = vmlck()
+    base, base_vmlck = locked_pages(), vmlck()
     first = 4 * MiB // PAGE_SIZE
     _read_pages(image, range(first, first + 512, 4))  # every fourth page of 2 MiB
     assert _cached_pages(image).tolist() == list(range(first, first + 512, 4))
     with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
         report = pinner.apply([Region(4 * MiB, 2 * MiB, 1.0)], budget=SIZE, fill=False)
-        assert report.pinned_bytes == 2 * MiB  # the budget counts the pin whole
-        assert vmlck() - base == 128 * PAGE_SIZE
+        assert report.pinned_bytes == 2 * MiB  # the budget counts the pin whole, and so does VmLck
+        assert vmlck() - base_vmlck == 2 * MiB
+        assert locked_pages() - base == 128 * PAGE_SIZE
         assert _cached_pages(image).tolist() == list(range(first, first + 512, 4))  # nothing read
         drop(image)  # locked: they stay
         assert _cached_pages(image).tolist() == list(range(first, first + 512, 4))
         _read_pages(image, range(first + 1, first + 512, 4))  # the guest reads on, inside the pin
         _read_pages(image, [first + 600])                      # and beside it
         assert pinner.lock_cached() == []
-        assert vmlck() - base == 256 * PAGE_SIZE
+        assert locked_pages() - base == 256 * PAGE_SIZE
         drop(image)
         assert _cached_pages(image).size == 256  # the page beside was not locked
-    assert vmlck() == base
+        maps = sum(1 for line in open("/proc/self/maps") if str(image) in line)
+        assert maps == 1  # locked on fault: one mapping, however scattered its pages
+    assert locked_pages() == base and vmlck() == base_vmlck

@@ -20,15 +20,19 @@ __all__ = ["load_and_lock", "lock_cached", "mlock"]
 
 _libc.mlock.restype = ctypes.c_int
 _libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mlock2.restype = ctypes.c_int
+_libc.mlock2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MLOCK_ONFAULT = 1
+_MADV_POPULATE_READ = 22  # Linux 5.14
 _LOAD_CHUNK = 1 << 20
 _ADVICE_CHUNK = 128 << 10  # the kernel's default readahead: WILLNEED reads at most max(io_pages, ra_pages) a call
 
 
 def mlock(addr: int, length: int) -> None:
     """mlock(2) ``[addr, addr + length)``; OSError on failure."""
-    if _libc.mlock(ctypes.c_void_p(addr), length) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _check(_libc.mlock(ctypes.c_void_p(addr), length))
 
 
 def load_and_lock(fd: int, addr: int, base: int, start: int, length: int) -> None:
@@ -60,20 +64,32 @@ def load_and_lock(fd: int, addr: int, base: int, start: int, length: int) -> Non
 
 
 def lock_cached(addr: int, length: int) -> int:
-    """Lock the pages of the mapping ``[addr, addr + length)`` that are cached now; the bytes locked.
+    """Lock the pages of the mapping ``[addr, addr + length)`` that are cached now; the bytes asked for.
 
-    Each run of cached pages is locked on its own, so nothing is read from
-    the device, but for a page the kernel evicts between the residency
-    check and the lock (the lock faults it back in). Pages locked before
-    stay locked. Raises OSError from mincore or mlock.
+    The whole mapping is locked on fault (``mlock2(MLOCK_ONFAULT)``: one
+    VMA, however scattered the cached pages; locking each run of them apart
+    would split it into a VMA per run, and a guest's scattered reads into
+    a large budget would run into ``vm.max_map_count``), then each run of
+    pages mincore finds cached is mapped in (``MADV_POPULATE_READ``), which
+    locks it. Nothing is read from the device, but for a page the kernel
+    evicts between the two calls (the populate reads it back). Pages locked
+    before stay locked; VmLck counts the whole mapping, the locked pages are
+    its resident ones (``Locked`` in /proc/PID/smaps). Raises OSError from
+    mlock2, mincore or madvise.
     """
+    _check(_libc.mlock2(ctypes.c_void_p(addr), length, _MLOCK_ONFAULT))
     vec = np.zeros(-(-length // PAGE_SIZE), dtype=np.uint8)
-    if _libc.mincore(ctypes.c_void_p(addr), length, vec.ctypes.data) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _check(_libc.mincore(ctypes.c_void_p(addr), length, vec.ctypes.data))
     cached = np.concatenate(([0], vec & 1, [0])).astype(np.int8)
     edges = np.diff(cached)
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     for first, last in zip(starts.tolist(), ends.tolist()):
-        mlock(addr + first * PAGE_SIZE, min(length, last * PAGE_SIZE) - first * PAGE_SIZE)
+        run = min(length, last * PAGE_SIZE) - first * PAGE_SIZE
+        _check(_libc.madvise(ctypes.c_void_p(addr + first * PAGE_SIZE), run, _MADV_POPULATE_READ))
     return int((ends - starts).sum()) * PAGE_SIZE
+
+
+def _check(ret: int) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
