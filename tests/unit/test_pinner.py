@@ -345,6 +345,5 @@ def test_fill_cached_locks_the_cached_pages_and_reads_nothing(image: Path) -> No
         assert locked_pages() - base == 256 * PAGE_SIZE
         drop(image)
         assert _cached_pages(image).size == 256  # the page beside was not locked
-        maps = sum(1 for line in open("/proc/self/maps") if str(image) in line)
-        assert maps == 1  # locked on fault: one mapping, however scattered its pages
+        assert Path("/proc/self/maps").read_text().count(str(image)) == 1  # locked on fault: one mapping, however scattered its pages
     assert locked_pages() == base and vmlck() == base_vmlck
