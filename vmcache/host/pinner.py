@@ -303,8 +303,9 @@ class Pinner:
     def lock_cached(self) -> list[PinFailure]:
         """Lock the pages cached in the pins since they were locked by ``apply(fill=False)``; the failures.
 
-        Those are the guest's reads (nothing else reads into a pin), so the
-        read evidence (:meth:`read_evidence`) sees them once they are locked.
+        Those are the guest's reads (or another reader's of the image, such
+        as a backup's), and the read evidence (:meth:`read_evidence`) sees
+        them once they are locked.
         A pin whose lock fails stays as it was.
         """
         failures = []
