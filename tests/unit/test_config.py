@@ -103,7 +103,7 @@ read_model: counted
 def test_fill_is_whole_or_cached():
     assert parse_host_config("").fill == "whole"
     assert parse_host_config("fill: cached\n").fill == "cached"
-    with pytest.raises(ConfigError, match="fill.*whole, cached"):
+    with pytest.raises(ConfigError, match="fill.*whole or cached"):
         parse_host_config("fill: pages\n")
 
 

@@ -241,7 +241,7 @@ def _host_config(data: dict[Any, Any], check_model: bool) -> HostConfig:
     if "heatmap" in data:
         values["heatmap"] = _heatmap(data["heatmap"])
     if "read_model" in data:
-        values["read_model"] = _read_model(data["read_model"])
+        values["read_model"] = _choice(data["read_model"], "read_model", READ_MODELS)
     if "domains" in data:
         from .rules import parse_rules  # here: a host without rules (most) never loads them
 
@@ -266,15 +266,10 @@ FILLS = ("whole", "cached")
 
 
 def _choice(value: object, key: str, choices: tuple[str, ...]) -> str:
+    """``key``: one of ``choices`` (``read_model``: READ_MODELS, ``fill``: FILLS)."""
     if value not in choices:
-        raise ConfigError(key, value, f"must be one of {', '.join(choices)} (docs/configuration.md)")
-    return str(value)
-
-
-def _read_model(value: object) -> str:
-    """``read_model``: ``inferred`` (the default) or ``counted`` (the guest's counted reads replace the inference)."""
-    if value not in READ_MODELS:
-        raise ConfigError("read_model", value, "must be inferred or counted (docs/configuration.md)")
+        named = f"{', '.join(choices[:-1])} or {choices[-1]}"
+        raise ConfigError(key, value, f"must be {named} (docs/configuration.md)")
     return str(value)
 
 
