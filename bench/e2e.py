@@ -46,7 +46,7 @@ from bench.e2e_host import DEVICES, MIB, Cgroup, evict, initrd_with, log, mount_
 from bench.e2e_plan import Settings, TraceFiles, guest_seconds
 from bench.e2e_report import (arm_table, boot_table, device_check_line, figures, goal_table, miss_figures,
                               time_to_steady)
-from bench.e2e_run import HOST_CONFIG, destroy_ours, ensure_hook, hook_lock, learn_hotset, run_arm
+from bench.e2e_run import HOST_CONFIG, destroy_ours, ensure_hook, host_config, hook_lock, learn_hotset, run_arm
 
 
 def parse_args() -> argparse.Namespace:
@@ -235,7 +235,7 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
             if arm.mode in ("vmcache", "warm"):
                 with hook_lock():   # no live test swaps the hook under this arm
                     res = run_arm(arm, s, round_)
-                    if (s.pair_config is not None and arm.scenario.vms > 1) or s.host_config is not None:
+                    if host_config(arm, s) != HOST_CONFIG:
                         ensure_hook(HOST_CONFIG)   # the installed hook back, before another user's turn
             else:
                 res = run_arm(arm, s, round_)
