@@ -40,8 +40,6 @@ _LOG = logging.getLogger(__name__)
 
 _libc.munlock.restype = ctypes.c_int
 _libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.madvise.restype = ctypes.c_int
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_RANDOM = 1
 
 
