@@ -174,9 +174,9 @@ def test_a_fast_restart_warms_from_the_set_the_last_agent_saved_as_it_stopped(en
         dom.undefine()
 
 
-def _every_fourth_page_read(dom: object, first: int, blocks: int, part: int = 0, stride: int = 4) -> None:
-    """The guest reads every fourth (``stride``th) 4 KiB page of ``blocks`` 1 MiB blocks from block ``first``,
-    from page ``part``.
+def _pages_read_apart(dom: object, first: int, blocks: int, part: int = 0, stride: int = 4) -> None:
+    """The guest reads every ``stride``th 4 KiB page (every fourth by default) of ``blocks`` 1 MiB blocks from
+    block ``first``, from page ``part``.
 
     The kernel's readahead reads exactly these (pages two apart, it takes for a sequential reader's; and a page
     right after cached ones starts its context readahead, so parts read later must not be next to earlier ones).
@@ -217,7 +217,7 @@ def test_with_fill_cached_the_agent_locks_what_the_guest_read_and_reads_nothing(
             locked = []
             for k in range(24):  # three eighths of 8 blocks, an eighth a few cycles at a time, then all three
                 for part in (0, 2, 4)[:k // 3 + 1]:
-                    _every_fourth_page_read(dom, 8, 8, part, stride=8)
+                    _pages_read_apart(dom, 8, 8, part, stride=8)
                 time.sleep(1.0)
                 locked.append(locked_pages(pid))
                 if locked[-1] >= 2 * MiB:  # the three eighths pinned (the pins may not stay: not asked here)
@@ -242,12 +242,12 @@ def test_the_agent_does_not_fill_blocks_the_guest_reads_the_same_quarter_of(env:
     drop(image)
     dom = env.domain(name, budget=None, image=image)
     try:
-        _every_fourth_page_read(dom, 8, 16)  # before the agent: what it finds is one burst of the guest's
+        _pages_read_apart(dom, 8, 16)  # before the agent: what it finds is one burst of the guest's
         assert _resident_beside(image, 8 * MiB, 16 * MiB) == 0 and _resident_pages(image, 8 * MiB, 16 * MiB) > 512
         assert main(["enable", name, "--budget", "16M", "--live", "--host-config", str(env.config)]) == 0
         wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "vmcache enable to start an agent")
         for _ in range(8):  # the same quarter, again and again, over several cycles
-            _every_fourth_page_read(dom, 8, 16)
+            _pages_read_apart(dom, 8, 16)
             time.sleep(0.5)
         # only the pages beside the guest's: the host's reclaim may take some of the guest's own
         # (this machine's DAMON pages out page cache it saw read in at most 1 of 10 samples for a minute)
