@@ -227,6 +227,11 @@ def test_with_fill_cached_the_agent_locks_what_the_guest_read_and_reads_nothing(
             assert max(locked) <= 3 * MiB, locked  # what the guest read, at most (the host's reclaim may take some)
             beside = _resident_beside(image, 8 * MiB, 8 * MiB, parts=(0, 2, 4), stride=8)
             assert beside == 0, f"{beside} pages read beside the guest's\n{env.agent_log(name)[-3000:]}"
+            # the status says what the pins hold beside what they count
+            disk = wait_for(lambda: next((d for d in (env.status(name) or {}).get("disks", [])
+                                          if isinstance(d.get("locked_bytes"), int) and d["locked_bytes"] > 0), None),
+                            "a status with locked bytes")
+            assert disk["locked_bytes"] <= 3 * MiB and disk["locked_bytes"] < disk["pinned_bytes"], disk
         finally:
             dom.destroy()
             wait_for(lambda: env.agent_pid(name) is None, "the agent to exit")

@@ -262,3 +262,12 @@ def test_share_of_the_host_cap_per_domain(agent: AgentMetrics) -> None:
     assert value(reg, "vmcache_host_pinned_cap_bytes", **labels) == 1024 * MiB
     agent.set_share(budget=1, granted=1, demand=0, minimum=0, cap=None)  # no cap: no series, not a false 0
     assert value(reg, "vmcache_host_pinned_cap_bytes", **labels) is None
+
+
+def test_locked_bytes_are_exported_where_the_engine_reports_them(agent: AgentMetrics) -> None:
+    disk = agent.disk("vda", DISK["source_file"])
+    disk.observe(cycle(locked_bytes=40 * MiB))  # fill: cached: a 192 MiB pin holds what the guest read
+    assert value(agent.registry, "vmcache_pinned_bytes", **DISK) == 192 * MiB
+    assert value(agent.registry, "vmcache_locked_bytes", **DISK) == 40 * MiB
+    disk.observe(cycle(locked_bytes=None))  # not reported: the last figure stays, never a false 0
+    assert value(agent.registry, "vmcache_locked_bytes", **DISK) == 40 * MiB

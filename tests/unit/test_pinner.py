@@ -51,7 +51,7 @@ def test_pinned_ranges_are_resident_locked_and_survive_dontneed(image: Path) -> 
     base = vmlck()
     with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
         report = pinner.apply([Region(4 * MiB, 3 * MiB, 2.0), Region(20 * MiB, 1 * MiB, 1.0)], budget=SIZE)
-        assert report.pinned_bytes == 4 * MiB
+        assert report.pinned_bytes == report.locked_bytes == 4 * MiB  # filled whole: all of it held
         assert vmlck() - base == 4 * MiB
         pinned = np.zeros(32, dtype=bool)
         pinned[4:7] = pinned[20] = True
@@ -336,6 +336,7 @@ def test_fill_cached_locks_the_cached_pages_and_reads_nothing(image: Path) -> No
         assert report.pinned_bytes == 2 * MiB  # the budget counts the pin whole, and so does VmLck
         assert vmlck() - base_vmlck == 2 * MiB
         assert locked_pages() - base == 128 * PAGE_SIZE
+        assert report.locked_bytes == pinner.locked_bytes == 128 * PAGE_SIZE  # what it holds, reported
         assert _cached_pages(image).tolist() == list(range(first, first + 512, 4))  # nothing read
         drop(image)  # locked: they stay
         assert _cached_pages(image).tolist() == list(range(first, first + 512, 4))
@@ -343,6 +344,7 @@ def test_fill_cached_locks_the_cached_pages_and_reads_nothing(image: Path) -> No
         _read_pages(image, [first + 600])                      # and beside it
         assert pinner.lock_cached() == []
         assert locked_pages() - base == 256 * PAGE_SIZE
+        assert pinner.locked_bytes == 256 * PAGE_SIZE
         drop(image)
         assert _cached_pages(image).size == 256  # the page beside was not locked
         assert Path("/proc/self/maps").read_text().count(str(image)) == 1  # locked on fault: one mapping, however scattered its pages

@@ -132,3 +132,26 @@ def test_layers_are_named_in_the_human_table_and_round_trip():
     lines = text.splitlines()
     assert lines[-3].endswith("(/top.qcow2)") and lines[-2].endswith("(layer: /base.raw)")
     assert lines[-1].endswith("skipped: managed by domain web-2  (layer: /gold.raw)")
+
+
+def test_pins_that_hold_less_than_they_count_show_what_they_hold():
+    """``fill: cached``: the table says what the pins hold where it is less than what they count."""
+    from vmcache.commands.status import _row, render
+    from vmcache.observe.status import AgentEntry
+
+    status = AgentStatus(domain="d", pid=1, disks=[
+        DiskStatus(target="vda", source="/a.raw", cache="writethrough", eligible=True, pinned_bytes=8 << 20,
+                   locked_bytes=3 << 20),
+        DiskStatus(target="vdb", source="/b.raw", cache="writethrough", eligible=True, pinned_bytes=2 << 20,
+                   locked_bytes=2 << 20),
+        DiskStatus(target="vdc", source="/c.raw", cache="writethrough", eligible=True, pinned_bytes=1 << 20)])
+    assert AgentStatus.from_json(status.to_json()).locked_bytes == 6 << 20
+    row = _row(AgentEntry("/run/vmcache/agents/d.json", status, running=True))
+    assert row["locked_bytes"] == 6 << 20
+    lines = render([row], now=0.0).splitlines()
+    assert "pinned 11MiB (6MiB locked)," in lines[0]
+    assert " pinned 8MiB (3MiB locked) " in lines[-3]
+    assert " pinned 2MiB resident" in lines[-2] and " pinned 1MiB resident" in lines[-1]  # all held: said once
+    gone = _row(AgentEntry("/run/vmcache/agents/d.json", status, running=False))
+    assert "locked" not in render([gone], now=0.0)  # the kernel unlocked it all when the agent ended
+    assert AgentStatus(domain="d", pid=1, disks=status.disks[2:]).locked_bytes is None

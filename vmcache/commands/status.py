@@ -65,20 +65,27 @@ def _row(entry: AgentEntry) -> dict[str, Any]:
     data = entry.status.to_json()
     data["running"] = entry.running
     data["pinned_bytes"] = entry.status.pinned_bytes
+    data["locked_bytes"] = entry.status.locked_bytes
     data["resident_bytes"] = entry.status.resident_bytes
     if not entry.running:
         data["state"] = "not running"
         for part in (data, *data.get("disks", [])):  # the kernel unlocked its memory when the process ended
             if isinstance(part.get("pinned_bytes"), int):
                 part["last_pinned_bytes"], part["pinned_bytes"] = part["pinned_bytes"], 0
+            part.pop("locked_bytes", None)
     return data
 
 
 def _pinned(part: dict[str, Any]) -> str:
-    """Pinned bytes; for an agent that is gone, 0 and what it held at its last status."""
+    """Pinned bytes, and the part locked where that is less (``fill: cached``); for an agent that is gone,
+    0 and what it held at its last status."""
     now = _size(part.get("pinned_bytes"))
-    last = part.get("last_pinned_bytes")
-    return f"{now} ({format_size(last)} at its last status)" if isinstance(last, int) and last else now
+    last, locked = part.get("last_pinned_bytes"), part.get("locked_bytes")
+    if isinstance(last, int) and last:
+        return f"{now} ({format_size(last)} at its last status)"
+    if isinstance(locked, int) and locked != part.get("pinned_bytes"):
+        return f"{now} ({format_size(locked)} locked)"
+    return now
 
 
 def collect(agents_dir: str, domain: str | None = None) -> list[dict[str, Any]]:

@@ -21,10 +21,14 @@ too, so the caller clears after pinning.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["PageRefs"]
+from ..model.blocks import BlockValues
+from .pagecache import PAGE_SIZE
+
+__all__ = ["PageRefs", "read_evidence"]
 
 _PFN_MASK = (1 << 55) - 1
 _PRESENT = 1 << 63
@@ -117,3 +121,45 @@ class PageRefs:
             for fd in self._fds:
                 os.close(fd)
             self._fds = None
+
+
+def read_evidence(mappings: Sequence[tuple[int, int, int]], block_size: int, nblocks: int, refs: PageRefs, *,
+                  per_block: int = 16, phase: int = 0) -> BlockValues:
+    """For the blocks of the pinned ``mappings`` (file offset, length, address each), the fraction of their
+    sampled pages read since ``refs`` was last cleared.
+
+    Blocks not pinned are not listed, and none are when the kernel gives
+    no evidence. ``per_block`` pages are sampled evenly over each pinned
+    block, shifted by ``phase`` pages (vary it between calls so that no
+    access pattern aliases the sample).
+    """
+    index: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for start, length, addr in mappings:
+        npages = length // PAGE_SIZE
+        first_block = start // block_size
+        offsets = np.arange(first_block * block_size, start + length, block_size, dtype=np.int64)
+        per_page = block_size // PAGE_SIZE
+        step = max(1, per_page // per_block)
+        sample = np.arange(phase % step, per_page, step)
+        idx = ((np.maximum(offsets, start) - start) // PAGE_SIZE)[:, None] + sample[None, :]
+        block_of = np.repeat(np.arange(len(offsets)), idx.shape[1])
+        idx = idx.ravel()
+        keep = idx < npages
+        block_of, idx = block_of[keep], idx[keep]
+        hits = refs.referenced(addr, idx)
+        if hits is None:
+            return BlockValues.empty()
+        sampled = np.bincount(block_of, minlength=len(offsets))
+        read = np.bincount(block_of, weights=hits, minlength=len(offsets))
+        blocks = first_block + np.arange(len(offsets), dtype=np.int64)
+        ok = (sampled > 0) & (blocks < nblocks)
+        index.append(blocks[ok])
+        values.append((read[ok] / sampled[ok]).astype(np.float32))
+    if not any(part.size for part in index):
+        return BlockValues.empty()
+    blocks, fractions = np.concatenate(index), np.concatenate(values)
+    order = np.argsort(blocks, kind="stable")
+    blocks, fractions = blocks[order], fractions[order]
+    last = np.append(blocks[1:] != blocks[:-1], True)  # a block two pins share: the later pin's
+    return BlockValues(blocks[last], fractions[last])

@@ -31,8 +31,8 @@ from ..model.region import Region
 from .cachestat import fd_size
 from . import locking
 from .meminfo import MemInfo, read_meminfo
-from .pagerefs import PageRefs
-from .pagecache import PAGE_SIZE, _libc, map_readonly, unmap
+from .pagerefs import PageRefs, read_evidence
+from .pagecache import _libc, map_readonly, unmap
 
 __all__ = ["Pinner", "PinReport", "PinFailure"]
 
@@ -60,6 +60,7 @@ class PinReport:
 
     pinned_bytes: int
     regions: tuple[Region, ...]
+    locked_bytes: int = 0  # of the pinned bytes, the pages locked: all of them but where only the cached are
     added: tuple[Region, ...] = ()
     removed: tuple[Region, ...] = ()
     kept: int = 0
@@ -73,6 +74,7 @@ class PinReport:
 class _Pin:
     region: Region
     addr: int
+    locked: int  # bytes of the mapping locked: its length, or the cached pages when only those were
 
 
 class _Run:
@@ -138,6 +140,12 @@ class Pinner:
     def pinned_bytes(self) -> int:
         return sum(length for _, length in self._pins)
 
+    @property
+    def locked_bytes(self) -> int:
+        """Of :attr:`pinned_bytes`, the bytes locked as of the last lock (a pin that locks only what is
+        cached holds fewer; the budget counts each pin whole all the same)."""
+        return sum(pin.locked for pin in self._pins.values())
+
     def pinned_blocks(self, block_size: int, nblocks: int) -> np.ndarray:
         """The blocks (below ``nblocks``) with any byte pinned: sorted int64, as many as are pinned."""
         return blocks_of(self.pinned, block_size, nblocks)
@@ -148,43 +156,10 @@ class Pinner:
 
     def read_evidence(self, block_size: int, nblocks: int, refs: PageRefs, *, per_block: int = 16,
                       phase: int = 0) -> BlockValues:
-        """For the pinned blocks, the fraction of their sampled pages read since ``refs`` was last cleared.
-
-        Blocks not pinned are not listed, and none are when the kernel gives
-        no evidence (see vmcache.host.pagerefs). ``per_block`` pages are
-        sampled evenly over each pinned block, shifted by ``phase`` pages
-        (vary it between calls so that no access pattern aliases the sample).
-        """
-        index: list[np.ndarray] = []
-        values: list[np.ndarray] = []
-        for (start, length), pin in self._pins.items():
-            npages = length // PAGE_SIZE
-            first_block = start // block_size
-            offsets = np.arange(first_block * block_size, start + length, block_size, dtype=np.int64)
-            per_page = block_size // PAGE_SIZE
-            step = max(1, per_page // per_block)
-            sample = np.arange(phase % step, per_page, step)
-            idx = ((np.maximum(offsets, start) - start) // PAGE_SIZE)[:, None] + sample[None, :]
-            block_of = np.repeat(np.arange(len(offsets)), idx.shape[1])
-            idx = idx.ravel()
-            keep = idx < npages
-            block_of, idx = block_of[keep], idx[keep]
-            hits = refs.referenced(pin.addr, idx)
-            if hits is None:
-                return BlockValues.empty()
-            sampled = np.bincount(block_of, minlength=len(offsets))
-            read = np.bincount(block_of, weights=hits, minlength=len(offsets))
-            blocks = first_block + np.arange(len(offsets), dtype=np.int64)
-            ok = (sampled > 0) & (blocks < nblocks)
-            index.append(blocks[ok])
-            values.append((read[ok] / sampled[ok]).astype(np.float32))
-        if not any(part.size for part in index):
-            return BlockValues.empty()
-        blocks, fractions = np.concatenate(index), np.concatenate(values)
-        order = np.argsort(blocks, kind="stable")
-        blocks, fractions = blocks[order], fractions[order]
-        last = np.append(blocks[1:] != blocks[:-1], True)  # a block two pins share: the later pin's, as before
-        return BlockValues(blocks[last], fractions[last])
+        """For the pinned blocks, the fraction of their sampled pages read since ``refs`` was last cleared
+        (:func:`vmcache.host.pagerefs.read_evidence`)."""
+        mappings = [(start, length, pin.addr) for (start, length), pin in self._pins.items()]
+        return read_evidence(mappings, block_size, nblocks, refs, per_block=per_block, phase=phase)
 
     # -- changes ---------------------------------------------------------
 
@@ -208,15 +183,16 @@ class Pinner:
                     for start, length in pindiff.uncovered(region, held):
                         locking.load_and_lock(self._fd, addr, region.start, start, length)
                     locking.mlock(addr, region.length)
+                    locked = region.length
                 else:
-                    locking.lock_cached(addr, region.length)
+                    locked = locking.lock_cached(addr, region.length)
             except OSError:
                 unmap(addr, region.length)
                 raise
         except OSError as err:
             self._log.warning(event("pin.fail", op=op, start=region.start, length=region.length, errno=err.errno))
             return PinFailure(region.start, region.length, op, err.errno or 0)
-        self._pins[region.span] = _Pin(region, addr)
+        self._pins[region.span] = _Pin(region, addr, locked)
         self._log.info(event("pin.add", start=region.start, length=region.length, priority=f"{region.priority:g}"))
         return None
 
@@ -309,7 +285,7 @@ class Pinner:
         failures = []
         for span, pin in self._pins.items():
             try:
-                locking.lock_cached(pin.addr, span[1])
+                pin.locked = locking.lock_cached(pin.addr, span[1])
             except OSError as err:
                 self._log.warning(event("pin.fail", op="mlock", start=span[0], length=span[1], errno=err.errno))
                 failures.append(PinFailure(span[0], span[1], "mlock", err.errno or 0))
@@ -327,11 +303,13 @@ class Pinner:
         if failure:
             run.failures.append(failure)
             for span in old:
+                pin = self._pins[span]
                 try:
                     if fill:
-                        locking.mlock(self._pins[span].addr, span[1])
+                        locking.mlock(pin.addr, span[1])
+                        pin.locked = span[1]
                     else:
-                        locking.lock_cached(self._pins[span].addr, span[1])
+                        pin.locked = locking.lock_cached(pin.addr, span[1])
                 except OSError:
                     run.release(span, "reshape")
             return
@@ -344,6 +322,7 @@ class Pinner:
         report = PinReport(
             pinned_bytes=self.pinned_bytes,
             regions=tuple(self.pinned),
+            locked_bytes=self.locked_bytes,
             added=tuple(run.added),
             removed=tuple(run.removed),
             kept=todo.kept,

@@ -21,7 +21,7 @@ class CycleStats:
     duration_seconds: float         # wall time the cycle took
     size_bytes: int                 # image size
     budget_bytes: int               # this disk's budget in force
-    pinned_bytes: int               # locked by vmcache after the cycle
+    pinned_bytes: int               # pinned by vmcache after the cycle (the budget counts each pin whole)
     pinned_regions: int
     resident_bytes: int             # image bytes in the page cache (ours included)
     guest_written_bytes: int        # dirty-bitmap bytes written this cycle (granularity-rounded)
@@ -33,4 +33,5 @@ class CycleStats:
     skipped_for_floor_bytes: int = 0
     warm_restored_bytes: int = 0    # of a saved hot set, pinned since the agent started
     warm_total_bytes: int = 0       # bytes of the saved hot set this disk started from (0: cold start)
+    locked_bytes: int | None = None  # of the pinned bytes, the locked pages (fewer under ``fill: cached``)
     error: str | None = None        # last error of this cycle, one line

@@ -163,7 +163,10 @@ class AgentMetrics:
         gauge, counter, registry = self._gauge, self._counter, self.registry
         self.image_size = gauge("image_size_bytes", "Size of the disk's image file.")
         self.budget = gauge("budget_bytes", "Bytes of the image vmcache may pin (the budget in force).")
-        self.pinned = gauge("pinned_bytes", "Bytes of the image locked in memory by vmcache.")
+        self.pinned = gauge("pinned_bytes", "Bytes of the image vmcache pins (mapped and locked; the budget and "
+                            "the host cap count them).")
+        self.locked = gauge("locked_bytes", "Of the pinned bytes, those held in memory: all of them, or under "
+                            "fill: cached the pages the guest has read into the pins.")
         self.pinned_regions = gauge("pinned_regions", "Number of contiguous regions vmcache has locked.")
         self.resident = gauge("resident_bytes", "Bytes of the image in the host page cache, pinned ones included.")
         self.recently_evicted = gauge(
@@ -280,7 +283,7 @@ class DiskMetrics:
         self.image = image
         self._labels = (*agent._agent, target, image)
         a = agent
-        self._gauges = (a.image_size, a.budget, a.pinned, a.pinned_regions, a.resident,
+        self._gauges = (a.image_size, a.budget, a.pinned, a.locked, a.pinned_regions, a.resident,
                         a.backing_off, a.backoff_skipped, a.warm_restored, a.warm_total, a.image_deleted)
         self._counters = (a.guest_written, a.guest_read_miss, a.cycle_duration)
         # Create the series now so a fresh disk shows zeros, not nothing.
@@ -319,6 +322,8 @@ class DiskMetrics:
         a.image_size.labels(*labels).set(stats.size_bytes)
         a.budget.labels(*labels).set(stats.budget_bytes)
         a.pinned.labels(*labels).set(stats.pinned_bytes)
+        if stats.locked_bytes is not None:
+            a.locked.labels(*labels).set(stats.locked_bytes)
         a.pinned_regions.labels(*labels).set(stats.pinned_regions)
         a.resident.labels(*labels).set(stats.resident_bytes)
         a.backing_off.labels(*labels).set(1 if stats.backing_off else 0)

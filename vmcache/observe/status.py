@@ -87,6 +87,7 @@ class DiskStatus:
     reason: str | None = None
     budget_bytes: int = 0
     pinned_bytes: int = 0
+    locked_bytes: int | None = None  # of the pinned bytes, those held (None: not reported)
     resident_bytes: int = 0
     dirtied_bytes_per_second: float = 0.0
     dirty_granule_bytes: int | None = None
@@ -114,6 +115,7 @@ class DiskStatus:
         self.budget_bytes = stats.budget_bytes
         self.size_bytes = stats.size_bytes
         self.pinned_bytes = stats.pinned_bytes
+        self.locked_bytes = stats.locked_bytes
         self.resident_bytes = stats.resident_bytes
         self.dirtied_bytes_per_second = stats.guest_written_bytes / elapsed if elapsed > 0 else 0.0
         self.last_cycle_seconds = stats.duration_seconds
@@ -155,6 +157,13 @@ class AgentStatus:
     @property
     def pinned_bytes(self) -> int:
         return sum(d.pinned_bytes for d in self.disks)
+
+    @property
+    def locked_bytes(self) -> int | None:
+        """Of :attr:`pinned_bytes`, those held; None when no disk reported it."""
+        if all(d.locked_bytes is None for d in self.disks):
+            return None
+        return sum(d.pinned_bytes if d.locked_bytes is None else d.locked_bytes for d in self.disks)
 
     @property
     def resident_bytes(self) -> int:

@@ -233,6 +233,7 @@ class DiskEngine:
             size_bytes=res.size_bytes,
             budget_bytes=self.budget,
             pinned_bytes=report.pinned_bytes,
+            locked_bytes=report.locked_bytes,
             pinned_regions=len(report.regions),
             resident_bytes=res.resident_bytes,
             guest_written_bytes=sample.bytes,
