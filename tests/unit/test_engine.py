@@ -239,6 +239,18 @@ def test_fill_cached_pins_what_the_guest_spreads_through_and_reads_nothing(image
     assert locked_pages() == base
 
 
+def test_fill_cached_pins_are_not_held_back_by_the_prefetch_rate(image: Path) -> None:
+    # The rate pays for device reads; a pin that reads nothing owes none, so 1 MiB/s changes nothing above.
+    with engine(image, budget=64 * MiB, prefetch_rate=1 << 20, fill=False) as e:
+        pinned, loaded = [], []
+        for part in range(4):
+            guest_spread(image, 64 * MiB, 32 * MiB, part * 3 % 8, parts=8)
+            before = scan_residency(image, MiB).resident_pages
+            pinned.append(e.cycle().pinned_bytes)
+            loaded.append(scan_residency(image, MiB).resident_pages - before)
+        assert pinned == [0, 0, 32 * MiB, 32 * MiB] and loaded == [0] * 4, (pinned, loaded)
+
+
 def test_fill_cached_still_loads_a_saved_hot_set(image: Path) -> None:
     with engine(image, budget=64 * MiB, prefetch_rate=None, fill=False) as e:
         e.warm = WarmStart([(Region(10 * MiB, 4 * MiB, 0.0), 1.0)], PARAMS)

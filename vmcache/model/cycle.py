@@ -28,7 +28,9 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
 6. cuts new regions to the chunks whose uncached bytes the prefetch token
    bucket can pay for (:mod:`vmcache.model.prefetch`: ``prefetch_rate``,
    ``warm_rate`` while restoring), highest priority first; the rest waits
-   for the next cycles.
+   for the next cycles. Pins that read nothing (``fill`` False, host config
+   ``fill: cached``) pay nothing: the bucket limits them only while a saved
+   hot set is restored, which is loaded whole.
 
 Where the guest's reads are counted exactly (``reads``, a
 :class:`~vmcache.model.reads.GuestReads` from the kernel or a trace), steps
@@ -111,13 +113,16 @@ class Cycle:
     restored (the higher of the two applies; None: ``prefetch_rate``).
     ``residency_unit``: the bytes the residency counts in (a page on a
     host; the replay's cache unit); the load gate needs it smaller than a
-    block. Raises ValueError (from HeatModel) for a negative ``nblocks``.
+    block. ``fill`` False: new pins lock only what is cached and read
+    nothing, so the prefetch limit does not apply to them. Raises
+    ValueError (from HeatModel) for a negative ``nblocks``.
     """
 
     def __init__(self, params: ModelParams, nblocks: int = 0, *, prefetch_rate: int | None = None,
-                 warm_rate: int | None = None, residency_unit: int = PAGE_SIZE) -> None:
+                 warm_rate: int | None = None, residency_unit: int = PAGE_SIZE, fill: bool = True) -> None:
         self.params = params
         self._bucket = PrefetchBucket(params, prefetch_rate, warm_rate)
+        self.fill = fill
         self.model = HeatModel(params, nblocks)
         self._ours = np.zeros(0, dtype=np.int64)  # sorted blocks
         self._prev: BlockValues | None = None
@@ -224,7 +229,9 @@ class Cycle:
             regions = self._balanced(regions, reads, res, size_bytes, budget, held)
         if not self.restoring:  # a saved hot set is loaded on purpose
             regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
-        regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self.restoring)
+        waiting = 0
+        if self.fill or self.restoring:  # pins that read nothing cost no device reads to pay for
+            regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self.restoring)
         return CycleResult(regions, read_miss, waiting)
 
     def pinned(self, regions: Iterable[Region]) -> None:

@@ -242,7 +242,7 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
     bt = merged.bt
     per = params.block_size // bt.block_size
     states = [_Vm(vm, i, off, units, size, Cycle(params, units // per, prefetch_rate=prefetch_rate,
-                                                           residency_unit=bt.block_size),
+                                                           residency_unit=bt.block_size, fill=fill),
                   np.zeros(0, dtype=np.int64))
               for i, (vm, off, units, size) in enumerate(zip(vms, merged.offsets, merged.units, merged.sizes))]
     benefit = arm == "benefit"

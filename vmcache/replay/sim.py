@@ -178,7 +178,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     if n == 0:
         return run
     hits = bytearray(n)
-    cycle = Cycle(params, nmb, prefetch_rate=prefetch_rate, warm_rate=warm_rate, residency_unit=bs)
+    cycle = Cycle(params, nmb, prefetch_rate=prefetch_rate, warm_rate=warm_rate, residency_unit=bs, fill=fill)
     cycle.warm = warm
     memory = Memory(rest_cache(rest, capacity, bs), capacity)
     pinned = np.zeros(0, dtype=np.int64)  # model blocks

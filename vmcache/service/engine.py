@@ -98,7 +98,6 @@ class DiskEngine:
         self._writes = writes
         self._reads = reads
         self._decide_on_reads = decide_on_reads
-        self._fill = fill
         self._meminfo = meminfo
         self._clock = clock
         self._log = logger or logging.getLogger(__name__)
@@ -110,7 +109,7 @@ class DiskEngine:
         self._refs = refs if refs is not None else PageRefs()
         self._clear_refs = clear_refs
         self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, logger=self._log)
-        self._cycle = Cycle(params, prefetch_rate=prefetch_rate, warm_rate=warm_rate)
+        self._cycle = Cycle(params, prefetch_rate=prefetch_rate, warm_rate=warm_rate, fill=fill)
         self._written = BlockValues.empty()
         self.last_reads: GuestReads | None = None
         """The guest's reads counted in the last cycle (None: not counted)."""
@@ -205,7 +204,7 @@ class DiskEngine:
         self.last_reads = self._reads(n) if self._reads else None
         sample = self._writes() if self._writes else DirtyRead(BitmapRead.NONE)
         self._written = written = extents_to_block_values(sample.extents, bs, n)
-        if not self._fill:
+        if not self._cycle.fill:
             self._pinner.lock_cached()  # the guest's reads into the pins: locked, and seen as read evidence
         current = self._pinner.pinned
         per_block = evidence_per_block(self._pinner.pinned_blocks(bs, n).size)
@@ -220,7 +219,7 @@ class DiskEngine:
                                    reads=exact)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
-        report = self._pinner.apply(decided.regions, self.budget, fill=self._fill or self._cycle.restoring)
+        report = self._pinner.apply(decided.regions, self.budget, fill=self._cycle.fill or self._cycle.restoring)
         self._settle(report.regions)
         if self._clear_refs:
             self._refs.clear()  # also forgets the references mlock itself just made
