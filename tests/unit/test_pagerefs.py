@@ -63,6 +63,27 @@ def test_reads_through_another_descriptor_mark_exactly_the_pages_read(image: Pat
         assert evidence.index.tolist() == list(range(4, 12)) and not evidence.value.any()
 
 
+def test_strided_reads_are_seen_as_the_share_of_pages_they_read(image: Path) -> None:
+    """A guest reading one page in 16 reads a sixteenth of each block, whatever the sample's phase."""
+    if os.geteuid() != 0:
+        pytest.skip("PFNs in /proc/self/pagemap need root")
+    refs = PageRefs()
+    with Pinner(image, floor_bytes=0, meminfo=fake_meminfo(64 << 30)) as pin:
+        pin.apply([Region(0, 32 * MiB, 1.0)], 1 << 30)
+        means = []
+        for phase in range(4):
+            refs.clear()
+            fd = os.open(image, os.O_RDONLY)
+            try:
+                for page in range(3 * phase % 16, 32 * MiB // PAGE, 16):
+                    os.pread(fd, PAGE, page * PAGE)
+            finally:
+                os.close(fd)
+            means.append(float(pin.read_evidence(MiB, 32, refs, per_block=16, phase=phase).value.mean()))
+        # 512 pages sampled a call, each read with chance 1/16: 32 expected, 5.5 its deviation
+        assert all(1 / 32 < m < 1 / 8 for m in means), means  # a sample aliased to the stride saw 0 or 1
+
+
 def test_without_pfns_there_is_no_evidence(image: Path) -> None:
     refs = PageRefs(kpageflags="/nonexistent")
     with Pinner(image, floor_bytes=0, meminfo=fake_meminfo(64 << 30)) as pin:

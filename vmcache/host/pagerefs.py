@@ -129,20 +129,25 @@ def read_evidence(mappings: Sequence[tuple[int, int, int]], block_size: int, nbl
     sampled pages read since ``refs`` was last cleared.
 
     Blocks not pinned are not listed, and none are when the kernel gives
-    no evidence. ``per_block`` pages are sampled evenly over each pinned
-    block, shifted by ``phase`` pages (vary it between calls so that no
-    access pattern aliases the sample).
+    no evidence. ``per_block`` pages are sampled from each pinned block, one
+    at random in each of ``per_block`` equal strides (``phase`` seeds the
+    draw: vary it between calls). A sample at a fixed place in each stride
+    aliases strided reads: a guest reading one page in 16 was seen reading
+    all of a block or none of it, and its pins were released while it read
+    them.
     """
     index: list[np.ndarray] = []
     values: list[np.ndarray] = []
+    per_page = block_size // PAGE_SIZE
+    step = max(1, per_page // per_block)
+    strides = np.arange(0, per_page, step)
+    rng = np.random.default_rng(phase)
     for start, length, addr in mappings:
         npages = length // PAGE_SIZE
         first_block = start // block_size
         offsets = np.arange(first_block * block_size, start + length, block_size, dtype=np.int64)
-        per_page = block_size // PAGE_SIZE
-        step = max(1, per_page // per_block)
-        sample = np.arange(phase % step, per_page, step)
-        idx = ((np.maximum(offsets, start) - start) // PAGE_SIZE)[:, None] + sample[None, :]
+        sample = strides[None, :] + rng.integers(0, step, size=(len(offsets), strides.size))
+        idx = ((np.maximum(offsets, start) - start) // PAGE_SIZE)[:, None] + sample
         block_of = np.repeat(np.arange(len(offsets)), idx.shape[1])
         idx = idx.ravel()
         keep = idx < npages
