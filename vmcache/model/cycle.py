@@ -28,9 +28,11 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
 6. cuts new regions to the chunks whose uncached bytes the prefetch token
    bucket can pay for (:mod:`vmcache.model.prefetch`: ``prefetch_rate``,
    ``warm_rate`` while restoring), highest priority first; the rest waits
-   for the next cycles. Pins that read nothing (``fill`` False, host config
-   ``fill: cached``) pay nothing: the bucket limits them only while a saved
-   hot set is restored, which is loaded whole.
+   for the next cycles.
+
+Steps 5 and 6 keep pins from reading what the guest will not use. Pins
+that read nothing (``fill`` False, host config ``fill: cached``) skip both
+but while a saved hot set is restored, which is loaded whole (and paced).
 
 Where the guest's reads are counted exactly (``reads``, a
 :class:`~vmcache.model.reads.GuestReads` from the kernel or a trace), steps
@@ -114,7 +116,8 @@ class Cycle:
     ``residency_unit``: the bytes the residency counts in (a page on a
     host; the replay's cache unit); the load gate needs it smaller than a
     block. ``fill`` False: new pins lock only what is cached and read
-    nothing, so the prefetch limit does not apply to them. Raises
+    nothing, so neither the load gate nor the prefetch limit applies to
+    them. Raises
     ValueError (from HeatModel) for a negative ``nblocks``.
     """
 
@@ -227,10 +230,10 @@ class Cycle:
                               current=held)
         if reads is not None:
             regions = self._balanced(regions, reads, res, size_bytes, budget, held)
-        if not self.restoring:  # a saved hot set is loaded on purpose
-            regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
         waiting = 0
-        if self.fill or self.restoring:  # pins that read nothing cost no device reads to pay for
+        if self.fill and not self.restoring:  # steps 5 and 6 (module docstring): only where pins read
+            regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
+        if self.fill or self.restoring:
             regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self.restoring)
         return CycleResult(regions, read_miss, waiting)
 
