@@ -29,7 +29,7 @@ from ..observe.heatmap.data import HeatmapData
 from ..host.meminfo import MemInfo, read_meminfo
 from ..host.pagecache import Residency, scan_residency
 from ..host.pagerefs import PageRefs
-from ..host.pinner import Pinner
+from ..host.pinner import Pinner, PinReport
 from ..logfmt import event
 from ..model.blocks import BlockValues, binned, member
 from ..model.cycle import Cycle, evidence_per_block
@@ -224,7 +224,12 @@ class DiskEngine:
         if self._clear_refs:
             self._refs.clear()  # also forgets the references mlock itself just made
 
-        mem = self._meminfo()
+        self.last = self._record(started, res, sample, decided.read_miss_bytes, report)
+        return self.last
+
+    def _record(self, started: float, res: Residency, sample: DirtyRead, read_miss_bytes: int,
+                report: PinReport) -> CycleStats:
+        """The figures of the cycle that began at ``started``, logged at debug level."""
         ended = self._clock()
         stats = CycleStats(
             now=ended,
@@ -236,20 +241,19 @@ class DiskEngine:
             pinned_regions=len(report.regions),
             resident_bytes=res.resident_bytes,
             guest_written_bytes=sample.bytes,
-            guest_read_miss_bytes=decided.read_miss_bytes,
+            guest_read_miss_bytes=read_miss_bytes,
             recently_evicted_pages=res.nr_recently_evicted,
             bitmap_read=sample.status,
-            mem_available_bytes=mem.available_bytes,
+            mem_available_bytes=self._meminfo().available_bytes,
             backing_off=bool(report.skipped_for_floor or report.released_for_pressure),
             skipped_for_floor_bytes=report.skipped_for_floor,
             warm_restored_bytes=self.warm.restored_bytes if self.warm else 0,
             warm_total_bytes=self.warm.total_bytes if self.warm else 0,
             error=sample.error,
         )
-        self.last = stats
         self._log.debug(event("cycle", pinned=stats.pinned_bytes, regions=stats.pinned_regions,
                               resident=stats.resident_bytes, written=stats.guest_written_bytes,
-                              read_miss=decided.read_miss_bytes, seconds=f"{stats.duration_seconds:.4f}"))
+                              read_miss=read_miss_bytes, seconds=f"{stats.duration_seconds:.4f}"))
         return stats
 
     def _settle(self, pinned: Sequence[Region]) -> None:
