@@ -84,6 +84,23 @@ def test_strided_reads_are_seen_as_the_share_of_pages_they_read(image: Path) -> 
         assert all(1 / 32 < m < 1 / 8 for m in means), means  # a sample aliased to the stride saw 0 or 1
 
 
+def test_a_pin_that_starts_inside_a_block_samples_that_block_s_own_pages(image: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("PFNs in /proc/self/pagemap need root")
+    refs = PageRefs()
+    with Pinner(image, floor_bytes=0, meminfo=fake_meminfo(64 << 30)) as pin:
+        pin.apply([Region(4 * MiB + MiB // 2, 2 * MiB, 1.0)], 1 << 30)  # the second half of block 4 to half of 6
+        refs.clear()
+        fd = os.open(image, os.O_RDONLY)
+        try:
+            for page in range(MiB // PAGE):  # all of block 5, nothing of 4 or 6
+                os.pread(fd, PAGE, 5 * MiB + page * PAGE)
+        finally:
+            os.close(fd)
+        seen = pin.read_evidence(MiB, 32, refs, phase=3)
+        assert seen.index.tolist() == [4, 5, 6] and seen.value.tolist() == [0.0, 1.0, 0.0]
+
+
 def test_without_pfns_there_is_no_evidence(image: Path) -> None:
     refs = PageRefs(kpageflags="/nonexistent")
     with Pinner(image, floor_bytes=0, meminfo=fake_meminfo(64 << 30)) as pin:

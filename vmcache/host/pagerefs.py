@@ -147,10 +147,10 @@ def read_evidence(mappings: Sequence[tuple[int, int, int]], block_size: int, nbl
         first_block = start // block_size
         offsets = np.arange(first_block * block_size, start + length, block_size, dtype=np.int64)
         sample = strides[None, :] + rng.integers(0, step, size=(len(offsets), strides.size))
-        idx = ((np.maximum(offsets, start) - start) // PAGE_SIZE)[:, None] + sample
+        idx = ((offsets - start) // PAGE_SIZE)[:, None] + sample  # pages of the mapping; a block's own only
         block_of = np.repeat(np.arange(len(offsets)), idx.shape[1])
         idx = idx.ravel()
-        keep = idx < npages
+        keep = (idx >= 0) & (idx < npages)
         block_of, idx = block_of[keep], idx[keep]
         hits = refs.referenced(addr, idx)
         if hits is None:
