@@ -76,8 +76,8 @@ while [ "$SECONDS" -lt "$end" ]; do
     "$PY" - "$url" <<'PYEOF' || true
 import sys, urllib.request
 from prometheus_client.parser import text_string_to_metric_families
-want = ("vmcache_pinned_bytes", "vmcache_resident_bytes", "vmcache_guest_dirtied_bytes_total",
-        "vmcache_guest_read_miss_bytes_total", "vmcache_guest_read_bytes_total",
+want = ("vmcache_pinned_bytes", "vmcache_locked_bytes", "vmcache_resident_bytes",
+        "vmcache_guest_dirtied_bytes_total", "vmcache_guest_read_miss_bytes_total", "vmcache_guest_read_bytes_total",
         "vmcache_guest_read_hit_bytes_total", "vmcache_bitmap_reads_total", "vmcache_pinned_regions")
 text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
 for fam in text_string_to_metric_families(text):
