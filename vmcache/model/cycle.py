@@ -117,8 +117,7 @@ class Cycle:
     host; the replay's cache unit); the load gate needs it smaller than a
     block. ``fill`` False: new pins lock only what is cached and read
     nothing, so neither the load gate nor the prefetch limit applies to
-    them. Raises
-    ValueError (from HeatModel) for a negative ``nblocks``.
+    them. Raises ValueError (from HeatModel) for a negative ``nblocks``.
     """
 
     def __init__(self, params: ModelParams, nblocks: int = 0, *, prefetch_rate: int | None = None,
@@ -150,6 +149,11 @@ class Cycle:
     def restoring(self) -> bool:
         """A saved hot set is being restored: its pins are loaded on purpose."""
         return self.warm is not None and not self.warm.done
+
+    @property
+    def loads(self) -> bool:
+        """New pins read what is not cached: ``fill``, or a saved hot set being restored."""
+        return self.fill or self.restoring
 
     @property
     def nblocks(self) -> int:
@@ -233,7 +237,7 @@ class Cycle:
         waiting = 0
         if self.fill and not self.restoring:  # steps 5 and 6 (module docstring): only where pins read
             regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
-        if self.fill or self.restoring:
+        if self.loads:
             regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self.restoring)
         return CycleResult(regions, read_miss, waiting)
 

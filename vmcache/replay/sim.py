@@ -196,7 +196,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
         now = t0 + params.interval * (k + 1)
         current = cycle.step(pinned=current, size_bytes=size, budget=pin_budget, now=now, **inputs).regions
         pinned = blocks_of(current, mbs, nmb)
-        run.loads.add(now, memory.pin(sampling.units_of(pinned, per, bt.nblocks), fill or cycle.restoring))
+        run.loads.add(now, memory.pin(sampling.units_of(pinned, per, bt.nblocks), cycle.loads))
         cycle.pinned(current)
         if on_cycle is not None:
             on_cycle(now, pinned)

@@ -219,7 +219,7 @@ class DiskEngine:
                                    reads=exact)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
-        report = self._pinner.apply(decided.regions, self.budget, fill=self._cycle.fill or self._cycle.restoring)
+        report = self._pinner.apply(decided.regions, self.budget, fill=self._cycle.loads)
         self._settle(report.regions)
         if self._clear_refs:
             self._refs.clear()  # also forgets the references mlock itself just made
