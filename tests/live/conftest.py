@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +59,22 @@ def hooked(libvirt_host: None, live_tmp: Path) -> Iterator[object]:
             return out
 
         yield install
+
+
+LOG_TAIL = 40  # lines of each agent log a failure report carries
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    """A failed live test's report carries the tails of the three logs last written in its module's log
+    directory (agents' and the hook's): they go with that directory, and a CI run leaves nothing else to read."""
+    outcome = yield
+    report = outcome.get_result()
+    env = getattr(item, "funcargs", {}).get("env")
+    logs = getattr(env, "logs", None)
+    if not report.failed or not isinstance(logs, Path) or not logs.is_dir():
+        return
+    newest = sorted(logs.glob("*.log"), key=lambda p: p.stat().st_mtime)[-3:]
+    for path in newest:
+        lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+        report.sections.append((f"log {path.name} (last {len(lines)} lines)", "\n".join(lines)))
