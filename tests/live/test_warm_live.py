@@ -54,14 +54,16 @@ def first_run(env: LiveEnv, name: str) -> tuple[Any, Path, DiskHotSet]:
     image = env.disk(name, 64 * MiB)
     dom = env.domain(name, image=image, persistent=True)
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
+    # 4 MiB each: at the default decay a region written once settles at a heat of 0.25-0.29 if 4 MiB
+    # long, 0.17-0.20 if 2 MiB, around the threshold (0.2): such a one may never be pinned
     guest_write(dom, 8 * MiB, 4 * MiB)
-    guest_write(dom, 40 * MiB, 2 * MiB)
-    wait_for(lambda: env.pinned(name) >= 6 * MiB, "the written regions to be pinned")
+    guest_write(dom, 40 * MiB, 4 * MiB)
+    wait_for(lambda: env.pinned(name) >= 8 * MiB, "the written regions to be pinned")
 
     def saved() -> DiskHotSet | None:
         hotset = VirtDomain(env.conn, name).hotset(Affect.LIVE)
         record = hotset.disk("vda") if hotset else None
-        return record if record is not None and record.bytes >= 6 * MiB else None
+        return record if record is not None and record.bytes >= 8 * MiB else None
 
     record = wait_for(saved, "the agent to save the hot set in the live XML")
     assert record.image == str(image) and record.size == 64 * MiB and record.image_id
@@ -122,12 +124,16 @@ def test_the_next_agent_pins_the_saved_regions_before_the_guest_reads_them(
                       "the new agent to warm from the saved set")
     assert status["disks"][0]["warm_total_bytes"] == record.bytes
     assert "hotset.warming disk=vda" in env.agent_log(name)
-    # The guest is paused: it reads nothing. What is locked now came from the saved set.
-    wait_for(lambda: vmlck(pid) >= record.bytes, "the saved regions to be locked again")
-    ranges = mapped(pid, image)
-    for region in record.regions:
-        assert covered(ranges, region.start, region.length), (region, ranges)
-    assert vmlck(pid) <= BUDGET
+    # The guest is paused: it reads nothing. What is locked now came from the saved set. Not VmLck: while
+    # a pin grows, the old and the new mapping are both counted for a moment.
+    seen: list[list[tuple[int, int]]] = []
+
+    def restored() -> bool:
+        seen.append(ranges := mapped(pid, image))
+        return all(covered(ranges, region.start, region.length) for region in record.regions)
+
+    wait_for(restored, "the saved regions to be locked again")
+    assert union_bytes(seen[-1]) <= BUDGET, seen[-1]
     status = wait_for(lambda: (s := env.status(name)) and s["disks"][0]["warm_restored_bytes"] == record.bytes and s,
                       "the status to show the set restored")
     assert status["disks"][0]["pinned_bytes"] <= BUDGET
@@ -155,7 +161,7 @@ def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEn
     dom, image, record = first_run(env, name)
     dom.destroy()
     agent_gone(env, name)
-    # away from what the first run pinned (8-12 and 40-42 MiB and their margins), so none of it is cached
+    # away from what the first run pinned (8-12 and 40-44 MiB and their margins), so none of it is cached
     # (a chunk pays for uncached bytes only); mean heat 1.0 a block: well above the threshold
     big = replace(record, regions=(Region(START, 14 * MiB, 14.0),))
     VirtDomain(env.conn, name).set_hotset(HotSet(int(time.time()), (big,)), Affect.CONFIG)
@@ -260,7 +266,7 @@ def test_hostile_saved_set_is_one_line_and_a_cold_start(env: LiveEnv, kind: str)
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent to run (cold)")
     lines = [line for line in env.agent_log(name).splitlines() if "hotset.unusable" in line]
     assert len(lines) == 1 and "cold start" in lines[0] and len(lines[0]) < 400, lines
-    guest_write(dom, 0, 2 * MiB)  # and it works as usual
+    guest_write(dom, 0, 4 * MiB)  # and it works as usual (4 MiB: first_run says why)
     wait_for(lambda: env.pinned(name) >= 2 * MiB, "a pin after the cold start")
     dom.destroy()
     agent_gone(env, name)
