@@ -182,10 +182,7 @@ class Pinner:
                 if fill:
                     for start, length in pindiff.uncovered(region, held):
                         locking.load_and_lock(self._fd, addr, region.start, start, length)
-                    locking.mlock(addr, region.length)
-                    locked = region.length
-                else:
-                    locked = locking.lock_cached(addr, region.length)
+                locked = _lock(addr, region.length, fill)
             except OSError:
                 unmap(addr, region.length)
                 raise
@@ -305,11 +302,7 @@ class Pinner:
             for span in old:
                 pin = self._pins[span]
                 try:
-                    if fill:
-                        locking.mlock(pin.addr, span[1])
-                        pin.locked = span[1]
-                    else:
-                        pin.locked = locking.lock_cached(pin.addr, span[1])
+                    pin.locked = _lock(pin.addr, span[1], fill)
                 except OSError:
                     run.release(span, "reshape")
             return
@@ -370,3 +363,15 @@ class Pinner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _lock(addr: int, length: int, fill: bool) -> int:
+    """Lock the mapping at ``addr``: all of it (``fill``: its pages were loaded), else its cached pages only;
+    the bytes locked.
+
+    Raises OSError from mlock.
+    """
+    if fill:
+        locking.mlock(addr, length)
+        return length
+    return locking.lock_cached(addr, length)
