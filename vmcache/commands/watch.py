@@ -12,13 +12,13 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, fields
 from typing import Any
 
 from ..errors import ConfigError
 from ..model.params import ModelParams
+from ..service.signalsafe import SignalSafeEvent
 from ..units import format_size, number_or_text
 from ._args import duration_arg, size_arg
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     params = _params(args)
     if args.png_every < 1:
         raise ConfigError("--png-every", args.png_every, "must be at least 1")
-    stop = threading.Event()
+    stop = SignalSafeEvent()
 
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()

@@ -58,6 +58,7 @@ from .domainlink import DomainLink
 from .hotsets import HotSetKeeper
 from .launcher import remove_own_pidfile
 from .readsignal import ReadSignal
+from .signalsafe import SignalSafeEvent
 from .telemetry import Telemetry
 
 __all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE"]
@@ -101,7 +102,7 @@ class Agent:
         self._facts: DomainInfo | None = None  # the XML as libvirt has it (the metadata as written)
         self._reads = reads
         self._log = domain_logger("vmcache.service.agent", domain)
-        self._stop = threading.Event()
+        self._stop = SignalSafeEvent()  # set by the signal handler
         self._info: DomainInfo | None = None
         self._resync = False
         self.status = AgentStatus(domain=domain, pid=os.getpid(), started_at=time.time(), interval=config.interval)

@@ -8,7 +8,6 @@ defaults, so a test can build the same agent with its own.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from ..host.files import file_stem, nbd_dir
 from ..settings.config import HostConfig
 from ..settings.policy import DiskChoice
 from .agent import Agent
+from .signalsafe import SignalSafeEvent
 from .budget import Budget
 from .configwatch import ConfigWatch
 from .diskset import DiskSet, WorkerFactory
@@ -55,7 +55,7 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
     disk starts).
     """
     logger = domain_logger("vmcache.service.agent", domain)
-    wake = threading.Event()
+    wake = SignalSafeEvent()  # the agent's signal handler sets it
     telemetry = Telemetry(domain, config)
     link = DomainLink(domain, uri, connect=connect_, wake=wake, domain_id=domain_id, gate=RunGate(RUN_LOCK_DIR))
     refs = PageRefs()  # referenced bits of pinned pages, shared by the disks
