@@ -180,7 +180,8 @@ def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEn
 
     wait_for(restored, "the saved region to be locked whole", timeout=60, step=0.05)
     assert max(held) <= BUDGET, held  # pages locked at any moment, each counted once
-    log = env.agent_log(name)[before:]
+    # the last step is logged just after it is locked: read the log once the restore says it is done
+    log = wait_for(lambda: "warm.done" in (text := env.agent_log(name)[before:]) and text, "warm.done in the log")
     grown = [int(m) for m in re.findall(rf"pin\.add start={START} length=(\d+)", log)]
     assert len(grown) >= 7 and grown == sorted(grown) and grown[-1] == 14 * MiB, grown
     steps = [b - a for a, b in zip([0, *grown], grown)]
