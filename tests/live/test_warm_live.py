@@ -54,7 +54,7 @@ def first_run(env: LiveEnv, name: str) -> tuple[Any, Path, DiskHotSet]:
     image = env.disk(name, 64 * MiB)
     dom = env.domain(name, image=image, persistent=True)
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
-    # 4 MiB each: at the default decay a region written once settles at a heat of 0.25-0.29 if 4 MiB
+    # 4 MiB each: at the default decay a region written once settles at a heat of 0.25-0.33 if 4 MiB
     # long, 0.17-0.20 if 2 MiB, around the threshold (0.2): such a one may never be pinned
     guest_write(dom, 8 * MiB, 4 * MiB)
     guest_write(dom, 40 * MiB, 4 * MiB)
