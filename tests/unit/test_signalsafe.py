@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import os, signal, threading
+    import os, signal
     from {module} import {name} as Event
 
     event = Event()
@@ -27,9 +27,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run(module: str, name: str) -> subprocess.CompletedProcess[str]:
+def run(module: str, name: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", SCRIPT.format(module=module, name=name)], capture_output=True,
-                          text=True, timeout=20)
+                          text=True, timeout=timeout)
 
 
 def test_a_signal_handler_sets_it_while_its_own_thread_holds_the_lock() -> None:
@@ -40,5 +40,4 @@ def test_a_signal_handler_sets_it_while_its_own_thread_holds_the_lock() -> None:
 def test_a_plain_event_in_its_place_hangs() -> None:
     """What the first test guards against, shown on the standard Event (the reason for the class)."""
     with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([sys.executable, "-c", SCRIPT.format(module="threading", name="Event")], capture_output=True,
-                       text=True, timeout=3)
+        run("threading", "Event", timeout=3)
