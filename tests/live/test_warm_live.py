@@ -14,7 +14,7 @@ import re
 import shutil
 import time
 from dataclasses import replace
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,15 +124,8 @@ def test_the_next_agent_pins_the_saved_regions_before_the_guest_reads_them(
                       "the new agent to warm from the saved set")
     assert status["disks"][0]["warm_total_bytes"] == record.bytes
     assert "hotset.warming disk=vda" in env.agent_log(name)
-    # The guest is paused: it reads nothing. What is locked now came from the saved set. Not VmLck: while
-    # a pin grows, the old and the new mapping are both counted for a moment.
-    seen: list[list[tuple[int, int]]] = []
-
-    def restored() -> bool:
-        seen.append(ranges := mapped(pid, image))
-        return all(covered(ranges, region.start, region.length) for region in record.regions)
-
-    wait_for(restored, "the saved regions to be locked again")
+    # The guest is paused: it reads nothing. What is locked now came from the saved set.
+    seen = wait_mapped(pid, image, record.regions, "the saved regions to be locked again")
     assert union_bytes(seen[-1]) <= BUDGET, seen[-1]
     status = wait_for(lambda: (s := env.status(name)) and s["disks"][0]["warm_restored_bytes"] == record.bytes and s,
                       "the status to show the set restored")
@@ -140,6 +133,22 @@ def test_the_next_agent_pins_the_saved_regions_before_the_guest_reads_them(
     dom.destroy()
     agent_gone(env, name)
     dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
+
+
+def wait_mapped(pid: int, image: Path, regions: Sequence[Region], what: str, **wait: float
+                ) -> list[list[tuple[int, int]]]:
+    """Poll agent ``pid``'s mappings of ``image`` until they cover every region; the mappings of each poll.
+
+    Not VmLck: while a pin grows, its old and its new mapping are both counted for a moment.
+    """
+    seen: list[list[tuple[int, int]]] = []
+
+    def covering() -> bool:
+        seen.append(ranges := mapped(pid, image))
+        return all(covered(ranges, region.start, region.length) for region in regions)
+
+    wait_for(covering, what, **wait)
+    return seen
 
 
 def union_bytes(ranges: list[tuple[int, int]]) -> int:
@@ -171,14 +180,8 @@ def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEn
     before = len(env.agent_log(name))  # the first agent's lines
     dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
     pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
-    held: list[int] = []
-
-    def restored() -> bool:
-        ranges = mapped(pid, image)
-        held.append(union_bytes(ranges))
-        return covered(ranges, START, 14 * MiB)
-
-    wait_for(restored, "the saved region to be locked whole", timeout=60, step=0.05)
+    seen = wait_mapped(pid, image, big.regions, "the saved region to be locked whole", timeout=60, step=0.05)
+    held = [union_bytes(ranges) for ranges in seen]
     assert max(held) <= BUDGET, held  # pages locked at any moment, each counted once
     # the last step is logged just after it is locked: read the log once the restore says it is done
     log = wait_for(lambda: "warm.done" in (text := env.agent_log(name)[before:]) and text, "warm.done in the log")
