@@ -91,6 +91,31 @@ def test_cli_host_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert limited["loaded_units"] < benefit["loaded_units"]
 
 
+def test_the_models_decide_on_inferred_reads_unless_counted_ones_are_asked_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The agents' default read model is the host replay's: counted reads are an option, as in the agent."""
+    vms = small_case()
+    inferred = {r.arm: r.to_json() for r in replay_host(vms, [8 * MiB], block_size=BS, arms=("benefit",))}
+    counted = {r.arm: r.to_json() for r in replay_host(vms, [8 * MiB], block_size=BS, arms=("benefit",), exact=True)}
+    assert inferred["benefit"] != counted["benefit"]  # the two paths pin differently on this case
+    args = []
+    for vm in vms:
+        path = tmp_path / f"{vm.name}.csv"
+        write_csv(vm.trace, path)
+        args += ["--vm", f"{path},budget=32M,size=64M"]
+    for model, expected in ((None, inferred), ("inferred", inferred), ("counted", counted)):
+        extra = [] if model is None else ["--read-model", model]
+        assert main(["replay", *args, "--cap", "8M", "--block-size", "64K", "--json", *extra]) == 0
+        rows = {r["arm"]: r for r in json.loads(capsys.readouterr().out)}
+        assert rows["benefit"] == expected["benefit"], model
+
+
+def test_the_read_model_is_refused_for_a_single_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.csv").write_text("time,op,offset,length\n0,R,0,4096\n")
+    assert main(["replay", str(tmp_path / "t.csv"), "--read-model", "counted"]) == 2
+    assert "--read-model: 'counted': is for host mode (--vm)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("vm, message", [
     ("t.csv", "--vm[0]: 't.csv': needs budget=SIZE"),
     ("t.csv,budget=1M,min=2M", "--vm[0] min: '2M': must not be above the budget"),

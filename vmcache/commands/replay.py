@@ -77,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fill", choices=("whole", "cached"), default="whole",
                         help="as the agent's fill: new pins load their blocks' uncached pages (whole, the "
                              "default) or take only the pages cached (cached: nothing loaded)")
+    parser.add_argument("--read-model", choices=("counted", "inferred"), default=None,
+                        help="host mode (--vm): what the VMs' models decide on, as the agents' read_model: reads "
+                             "inferred from residency and read evidence (the default) or counted exactly; a "
+                             "single trace has both as policies (inferred, vmcache)")
     parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of device reads per request against memory")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
@@ -203,7 +207,7 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
     try:
         results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory,
                                    rest=args.rest, prefetch_rate=args.prefetch_rate, cache_unit=args.cache_unit,
-                                   fill=args.fill == "whole")
+                                   fill=args.fill == "whole", exact=args.read_model == "counted")
     except ValueError as err:
         raise ConfigError("--vm", args.vm, str(err)) from None
     if args.json:
@@ -269,6 +273,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_host(args, _model_params(args.model, args.block_size, args.interval))
     if not args.trace:
         raise ConfigError("trace", None, "a trace file is needed (or --generate KIND --out FILE, or --vm ...)")
+    if args.read_model is not None:
+        raise ConfigError("--read-model", args.read_model, "is for host mode (--vm); for a single trace choose "
+                          "--policy vmcache (reads counted) or --policy inferred")
     if not 0.0 < args.pin_share <= 1.0:
         raise ConfigError("--pin-share", args.pin_share, "must be in (0, 1]")
     params = _model_params(args.model, args.block_size, args.interval)

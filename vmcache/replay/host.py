@@ -179,15 +179,18 @@ def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm]
 def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: ModelParams | None = None,
                 memory: int | None = None, memory_factor: float = 2.0,
                 arms: tuple[str, ...] = ARMS, rest: str = "linux",
-                prefetch_rate: int | None = None, cache_unit: int | None = None, fill: bool = True
-                ) -> list[HostResult]:
+                prefetch_rate: int | None = None, cache_unit: int | None = None, fill: bool = True,
+                exact: bool = False) -> list[HostResult]:
     """Every arm at every cap; ``memory`` (default ``memory_factor * cap``) is the host page cache.
 
     ``params``: the model of every VM (its ``block_size`` is replaced by
     ``block_size``); ``rest``: the policy of the memory nobody pins
     (``linux`` or ``lru``); ``prefetch_rate``: bytes per trace second each
     VM may load into new pins, as the agents' setting (None: unlimited);
-    ``fill`` False: pins take only resident units (``fill: cached``).
+    ``fill`` False: pins take only resident units (``fill: cached``);
+    ``exact``: the models decide on the reads counted exactly (the agents'
+    ``read_model: counted``), else on residency and read evidence as the
+    agents do by default.
     ``cache_unit``: what the page cache holds, a divisor of ``block_size``
     (default the block; 4 KiB is the host's page, so the kernel keeps the
     pages a guest touched while a pin holds whole blocks). Device reads and
@@ -222,7 +225,7 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
                 total, per_vm = _results(arm, cap, mem, merged, vms, SHARED[arm](merged.bt, capacity))
                 out.append(HostResult(arm, cap, mem, total, per_vm))
                 continue
-            hits, states, loads = _run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate, fill)
+            hits, states, loads = _run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate, fill, exact)
             total, per_vm = _results(arm, cap, mem, merged, vms, hits, loads)
             cycles = max(1, len(cycle_ends(merged.bt, p.interval)))
             out.append(HostResult(arm, cap, mem, total, per_vm,
@@ -232,8 +235,8 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
 
 
 def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity: int,
-               params: ModelParams, rest: str, prefetch_rate: int | None, fill: bool = True
-               ) -> tuple[NDArray[np.bool_], list[_Vm], Loads]:
+               params: ModelParams, rest: str, prefetch_rate: int | None, fill: bool = True,
+               exact: bool = False) -> tuple[NDArray[np.bool_], list[_Vm], Loads]:
     """Hits per access of one split arm, the VMs' states at the end and what their pins loaded.
 
     Each VM's cycle runs under the grant of the previous split; its demand
@@ -262,7 +265,7 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
         wanted = []
         for s in states:
             s.granted = grants[s.vm.name]
-            _step(s, merged, begin, end, served, resident, t0 + params.interval * (k + 1))
+            _step(s, merged, begin, end, served, resident, t0 + params.interval * (k + 1), exact)
             wanted.append(sampling.units_of(s.pinned, per, s.units) + s.offset)
             s.grant_sum += s.granted
             s.pinned_sum += int(s.pinned.size) * params.block_size
@@ -276,18 +279,24 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
 
 
 def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_], resident: NDArray[np.int64],
-          now: float) -> None:
-    """One VM's cycle at the end of an interval, on its accesses in [begin, end) and its residency."""
+          now: float, exact: bool = False) -> None:
+    """One VM's cycle at the end of an interval, on its accesses in [begin, end) and its residency.
+
+    ``exact``: the cycle gets the reads counted exactly, else the read evidence of its pinned blocks.
+    """
     mine = merged.vm[begin:end] == s.index
     bt = merged.bt
     unit = bt.block[begin:end][mine] - s.offset
     write = bt.write[begin:end][mine]
     own = resident[(resident >= s.offset) & (resident < s.offset + s.units)] - s.offset
     per = s.cycle.params.block_size // bt.block_size
-    reads = sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], per, bt.block_size)
+    if exact:
+        how = {"reads": sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], per, bt.block_size)}
+    else:
+        how = {"seen": sampling.seen(unit, write, s.pinned, per * bt.block_size, per)}
     s.current = s.cycle.step(sampling.residency(own.tolist(), per),
                              sampling.written(unit, write, per, bt.block_size), s.current, size_bytes=s.size,
-                             budget=s.granted, now=now, reads=reads).regions
+                             budget=s.granted, now=now, **how).regions
     s.pinned = blocks_of(s.current, s.cycle.params.block_size, s.cycle.nblocks)
 
 
