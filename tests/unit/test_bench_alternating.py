@@ -24,6 +24,15 @@ def test_each_vm_is_busy_in_its_own_turns_on_its_hot_zone() -> None:
     assert 0.1 < first.write.mean() < 0.3
 
 
+def test_every_turn_reads_the_zone_fio_reads_at_the_disk_s_start() -> None:
+    """fio's zoned:90/10:10/90 (guest/init) puts the hot zone in the first 10% of the disk, every run alike."""
+    vm = alternating(0, phase=10.0, turns=6, rate=200.0, size=64 * MiB)
+    zone = 64 * MiB // 10
+    for k in (0, 2, 4):
+        turn = vm.offset[(vm.time >= 10.0 * k) & (vm.time < 10.0 * (k + 1))]
+        assert 0.87 < (turn < zone).mean() < 0.93, k
+
+
 def test_main_writes_the_same_seeded_files(tmp_path: Path) -> None:
     for out in (tmp_path / "a", tmp_path / "b"):
         assert main([str(out), "--phase", "2", "--turns", "3", "--rate", "20"]) == 0
