@@ -214,8 +214,9 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         print(json.dumps([r.to_json() for r in results], indent=1))
     else:
         unit = f" (cached in {format_size(args.cache_unit)} units)" if args.cache_unit else ""
+        reads = "counted" if args.read_model == "counted" else "inferred"
         print(f"host: {len(vms)} VMs, blocks {format_size(args.block_size)}{unit}, interval {params.interval:g}s, "
-              + "memory " + (format_size(args.memory) if args.memory else "2 x cap"))
+              + "memory " + (format_size(args.memory) if args.memory else "2 x cap") + f", reads {reads}")
         for vm in vms:
             print(f"  {vm.name}: {len(vm.trace)} requests, {vm.trace.duration:.0f}s, budget {format_size(vm.budget)}"
                   + (f", min {format_size(vm.minimum)}" if vm.minimum else ""))

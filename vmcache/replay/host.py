@@ -290,13 +290,14 @@ def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_],
     write = bt.write[begin:end][mine]
     own = resident[(resident >= s.offset) & (resident < s.offset + s.units)] - s.offset
     per = s.cycle.params.block_size // bt.block_size
+    reads, seen = None, None
     if exact:
-        how = {"reads": sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], per, bt.block_size)}
+        reads = sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], per, bt.block_size)
     else:
-        how = {"seen": sampling.seen(unit, write, s.pinned, per * bt.block_size, per)}
+        seen = sampling.seen(unit, write, s.pinned, per * bt.block_size, per)
     s.current = s.cycle.step(sampling.residency(own.tolist(), per),
                              sampling.written(unit, write, per, bt.block_size), s.current, size_bytes=s.size,
-                             budget=s.granted, now=now, **how).regions
+                             budget=s.granted, now=now, seen=seen, reads=reads).regions
     s.pinned = blocks_of(s.current, s.cycle.params.block_size, s.cycle.nblocks)
 
 
