@@ -72,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default="",
                    help="model parameters in the vmcache arms' domain metadata, KEY=VALUE,... (default: none, the "
                         "product's defaults; e.g. decay=0.7)")
+    p.add_argument("--min-mib", type=int, default=0,
+                   help="min= in the vmcache arms' domain metadata: MiB of the host's pinned cap guaranteed to each "
+                        "(default 0: none, the product's default; the alternating pair's equal split is 112)")
     p.add_argument("--host-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a host config setting for the vmcache arms' agents over the installed config, e.g. "
                         "fill=cached (repeat; written to the run's host.yaml; the pair's config gets it too)")
@@ -281,7 +284,7 @@ def main() -> int:
                  reclaim_period=args.reclaim_period, out=out, guest_dir=args.guest_dir, memory_mib=args.memory_mib,
                  model=dict(kv.split("=", 1) for kv in args.model.split(",") if kv), phase=args.phase,
                  pair_cache_mib=args.pair_cache_mib, pair_cap_mib=args.pair_cap_mib,
-                 log_reads=args.log_device_reads,
+                 log_reads=args.log_device_reads, min_mib=args.min_mib,
                  host_settings={k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.host_setting)})
 
     def on_signal(signum, _frame):

@@ -54,6 +54,7 @@ class Settings:
     host_config: Path | None = None   # the installed config with them, written by bench/e2e.py (None: none given)
     traces: dict = field(default_factory=dict)   # trace name -> TraceFiles
     log_reads: bool = False    # the delay device logs every read it serves (diagnosis)
+    min_mib: int = 0           # min= in the vmcache arms' metadata (0: none)
 
     def image(self, index: int) -> Path:
         """VM ``index``'s image on the real disk (the first is ``disk``)."""

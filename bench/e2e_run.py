@@ -167,7 +167,8 @@ def domain_of(arm: Arm, s: Settings, vm: Vm) -> str:
     """The domain XML of one of the arm's guests."""
     p = plan(arm)
     agent = arm.mode in ("vmcache", "warm")
-    settings = DomainSettings(budget=s.budget_mib * MIB, model=s.model) if agent else None
+    settings = (DomainSettings(budget=s.budget_mib * MIB, model=s.model, minimum=s.min_mib * MIB or None)
+                if agent else None)
     alternate = arm.scenario.workload == "alternate"
     trace = s.traces.get(arm.scenario.trace)
     spec = GuestSpec(name=vm.name, disk=str(vm.image), console_log=str(vm.console), guest_dir=s.guest_dir,

@@ -65,3 +65,22 @@ def test_partitions_only_where_there_is_a_second_cgroup_and_no_oracle_for_the_pa
             assert arms[arm.name] == arm
     for goal in GOALS:
         assert all(ref in arms for ref in goal.references)
+
+
+def test_min_mib_puts_a_guaranteed_minimum_in_the_vmcache_arms_metadata_only(tmp_path) -> None:
+    from pathlib import Path
+
+    from bench.e2e_plan import Settings, Vm
+    from bench.e2e_run import domain_of
+
+    def settings(min_mib: int) -> Settings:
+        return Settings(runtime=20, warmup=60, slow_warmup=60, gap=60, cache_mib=512, budget_mib=256,
+                        disk=tmp_path / "disk.raw", disk_bytes=2 << 30, mount=tmp_path / "delay",
+                        neighbour_file=tmp_path / "n", stream_rate="100m", reuse_iops=10000, reclaim_period=10.0,
+                        out=tmp_path, guest_dir=str(tmp_path), memory_mib=384, model={}, min_mib=min_mib)
+
+    by_name = every_arm()
+    vm = Vm("g1", tmp_path / "disk.raw", "machine/g1", Path(tmp_path / "console.log"), phase=0)
+    assert 'min="117440512"' in domain_of(by_name["alternate-ssd-vmcache"], settings(112), vm)
+    assert "min=" not in domain_of(by_name["alternate-ssd-vmcache"], settings(0), vm)
+    assert "vmcache:cache" not in domain_of(by_name["alternate-ssd-partition"], settings(112), vm)
