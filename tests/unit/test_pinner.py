@@ -194,6 +194,29 @@ def test_under_the_floor_nothing_new_and_lowest_priority_released_first(image: P
     assert vmlck() == base
 
 
+def test_a_limited_cgroup_s_room_limits_new_pins_and_releases_them_when_it_runs_out(
+        image: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The room a memory cgroup limit leaves is held to as the floor is, wherever it is the tighter of the two."""
+    a, b, c = Region(0, 2 * MiB, 3.0), Region(8 * MiB, 2 * MiB, 2.0), Region(16 * MiB, 2 * MiB, 1.0)
+    room: dict[str, int | None] = {"bytes": 5 * MiB}
+    base = vmlck()
+    caplog.set_level("INFO")
+    with Pinner(image, floor_bytes=1 * GiB, meminfo=plenty, room=lambda: room["bytes"]) as pinner:
+        report = pinner.apply([a, b, c], budget=SIZE)
+        assert [r.span for r in pinner.pinned] == [a.span, b.span]  # 5 MiB of room: two 2 MiB pins
+        assert report.skipped_for_floor == c.length
+        assert "reason=cgroup" in caplog.text
+        room["bytes"] = -3 * MiB  # QEMU's memory grew into the margin: two pins go, lowest priority first
+        report = pinner.apply([a, b, c], budget=SIZE)
+        assert [r.span for r in report.removed] == [b.span, a.span]
+        assert report.released_for_pressure == 4 * MiB and pinner.pinned == []
+        assert "pin.remove start=8388608 length=2097152 reason=cgroup" in caplog.text
+        room["bytes"] = None  # the limit is gone: MemAvailable above the floor is all that counts
+        pinner.apply([a, b, c], budget=SIZE)
+        assert len(pinner.pinned) == 3 and vmlck() - base == 6 * MiB
+    assert vmlck() == base
+
+
 def test_a_grown_region_needs_headroom_only_for_its_new_bytes(image: Path) -> None:
     floor = 1 * GiB
     memory = {"available": 8 * GiB}

@@ -106,6 +106,11 @@ class Pinner:
     ``floor_bytes``: never pin new bytes that would take MemAvailable under
     this, and release pins (lowest priority first) while it is under it.
     ``meminfo``: reads host memory (production default: /proc/meminfo).
+    ``room``: the bytes the memory cgroups the pins are charged to can still
+    take (:meth:`vmcache.host.memcg.MemcgRoom.room`; None from it: no limit),
+    held to as the headroom above the floor is: a pin that would take a
+    limited cgroup past it is skipped, and pins are released while it is
+    negative, so QEMU's own memory never meets a limit that pins fill.
     The image is opened read-only here and kept open until ``close``.
     Raises PinError when the image cannot be opened.
     """
@@ -116,11 +121,13 @@ class Pinner:
         *,
         floor_bytes: int,
         meminfo: Callable[[], MemInfo] = read_meminfo,
+        room: Callable[[], int | None] | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.floor_bytes = int(floor_bytes)
         self._meminfo = meminfo
+        self._room = room
         self._log = logger or _LOG
         self._pins: dict[Span, _Pin] = {}
         try:
@@ -245,7 +252,8 @@ class Pinner:
         except OSError as err:
             raise PinError(f"fstat: {os.strerror(err.errno or 0)}", path=self.path, errno=err.errno) from err
         wanted = pindiff.clip(regions, size)
-        run = _Run(self, self._meminfo().available_bytes)
+        available, limit = self._available()
+        run = _Run(self, available)
         pressure = run.available < self.floor_bytes
         stale, overlapping = pindiff.unplanned(self._regions(), wanted)
         for span in stale:
@@ -257,7 +265,7 @@ class Pinner:
         for span, region in todo.keep.items():
             self._pins[span].region = region  # priority may have changed
         if todo.skipped_floor:
-            self._log.info(event("pin.skip", reason="floor", bytes=todo.skipped_floor, available=run.available,
+            self._log.info(event("pin.skip", reason=limit, bytes=todo.skipped_floor, available=run.available,
                                  floor=self.floor_bytes))
         for addition in todo.add:
             self._add(addition, run, fill)
@@ -268,8 +276,16 @@ class Pinner:
             for span in pindiff.pressure_order(self._regions().values()):
                 if run.available >= self.floor_bytes:
                     break
-                run.released_for_pressure += run.release(span, "pressure")
+                run.released_for_pressure += run.release(span, "pressure" if limit == "floor" else limit)
         return self._report(run, todo)
+
+    def _available(self) -> tuple[int, str]:
+        """MemAvailable, or less where a limited cgroup leaves less room above the floor; and which one limits."""
+        host = self._meminfo().available_bytes
+        room = self._room() if self._room is not None else None
+        if room is not None and room + self.floor_bytes < host:
+            return room + self.floor_bytes, "cgroup"
+        return host, "floor"
 
     def lock_cached(self) -> list[PinFailure]:
         """Lock the pages cached in the pins since they were locked by ``apply(fill=False)``; the failures.

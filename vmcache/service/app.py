@@ -15,9 +15,11 @@ from ..host.hotstore import HotStore
 from ..host.rungate import RunGate
 from ..host.runlock import RUN_LOCK_DIR, RunLock
 from ..host.ledger import Ledger
+from ..host.memcg import MemcgRoom
 from ..host.meminfo import MemoryPressure, read_meminfo, read_pressure
 from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
+from ..host.readcount import qemu_pid
 from ..host.virtdomain import DEFAULT_URI, connect
 from ..logfmt import domain_logger
 from ..model.params import ModelParams
@@ -83,12 +85,14 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
                     qemu_user: Callable[[], tuple[int, int] | None], refs: PageRefs, granularity: int,
                     logger: Any, reads: ReadSignal) -> WorkerFactory:
     runtime_dir = nbd_dir(config.runtime_dir, domain)
+    # pins are charged to QEMU's cgroup (the guest read them) or the agent's (it loaded them)
+    room = MemcgRoom(lambda: (qemu_pid(domain), os.getpid())).room
 
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams,
              layer_of: str | None) -> DiskWorker:
         return DiskWorker(choice, node=node, monitor=monitor, params=params, floor_bytes=config.min_free,
-                          prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate, fill=config.fill == "whole",
-                          refs=refs, runtime_dir=runtime_dir,
+                          room=room, prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate,
+                          fill=config.fill == "whole", refs=refs, runtime_dir=runtime_dir,
                           socket_owner=qemu_user(),
                           granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,
                           heatmap=None if layer_of else _heatmap_writer(domain, choice.disk.target, config),

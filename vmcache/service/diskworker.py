@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from .engine import DiskEngine, ReadSource
 from ..model.share import Curve
@@ -50,6 +51,7 @@ class DiskWorker:
         monitor: Monitor,
         params: ModelParams,
         floor_bytes: int,
+        room: Callable[[], int | None] | None = None,
         prefetch_rate: int | None = None,
         warm_rate: int | None = None,
         fill: bool = True,
@@ -69,6 +71,7 @@ class DiskWorker:
 
         ``reads``: the agent's read counter (None: the guest's reads are inferred);
         ``decide_on_reads``: its counts replace the inference in the model (host config ``read_model``);
+        ``room``: what the limited memory cgroups of QEMU and the agent can still take (host/memcg.py);
         ``heatmap`` writes the disk's heat-map files after its cycles;
         ``layer_of``: the image is a read-only backing layer of that target's
         top image (no tracker: give ``node`` None).
@@ -98,8 +101,8 @@ class DiskWorker:
         self._dropped = 0
         try:
             self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
-                                         prefetch_rate=prefetch_rate, warm_rate=warm_rate, fill=fill, refs=refs,
-                                         clear_refs=False, writes=self._writes if self.tracker else None,
+                                         room=room, prefetch_rate=prefetch_rate, warm_rate=warm_rate, fill=fill,
+                                         refs=refs, clear_refs=False, writes=self._writes if self.tracker else None,
                                          reads=self._read_source(), decide_on_reads=decide_on_reads,
                                          logger=logger)
         except BaseException:

@@ -61,6 +61,7 @@ class DiskEngine:
         params: ModelParams,
         budget: int,
         floor_bytes: int,
+        room: Callable[[], int | None] | None = None,
         prefetch_rate: int | None = None,
         warm_rate: int | None = None,
         fill: bool = True,
@@ -76,7 +77,9 @@ class DiskEngine:
     ) -> None:
         """Open ``image``; nothing is pinned until the first cycle.
 
-        ``prefetch_rate``: bytes per second vmcache may read from the device
+        ``room``: the bytes the limited memory cgroups the pins are charged
+        to can still take (the pinner holds to it as to the floor; None: no
+        limit looked at). ``prefetch_rate``: bytes per second vmcache may read from the device
         to fill regions it starts pinning (their pages not yet in the page
         cache); None for no limit. ``warm_rate``: the rate instead while a
         saved hot set is restored (the higher of the two; None: the same).
@@ -108,7 +111,8 @@ class DiskEngine:
                                  errno=err.errno) from err
         self._refs = refs if refs is not None else PageRefs()
         self._clear_refs = clear_refs
-        self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, logger=self._log)
+        self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, room=room,
+                                        logger=self._log)
         self._cycle = Cycle(params, prefetch_rate=prefetch_rate, warm_rate=warm_rate, fill=fill)
         self._written = BlockValues.empty()
         self.last_reads: GuestReads | None = None

@@ -1,0 +1,96 @@
+"""A VM under a memory limit (libvirt ``<memtune><hard_limit>``): its pins never take the room QEMU needs.
+
+Pinned page cache pages cannot be reclaimed, and the guest's reads charge
+them to QEMU's memory cgroup: under a hard limit, every pinned byte is one
+QEMU's own memory cannot grow into, and a QEMU that grows into a limit the
+pins fill is killed by the cgroup OOM killer (seen on this host: two VMs
+under one limited parent, docs/reliability.md). The real agent, a real
+libvirt domain, the limit set the operator's way (``virsh memtune
+--hard-limit``, here through libvirt's API on the running domain).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+libvirt = pytest.importorskip("libvirt")
+
+from vmcache.host.memcg import limits_of, margin, memory_cgroup  # noqa: E402
+
+from tests.live.guestlib import guest_write  # noqa: E402
+from tests.live.livelib import GiB, LiveEnv, MiB, agents_env, qemu_pid, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.live
+
+PREFIX = f"vmcache-test-memcg-{os.getpid()}-"
+INTERVAL = 1.0
+UNLIMITED_KIB = 9007199254740991  # VIR_DOMAIN_MEMORY_PARAM_UNLIMITED
+
+
+@pytest.fixture(scope="module")
+def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
+    # decay 0.98: the zone, written once, stays hot for the whole test (no write may grow QEMU under its limit)
+    yield from agents_env(live_tmp, hooked, PREFIX, cap="256M", model={"decay": 0.98, "block_size": "1M"})
+
+
+def hard_limit(dom, kib: int) -> None:
+    dom.setMemoryParameters({libvirt.VIR_DOMAIN_MEMORY_HARD_LIMIT: kib}, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+
+
+ZONE = 48 * MiB
+
+
+def cgroup_file(where: tuple[int, str], name: str) -> int:
+    return int(Path(f"/sys/fs/cgroup/memory{where[1]}/{name}").read_text())
+
+
+def stat(where: tuple[int, str]) -> dict[str, int]:
+    text = Path(f"/sys/fs/cgroup/memory{where[1]}/memory.stat").read_text()
+    return {key: int(value) for key, value in (line.split() for line in text.splitlines())}
+
+
+def test_pins_leave_a_limited_vm_its_margin_and_come_back_when_the_limit_goes(env: LiveEnv) -> None:
+    name = PREFIX + "lim"
+    try:
+        dom = env.domain(name, budget="64M", size=128 * MiB)
+        qpid = qemu_pid(name)
+        where = memory_cgroup(qpid)
+        if where is None or where[0] != 1:
+            pytest.skip(f"QEMU's memory cgroup is not on cgroup v1 here ({where})")
+        assert limits_of(*where) == []  # no limit anywhere above QEMU yet
+        # The guest writes its zone before any pin: its pages are charged to QEMU's cgroup, then locked there.
+        guest_write(dom, 0, ZONE)
+        wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone to be pinned")
+        pinned = env.pinned(name)
+        if stat(where)["total_mapped_file"] < pinned - 8 * MiB:  # the agent maps what it locks
+            pytest.skip(f"the pinned pages are not charged to QEMU's cgroup here ({stat(where)})")
+
+        # The operator caps the VM: first far above its use, to read what it cannot give back (``held``), then
+        # so that past it and the margin (64 MiB) 32 MiB are left - the pins are 16 MiB into the margin.
+        hard_limit(dom, (cgroup_file(where, "memory.usage_in_bytes") + GiB) // 1024)
+        (first,) = limits_of(*where)
+        held = first.limit - margin(first.limit) - first.room  # usage less what the kernel could reclaim
+        hard_limit(dom, (held - pinned + 96 * MiB) // 1024)
+        (limit,) = limits_of(*where)
+        assert margin(limit.limit) == 64 * MiB and -24 * MiB <= limit.room <= -8 * MiB, limit
+        wait_for(lambda: limits_of(*where)[0].room >= 0, "pins to leave the margin", timeout=10 * INTERVAL + 10)
+        log = env.agent_log(name)
+        assert re.search(r"pin\.remove start=\d+ length=\d+ reason=cgroup", log), log[-3000:]
+        assert env.pinned(name) < ZONE
+        time.sleep(3 * INTERVAL)  # and they stay out of it, cycle after cycle
+        assert limits_of(*where)[0].room >= 0, (limits_of(*where), env.pinned(name))
+        assert env.status(name)["state"] == "backing-off"
+
+        hard_limit(dom, UNLIMITED_KIB)  # the limit goes: the zone, still hot, is pinned again
+        assert limits_of(*where) == []
+        wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone pinned again once the limit is gone",
+                 timeout=10 * INTERVAL + 10)
+        assert qemu_pid(name) == qpid and dom.isActive()  # QEMU never killed
+    finally:
+        env.cleanup()

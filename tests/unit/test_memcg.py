@@ -1,0 +1,90 @@
+"""host/memcg.py: the limited memory cgroups pins are charged to, on a cgroup tree of the test's own (v1 and v2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vmcache.host.memcg import MARGIN_MIN, UNLIMITED_V1, CgroupLimit, MemcgRoom, limits_of, margin, memory_cgroup
+
+MiB = 1 << 20
+
+
+def v1_group(root: Path, path: str, *, limit: int, usage: int, inactive: int = 0, active: int = 0, mapped: int = 0,
+             unevictable: int = 0) -> None:
+    d = root / path.strip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    (d / "memory.stat").write_text(f"cache 0\nrss 0\ntotal_inactive_file {inactive}\ntotal_active_file {active}\n"
+                                   f"total_mapped_file {mapped}\ntotal_unevictable {unevictable}\n")
+
+
+def v2_group(root: Path, path: str, *, limit: str, current: int, inactive: int = 0, active: int = 0, mapped: int = 0,
+             unevictable: int = 0) -> None:
+    d = root / path.strip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "memory.max").write_text(f"{limit}\n")
+    (d / "memory.current").write_text(f"{current}\n")
+    (d / "memory.stat").write_text(f"anon 5\nfile 7\ninactive_file {inactive}\nactive_file {active}\n"
+                                   f"file_mapped {mapped}\nunevictable {unevictable}\n")
+
+
+def proc_cgroup(proc: Path, pid: int, text: str) -> None:
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "cgroup").write_text(text)
+
+
+def test_the_memory_line_decides_the_version(tmp_path: Path) -> None:
+    proc_cgroup(tmp_path, 1, "12:pids:/a\n4:memory:/machine/qemu-1.scope\n1:name=systemd:/x\n0::/x\n")
+    proc_cgroup(tmp_path, 2, "0::/machine.slice/machine-qemu\\x2d1.scope\n")
+    proc_cgroup(tmp_path, 3, "4:cpu,memory:/bench/vm2\n")
+    assert memory_cgroup(1, proc=str(tmp_path)) == (1, "/machine/qemu-1.scope")
+    assert memory_cgroup(2, proc=str(tmp_path)) == (2, "/machine.slice/machine-qemu\\x2d1.scope")
+    assert memory_cgroup(3, proc=str(tmp_path)) == (1, "/bench/vm2")
+    assert memory_cgroup(4, proc=str(tmp_path)) is None  # gone
+
+
+def test_every_limited_ancestor_counts_and_unlimited_ones_do_not(tmp_path: Path) -> None:
+    v1_group(tmp_path, "/bench", limit=1000 * MiB, usage=900 * MiB, inactive=10 * MiB, active=5 * MiB)
+    v1_group(tmp_path, "/bench/vm2", limit=UNLIMITED_V1 + 4096, usage=450 * MiB)
+    found = limits_of(1, "/bench/vm2", v1_root=str(tmp_path))
+    assert found == [CgroupLimit("/bench", 1000 * MiB, 900 * MiB, 15 * MiB)]
+    # 1000 - 900 + 15, less an eighth of the limit (125 MiB): already 10 MiB into the margin
+    assert found[0].room == -10 * MiB
+    v2_group(tmp_path, "/m.slice", limit="max", current=1)
+    v2_group(tmp_path, "/m.slice/vm", limit=str(2048 * MiB), current=1024 * MiB, inactive=100 * MiB)
+    assert limits_of(2, "/m.slice/vm", v2_root=str(tmp_path)) == [
+        CgroupLimit("/m.slice/vm", 2048 * MiB, 1024 * MiB, 100 * MiB)]
+    assert limits_of(2, "/missing/vm", v2_root=str(tmp_path)) == []  # unreadable: skipped
+
+
+def test_locked_pages_still_on_the_file_lists_are_not_counted_as_reclaimable(tmp_path: Path) -> None:
+    # 48 MiB just locked by a pin (mapped, still on the active list), 2 MiB of it culled to the unevictable
+    # list, 10 MiB of cache nobody maps: 10 MiB reclaimable (46 + 10 on the lists, 48 - 2 of them mapped)
+    v1_group(tmp_path, "/vm", limit=512 * MiB, usage=300 * MiB, inactive=10 * MiB, active=46 * MiB, mapped=48 * MiB,
+             unevictable=2 * MiB)
+    assert limits_of(1, "/vm", v1_root=str(tmp_path))[0].reclaimable == 10 * MiB
+    v2_group(tmp_path, "/vm2", limit=str(512 * MiB), current=300 * MiB, inactive=1 * MiB, mapped=200 * MiB,
+             unevictable=200 * MiB)  # every pin culled: the lists hold what is reclaimable
+    assert limits_of(2, "/vm2", v2_root=str(tmp_path))[0].reclaimable == 1 * MiB
+
+
+def test_the_margin_is_an_eighth_of_the_limit_and_never_under_64_mib() -> None:
+    assert margin(100 * MiB) == MARGIN_MIN == 64 * MiB
+    assert margin(4096 * MiB) == 512 * MiB
+
+
+@pytest.mark.parametrize("qemu_room, agent_room, expected", [(300, 50, 50), (20, 500, 20)])
+def test_the_tightest_cgroup_of_qemu_and_the_agent_gives_the_room(tmp_path: Path, qemu_room: int, agent_room: int,
+                                                                   expected: int) -> None:
+    proc, root = tmp_path / "proc", tmp_path / "memory"
+    proc_cgroup(proc, 10, "4:memory:/machine/vm\n")
+    proc_cgroup(proc, 20, "4:memory:/system/agent\n")
+    for path, room in (("/machine/vm", qemu_room), ("/system/agent", agent_room)):
+        limit = 1024 * MiB  # margin 128 MiB
+        v1_group(root, path, limit=limit, usage=limit - (room + 128) * MiB)
+    rooms = MemcgRoom(lambda: (10, 20, None), proc=str(proc), v1_root=str(root))
+    assert rooms.room() == expected * MiB
+    assert MemcgRoom(lambda: (99,), proc=str(proc), v1_root=str(root)).room() is None  # gone: no limit known
