@@ -174,9 +174,11 @@ class AgentMetrics:
             "Pages of the image recently evicted from the page cache (cachestat nr_recently_evicted).")
         self.backing_off = gauge(
             "backing_off",
-            "1 when the free-memory floor or memory pressure kept vmcache from pinning what it planned.")
+            "1 when the free-memory floor, a memory cgroup's limit or memory pressure kept vmcache from pinning "
+            "what it planned.")
         self.backoff_skipped = gauge(
-            "backoff_skipped_bytes", "Bytes planned for pinning but left unpinned because of the memory floor.")
+            "backoff_skipped_bytes",
+            "Bytes planned for pinning but left unpinned because of the memory floor or a memory cgroup's limit.")
         self.warm_restored = gauge(
             "warm_restored_bytes", "Bytes of the saved hot set the disk started from that vmcache has pinned again "
             "(a region restored in chunks counts its pinned part).")
