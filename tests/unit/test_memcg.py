@@ -11,24 +11,25 @@ from vmcache.host.memcg import MARGIN_MIN, UNLIMITED_V1, CgroupLimit, MemcgRoom,
 MiB = 1 << 20
 
 
+def group(root: Path, path: str, files: dict[str, str]) -> None:
+    directory = root / path.strip("/")
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+
+
 def v1_group(root: Path, path: str, *, limit: int, usage: int, inactive: int = 0, active: int = 0, mapped: int = 0,
              unevictable: int = 0) -> None:
-    d = root / path.strip("/")
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "memory.limit_in_bytes").write_text(f"{limit}\n")
-    (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
-    (d / "memory.stat").write_text(f"cache 0\nrss 0\ntotal_inactive_file {inactive}\ntotal_active_file {active}\n"
-                                   f"total_mapped_file {mapped}\ntotal_unevictable {unevictable}\n")
+    group(root, path, {"memory.limit_in_bytes": f"{limit}\n", "memory.usage_in_bytes": f"{usage}\n",
+                       "memory.stat": f"cache 0\nrss 0\ntotal_inactive_file {inactive}\ntotal_active_file {active}\n"
+                                      f"total_mapped_file {mapped}\ntotal_unevictable {unevictable}\n"})
 
 
-def v2_group(root: Path, path: str, *, limit: str, current: int, inactive: int = 0, active: int = 0, mapped: int = 0,
+def v2_group(root: Path, path: str, *, limit: str, current: int, inactive: int = 0, mapped: int = 0,
              unevictable: int = 0) -> None:
-    d = root / path.strip("/")
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "memory.max").write_text(f"{limit}\n")
-    (d / "memory.current").write_text(f"{current}\n")
-    (d / "memory.stat").write_text(f"anon 5\nfile 7\ninactive_file {inactive}\nactive_file {active}\n"
-                                   f"file_mapped {mapped}\nunevictable {unevictable}\n")
+    group(root, path, {"memory.max": f"{limit}\n", "memory.current": f"{current}\n",
+                       "memory.stat": f"anon 5\nfile 7\ninactive_file {inactive}\nactive_file 0\n"
+                                      f"file_mapped {mapped}\nunevictable {unevictable}\n"})
 
 
 def proc_cgroup(proc: Path, pid: int, text: str) -> None:
