@@ -408,9 +408,14 @@ def _pinned_image(env: LiveEnv, cleanup: list[str], name: str) -> tuple[Any, Pat
     """A running domain ``name`` whose agent pins 4 MiB its guest wrote, and the image's path."""
     dom = env.domain(name, budget="16M", size=32 * MiB)
     running(env, name)
-    # the guest keeps writing its 4 MiB: written once, across a cycle's end, a block of it may stay under the
-    # threshold at decay 0.5 and the region be pinned without it (seen in CI: 3 MiB of 4)
-    wait_for(lambda: guest_write(dom, 0, 4 * MiB) or env.pinned(name) >= 4 * MiB, "a pin", step=1.0)
+
+    def written_and_pinned() -> bool:
+        # the guest keeps writing its 4 MiB: written once, across a cycle's end, a block of it may stay under
+        # the threshold at decay 0.5 and the region be pinned without it (seen in CI: 3 MiB of 4)
+        guest_write(dom, 0, 4 * MiB)
+        return env.pinned(name) >= 4 * MiB
+
+    wait_for(written_and_pinned, "a pin", step=1.0)
     return dom, env.tmp / f"{file_stem(name)}.raw"
 
 
