@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vmcache.replay.generate import requests
 from vmcache.replay.trace import Trace, write_csv
 
 GiB = 1 << 30
@@ -40,8 +41,7 @@ def fio_zoned(size: int, count: int, *, seed: int, rate: float, io_size: int = 4
     zone = int(units * hot_space)
     hot = rng.random(count) < hot_share
     where = np.where(hot, rng.integers(0, zone, size=count), rng.integers(zone, units, size=count))
-    return Trace(np.arange(count, dtype=np.float64) / rate, rng.random(count) < write_fraction,
-                 where.astype(np.int64) * io_size, np.full(count, io_size, dtype=np.int64))
+    return requests(rng, where, count, rate, io_size, write_fraction)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 
 from .trace import Trace
 
-__all__ = ["zoned", "zipf", "moving", "stream", "GENERATORS"]
+__all__ = ["zoned", "zipf", "moving", "stream", "requests", "GENERATORS"]
 
 
 def _units(size: int, io_size: int) -> int:
@@ -41,8 +41,12 @@ def _units(size: int, io_size: int) -> int:
     return size // io_size
 
 
-def _finish(rng: np.random.Generator, units: NDArray[np.int64], count: int, rate: float, io_size: int,
-            write_fraction: float) -> Trace:
+def requests(rng: np.random.Generator, units: NDArray[np.int64], count: int, rate: float, io_size: int,
+             write_fraction: float) -> Trace:
+    """``count`` requests of ``io_size`` at ``units`` (in io_size units), ``rate`` a second, ``write_fraction`` writes.
+
+    Raises ValueError for a rate that is not positive.
+    """
     if rate <= 0:
         raise ValueError(f"rate must be more than 0, got {rate}")
     time = np.arange(count, dtype=np.float64) / rate
@@ -74,7 +78,7 @@ def zoned(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size:
     inside = rng.integers(0, zone_units, size=count)
     anywhere = rng.integers(0, n, size=count)
     units = np.where(hot, starts[which] + inside, anywhere)
-    return _finish(rng, units, count, rate, io_size, write_fraction)
+    return requests(rng, units, count, rate, io_size, write_fraction)
 
 
 def zipf(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size: int = 4096,
@@ -89,7 +93,7 @@ def zipf(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size: 
     cdf /= cdf[-1]
     ranks = np.minimum(np.searchsorted(cdf, rng.random(count), side="right"), n - 1)
     place = rng.permutation(n)
-    return _finish(rng, place[ranks], count, rate, io_size, write_fraction)
+    return requests(rng, place[ranks], count, rate, io_size, write_fraction)
 
 
 def moving(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size: int = 4096,
@@ -110,7 +114,7 @@ def moving(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size
     inside = rng.integers(0, width, size=count)
     anywhere = rng.integers(0, n, size=count)
     units = np.where(hot, (window + inside) % n, anywhere)
-    return _finish(rng, units, count, rate, io_size, write_fraction)
+    return requests(rng, units, count, rate, io_size, write_fraction)
 
 
 def stream(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size: int = 4096,
@@ -122,7 +126,7 @@ def stream(size: int, count: int, *, seed: int = 0, rate: float = 100.0, io_size
     n = _units(size, io_size)
     rng = np.random.default_rng(seed)
     units = (rng.integers(0, n) + np.arange(count, dtype=np.int64)) % n
-    return _finish(rng, units, count, rate, io_size, write_fraction)
+    return requests(rng, units, count, rate, io_size, write_fraction)
 
 
 GENERATORS: dict[str, Callable[..., Trace]] = {"zoned": zoned, "zipf": zipf, "moving": moving, "stream": stream}
