@@ -204,17 +204,18 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
 
     vms = [_vm(text, i) for i, text in enumerate(args.vm)]
     caps = sorted({c for group in args.cap for c in group})
+    exact = args.read_model == "counted"
     try:
         results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory,
                                    rest=args.rest, prefetch_rate=args.prefetch_rate, cache_unit=args.cache_unit,
-                                   fill=args.fill == "whole", exact=args.read_model == "counted")
+                                   fill=args.fill == "whole", exact=exact)
     except ValueError as err:
         raise ConfigError("--vm", args.vm, str(err)) from None
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=1))
     else:
         unit = f" (cached in {format_size(args.cache_unit)} units)" if args.cache_unit else ""
-        reads = "counted" if args.read_model == "counted" else "inferred"
+        reads = "counted" if exact else "inferred"
         print(f"host: {len(vms)} VMs, blocks {format_size(args.block_size)}{unit}, interval {params.interval:g}s, "
               + "memory " + (format_size(args.memory) if args.memory else "2 x cap") + f", reads {reads}")
         for vm in vms:
