@@ -82,7 +82,8 @@ def test_pins_leave_a_limited_vm_its_margin_and_come_back_when_the_limit_goes(en
         wait_for(lambda: limits_of(*where)[0].room >= 0, "pins to leave the margin", timeout=10 * INTERVAL + 10)
         log = env.agent_log(name)
         assert re.search(r"pin\.remove start=\d+ length=\d+ reason=cgroup", log), log[-3000:]
-        assert env.pinned(name) < ZONE
+        # the zone (one region) gave back its tail, not all of it: the rest of the room still holds its head
+        assert 16 * MiB <= env.pinned(name) < ZONE, (env.pinned(name), limits_of(*where))
         time.sleep(3 * INTERVAL)  # and they stay out of it, cycle after cycle
         assert limits_of(*where)[0].room >= 0, (limits_of(*where), env.pinned(name))
 

@@ -57,3 +57,40 @@ def test_uncovered_is_what_a_grown_region_must_still_read() -> None:
     assert pindiff.uncovered(Region(0, 100), []) == [(0, 100)]
     assert pindiff.uncovered(Region(10, 100), [(50, 10), (0, 20), (100, 50)]) == [(20, 30), (60, 40)]
     assert pindiff.uncovered(Region(10, 20), [(0, 100)]) == []
+
+
+
+T = pindiff.TRIM_MIN
+
+
+def test_a_region_larger_than_the_headroom_is_pinned_as_far_as_the_headroom_goes() -> None:
+    """A 200 MiB zone in a cgroup with 90 MiB of room pins 86 MiB of it, not nothing."""
+    wanted = [Region(0, 16 * T, 2.0), Region(32 * T, 4 * T, 1.0)]
+    _, overlapping = pindiff.unplanned({}, wanted)
+    todo = pindiff.diff({}, wanted, overlapping, budget=64 * T, headroom=4 * T + 100)
+    assert todo.add == [pindiff.Addition(Region(0, 3 * T, 2.0))]  # TRIM_MIN of the room is left
+    assert todo.skipped_floor == 13 * T + 4 * T
+
+
+def test_a_cut_pin_grows_with_the_headroom_and_waits_without_it() -> None:
+    current = pins(Region(0, 3 * T, 2.0))
+    wanted = [Region(0, 16 * T, 2.5)]
+    _, overlapping = pindiff.unplanned(current, wanted)
+    todo = pindiff.diff(current, wanted, overlapping, budget=64 * T, headroom=3 * T)
+    assert todo.add == [pindiff.Addition(Region(0, 5 * T, 2.5), ((0, 3 * T),))]  # only 2 T new
+    assert todo.skipped_floor == 11 * T and not todo.keep
+    todo = pindiff.diff(current, wanted, overlapping, budget=64 * T, headroom=2 * T - PAGE)
+    assert todo.add == [] and todo.keep == {(0, 3 * T): Region(0, 3 * T, 2.5)}  # less than T to add
+
+
+def test_a_head_that_would_add_little_waits_for_room() -> None:
+    wanted = [Region(0, 16 * T, 2.0)]
+    _, overlapping = pindiff.unplanned({}, wanted)
+    todo = pindiff.diff({}, wanted, overlapping, budget=64 * T, headroom=2 * T - PAGE)
+    assert todo.add == [] and todo.skipped_floor == 16 * T
+
+
+def test_shrink_gives_back_what_is_needed_and_leaves_room() -> None:
+    assert pindiff.shrunk(Region(0, 8 * T, 1.0), 3 * T - 100) == Region(0, 4 * T, 1.0)
+    assert pindiff.shrunk(Region(0, 8 * T, 1.0), 6 * T + 1) is None  # less than T would be left
+    assert pindiff.shrunk(Region(0, 8 * T, 1.0), 9 * T) is None

@@ -217,6 +217,36 @@ def test_a_limited_cgroup_s_room_limits_new_pins_and_releases_them_when_it_runs_
     assert vmlck() == base
 
 
+def test_a_zone_larger_than_a_cgroup_s_room_is_pinned_as_far_as_it_goes_and_shrinks_under_pressure(
+        image: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One hot zone is one region: a tight room pins its head, and a shortfall gives back its tail, not all of it.
+
+    Each cut leaves 4 MiB (``TRIM_MIN``) of the room free.
+    """
+    zone = Region(0, 24 * MiB, 2.0)
+    room: dict[str, int | None] = {"bytes": 14 * MiB}
+    base = vmlck()
+    caplog.set_level("INFO")
+    with Pinner(image, floor_bytes=1 * GiB, meminfo=plenty, room=lambda: room["bytes"]) as pinner:
+        report = pinner.apply([zone], budget=SIZE)
+        assert [r.span for r in pinner.pinned] == [(0, 10 * MiB)] and report.skipped_for_floor == 14 * MiB
+        assert vmlck() - base == 10 * MiB
+        room["bytes"] = 10 * MiB  # the room grew (the 10 MiB locked are charged already): the head grows by 6
+        pinner.apply([zone], budget=SIZE)
+        assert [r.span for r in pinner.pinned] == [(0, 16 * MiB)] and vmlck() - base == 16 * MiB
+        room["bytes"] = 2 * MiB  # wavering within the 4 MiB left: nothing moves
+        report = pinner.apply([zone], budget=SIZE)
+        assert report.added == () and report.removed == ()
+        room["bytes"] = -3 * MiB - 100  # into the margin: the tail goes with 4 MiB more, the head stays locked
+        report = pinner.apply([zone], budget=SIZE)
+        assert report.released_for_pressure == 7 * MiB + 4096 and not report.failures
+        assert [r.span for r in pinner.pinned] == [(0, 9 * MiB - 4096)]
+        assert vmlck() - base == 9 * MiB - 4096
+        np.testing.assert_array_equal(blocks(image)[:8], 1.0)
+        assert "pin.remove start=0 length=16777216 reason=cgroup" in caplog.text
+    assert vmlck() == base
+
+
 def test_a_grown_region_needs_headroom_only_for_its_new_bytes(image: Path) -> None:
     floor = 1 * GiB
     memory = {"available": 8 * GiB}

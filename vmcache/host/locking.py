@@ -16,13 +16,16 @@ import numpy as np
 
 from .pagecache import PAGE_SIZE, _libc
 
-__all__ = ["load_and_lock", "lock_cached", "mlock"]
+__all__ = ["lock", "load_and_lock", "lock_cached", "mlock", "munlock", "no_readaround"]
 
 _libc.mlock.restype = ctypes.c_int
 _libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.munlock.restype = ctypes.c_int
+_libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mlock2.restype = ctypes.c_int
 _libc.mlock2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
 _MLOCK_ONFAULT = 1
+_MADV_RANDOM = 1
 _MADV_POPULATE_READ = 22  # Linux 5.14
 _LOAD_CHUNK = 1 << 20
 _ADVICE_CHUNK = 128 << 10  # the kernel's default readahead: WILLNEED reads at most max(io_pages, ra_pages) a call
@@ -31,6 +34,30 @@ _ADVICE_CHUNK = 128 << 10  # the kernel's default readahead: WILLNEED reads at m
 def mlock(addr: int, length: int) -> None:
     """mlock(2) ``[addr, addr + length)``; OSError on failure."""
     _check(_libc.mlock(ctypes.c_void_p(addr), length))
+
+
+def no_readaround(addr: int, length: int) -> None:
+    """madvise(MADV_RANDOM) on a new pin's mapping, errors ignored.
+
+    When mlock faults the range in, readahead would load pages beside the
+    region, which the next scan would take for guest reads (pinning feeding
+    itself).
+    """
+    _libc.madvise(ctypes.c_void_p(addr), length, _MADV_RANDOM)
+
+
+def munlock(addr: int, length: int) -> None:
+    """munlock(2) ``[addr, addr + length)``, errors ignored (munmap unlocks what is left)."""
+    _libc.munlock(ctypes.c_void_p(addr), length)
+
+
+def lock(addr: int, length: int, fill: bool) -> int:
+    """Lock the mapping at ``addr``: all of it (``fill``: its pages were loaded), else its cached pages only;
+    the bytes locked. Raises OSError from mlock."""
+    if fill:
+        mlock(addr, length)
+        return length
+    return lock_cached(addr, length)
 
 
 def load_and_lock(fd: int, addr: int, base: int, start: int, length: int) -> None:

@@ -13,7 +13,6 @@ difference, within a byte budget and a free-memory floor.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -32,15 +31,12 @@ from .cachestat import fd_size
 from . import locking
 from .meminfo import MemInfo, read_meminfo
 from .pagerefs import PageRefs, read_evidence
-from .pagecache import _libc, map_readonly, unmap
+from .pagecache import map_readonly, unmap
 
 __all__ = ["Pinner", "PinReport", "PinFailure"]
 
 _LOG = logging.getLogger(__name__)
 
-_libc.munlock.restype = ctypes.c_int
-_libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MADV_RANDOM = 1
 
 
 
@@ -182,14 +178,11 @@ class Pinner:
             addr = map_readonly(self._fd, region.start, region.length)
             op = "mlock"
             try:
-                # No read-around when mlock faults the range in: readahead
-                # would load pages beside the region, which the next scan
-                # would take for guest reads (pinning feeding itself).
-                _libc.madvise(ctypes.c_void_p(addr), region.length, _MADV_RANDOM)
+                locking.no_readaround(addr, region.length)
                 if fill:
                     for start, length in pindiff.uncovered(region, held):
                         locking.load_and_lock(self._fd, addr, region.start, start, length)
-                locked = _lock(addr, region.length, fill)
+                locked = locking.lock(addr, region.length, fill)
             except OSError:
                 unmap(addr, region.length)
                 raise
@@ -210,11 +203,11 @@ class Pinner:
         start, end = span[0], span[0] + span[1]
         for lo, hi in ((start, min(end, keep.start)), (max(start, keep.end), end)):
             if hi > lo:
-                _libc.munlock(ctypes.c_void_p(pin.addr + lo - start), hi - lo)
+                locking.munlock(pin.addr + lo - start, hi - lo)
 
     def _release(self, span: Span, reason: str) -> PinFailure | None:
         pin = self._pins[span]
-        _libc.munlock(ctypes.c_void_p(pin.addr), span[1])  # munmap unlocks anyway
+        locking.munlock(pin.addr, span[1])  # munmap unlocks anyway
         try:
             unmap(pin.addr, span[1])
         except OSError as err:
@@ -229,14 +222,16 @@ class Pinner:
 
         Regions are taken by priority (highest first), clipped to the
         current file size; a region that does not fit the ``budget`` (bytes
-        in total) or the headroom above the floor is skipped and the next
-        one tried. A planned region that overlaps pins of another extent
-        (it grew, shrank or moved) replaces them: it is locked first (only
-        its new bytes need headroom), then they are released; if it cannot
-        be pinned they stay, at its priority. When MemAvailable is already
+        in total) is skipped and the next one tried, one that does not fit
+        the headroom above the floor is pinned as far as it goes (its
+        head). A planned region that overlaps pins of another extent (it
+        grew, shrank or moved) replaces them: it is locked first (only its
+        new bytes need headroom), then they are released; if it cannot be
+        pinned they stay, at its priority. When MemAvailable is already
         under the floor nothing new is pinned and the lowest-priority pins
-        are released until the estimate (MemAvailable plus the bytes
-        released) is back above it. What to do is decided by
+        are released (the last one only its tail, when that is enough)
+        until the estimate (MemAvailable plus the bytes released) is back
+        above it. What to do is decided by
         vmcache.model.pindiff; this method only carries it out. ``fill``
         False: new pins lock only the pages cached now (nothing is read from
         the device; :meth:`lock_cached` locks those cached later); the
@@ -273,11 +268,32 @@ class Pinner:
             if span in self._pins:
                 run.release(span, "budget")
         if pressure:
+            reason = "pressure" if limit == "floor" else limit
             for span in pindiff.pressure_order(self._regions().values()):
                 if run.available >= self.floor_bytes:
                     break
-                run.released_for_pressure += run.release(span, "pressure" if limit == "floor" else limit)
+                head = pindiff.shrunk(self._pins[span].region, self.floor_bytes - run.available)
+                freed = self._shrink(span, head, run, reason, fill) if head else run.release(span, reason)
+                run.released_for_pressure += freed
         return self._report(run, todo)
+
+    def _shrink(self, span: Span, head: Region, run: _Run, reason: str, fill: bool) -> int:
+        """Keep only ``head`` of pin ``span`` locked, give back the rest for ``reason``; the bytes freed.
+
+        The head is mapped and locked again (its pages are locked already:
+        nothing is read) before the old mapping goes; if that fails the
+        whole pin goes.
+        """
+        self._unlock_outside(span, head)
+        failure = self._pin(head, (span,), fill)
+        if failure:
+            run.failures.append(failure)
+            return run.release(span, reason)
+        if not run.release(span, reason):
+            return 0
+        run.added.append(head)
+        run.available -= head.length
+        return span[1] - head.length
 
     def _available(self) -> tuple[int, str]:
         """MemAvailable, or less where a limited cgroup leaves less room above the floor; and which one limits."""
@@ -318,7 +334,7 @@ class Pinner:
             for span in old:
                 pin = self._pins[span]
                 try:
-                    pin.locked = _lock(pin.addr, span[1], fill)
+                    pin.locked = locking.lock(pin.addr, span[1], fill)
                 except OSError:
                     run.release(span, "reshape")
             return
@@ -380,14 +396,3 @@ class Pinner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _lock(addr: int, length: int, fill: bool) -> int:
-    """Lock the mapping at ``addr``: all of it (``fill``: its pages were loaded), else its cached pages only;
-    the bytes locked.
-
-    Raises OSError from mlock.
-    """
-    if fill:
-        locking.mlock(addr, length)
-        return length
-    return locking.lock_cached(addr, length)

@@ -12,10 +12,13 @@ they only compute, on spans ``(start, length)`` of image bytes:
   pages are never unlocked in between and only the new bytes need headroom.
 - :func:`diff`: the walk of the plan by priority - keep a pin, add a region
   (replacing what it overlaps), or skip it for the budget or the headroom
-  above the free-memory floor; a reshaped pin whose replacement does not
-  fit the headroom stays, at the new priority, within the budget.
+  above the free-memory floor; a region larger than the headroom is pinned
+  as far as it goes (its head), the rest waits for room; a reshaped pin
+  whose replacement does not fit the headroom stays, at the new priority,
+  within the budget.
 - :func:`pressure_order`: the order pins are given back in while memory is
-  under the floor (lowest priority first).
+  under the floor (lowest priority first); :func:`shrunk`: the head of a pin
+  to keep when giving back all of it would free more than is needed.
 - :func:`uncovered`: the parts of a new region its replaced pins do not
   hold (what must be read from the device; a region grown chunk by chunk
   reads only its new chunk).
@@ -29,10 +32,21 @@ from dataclasses import dataclass, field
 from .params import PAGE_SIZE
 from .region import Region
 
-__all__ = ["Span", "Addition", "PinDiff", "clip", "unplanned", "diff", "pressure_order", "uncovered"]
+__all__ = ["Span", "Addition", "PinDiff", "TRIM_MIN", "clip", "unplanned", "diff", "pressure_order", "shrunk",
+           "uncovered"]
 
 Span = tuple[int, int]
 """(start, length) in image-file bytes."""
+
+TRIM_MIN = 4 << 20
+"""Bytes a cut pin adds or gives back at least, and the room it leaves.
+
+One hot zone is one region: under a memory cgroup's tight room it would
+otherwise be pinned whole or not at all. A head grows only by this much
+(into at least twice as much room) and a shrink leaves this much room, so
+a room that wavers by less does not lock and unlock the pin cycle after
+cycle.
+"""
 
 
 @dataclass(frozen=True)
@@ -109,14 +123,20 @@ def diff(pins: Mapping[Span, Region], wanted: Sequence[Region], overlapping: Map
         if total + region.length > budget:
             out.skipped_budget += region.length
             continue
-        new_bytes = region.length - sum(pins[s].overlap(region) for s in old)
-        if new_bytes <= headroom:
-            out.add.append(Addition(region, tuple(old)))
-            claimed.update(old)
-            headroom -= new_bytes
-            total += region.length
-            continue
-        out.skipped_floor += region.length
+        held = [pins[s] for s in old]
+        head = region if _new_bytes(region, held) <= headroom else _head(region, held, headroom)
+        if head is not None:
+            # a head replaces only the pins inside it; the rest of the old pins stay locked below
+            inside = tuple(old) if head is region else tuple(
+                s for s in old if head.start <= s[0] and s[0] + s[1] <= head.end)
+            out.add.append(Addition(head, inside))
+            claimed.update(inside)
+            headroom -= _new_bytes(head, held)
+            total += head.length
+            out.skipped_floor += region.length - head.length
+            old = [s for s in old if s not in inside]
+        else:
+            out.skipped_floor += region.length
         for span in old:  # keep what is already locked of it, within the budget, at the new priority
             if total + span[1] <= budget:
                 out.keep[span] = Region(span[0], span[1], region.priority)
@@ -125,6 +145,36 @@ def diff(pins: Mapping[Span, Region], wanted: Sequence[Region], overlapping: Map
     reshaped = {s for spans in overlapping.values() for s in spans}
     out.orphans = [s for s in reshaped if s not in claimed]
     return out
+
+
+def _new_bytes(region: Region, held: Sequence[Region]) -> int:
+    """Bytes of ``region`` no pin in ``held`` locks: what locking it takes from the headroom."""
+    return region.length - sum(r.overlap(region) for r in held)
+
+
+def _head(region: Region, held: Sequence[Region], headroom: int) -> Region | None:
+    """The longest page-aligned head of ``region`` that leaves TRIM_MIN of ``headroom``; None if it adds less.
+
+    ``held``: the pins it overlaps (their bytes need no headroom).
+    """
+    room = headroom - TRIM_MIN
+    length = min(region.length, room + sum(r.overlap(region) for r in held)) // PAGE_SIZE * PAGE_SIZE
+    while length > 0:
+        excess = _new_bytes(Region(region.start, length, region.priority), held) - room
+        if excess <= 0:
+            break
+        length = (length - excess) // PAGE_SIZE * PAGE_SIZE
+    if length <= 0:
+        return None
+    head = Region(region.start, length, region.priority)
+    return head if _new_bytes(head, held) >= TRIM_MIN else None
+
+
+def shrunk(region: Region, need: int) -> Region | None:
+    """The head of pin ``region`` left when its tail gives back ``need`` bytes and TRIM_MIN more (whole pages);
+    None when that leaves less than TRIM_MIN."""
+    length = (region.length - -(-(need + TRIM_MIN) // PAGE_SIZE) * PAGE_SIZE) // PAGE_SIZE * PAGE_SIZE
+    return Region(region.start, length, region.priority) if length >= TRIM_MIN else None
 
 
 def pressure_order(pins: Iterable[Region]) -> list[Span]:
