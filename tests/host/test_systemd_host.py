@@ -41,7 +41,7 @@ if ON_CLEAN_HOST:
         start_paused,
         wait_for,
     )
-    from tests.live.guestlib import guest_write, leftovers
+    from tests.live.guestlib import guest_write, leftovers, write_until_pinned
     from vmcache.service.launcher import systemd_escape
     from vmcache.host.files import file_stem
 
@@ -173,8 +173,7 @@ def test_hook_starts_the_unit_which_pins_with_unlimited_memlock_and_logs_to_the_
     limits = Path(f"/proc/{pid}/limits").read_text()
     if memlock_can_be_unlimited():
         assert re.search(r"^Max locked memory\s+unlimited\s+unlimited", limits, re.M), limits
-    guest_write(dom, 0, 4 * MiB)
-    wait_for(lambda: pinned(ODD) >= 4 * MiB, "the agent to pin what the guest wrote")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: pinned(ODD), "the agent to pin what the guest wrote")
     assert vm_locked(pid) >= 4 * MiB
     url = read_status(AGENTS, ODD)["metrics_url"]
     assert scrape(url, "vmcache_pinned_bytes") >= 4 * MiB
@@ -189,8 +188,7 @@ def test_kill_9_systemd_restarts_the_agent_which_cleans_up_and_carries_on(conn: 
     dom = start(conn, name)
     old = agent_running(name)
     unit = unit_of(name)
-    guest_write(dom, 0, 4 * MiB)
-    wait_for(lambda: pinned(name) >= 4 * MiB, "a pin")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: pinned(name))
     stale = leftovers(dom)["bitmaps"]
     assert stale
     os.kill(old, signal.SIGKILL)
@@ -214,8 +212,7 @@ def test_kill_9_then_destroy_before_the_restart_leaves_nothing_behind(conn: Any)
     uuid = dom.UUIDString()
     old = agent_running(name)
     unit = unit_of(name)
-    guest_write(dom, 0, 4 * MiB)
-    wait_for(lambda: pinned(name) >= 4 * MiB, "a pin")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: pinned(name))
     assert list(Path("/run/lock/vmcache").glob(f"{uuid}.*"))
     assert (RUN / "prometheus" / f"{file_stem(name)}.json").exists()
     os.kill(old, signal.SIGKILL)
@@ -236,8 +233,7 @@ def test_systemctl_stop_leaves_nothing_behind(conn: Any) -> None:
     dom = start(conn, name)
     pid = agent_running(name)
     unit = unit_of(name)
-    guest_write(dom, 0, 4 * MiB)
-    wait_for(lambda: pinned(name) >= 4 * MiB, "a pin")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: pinned(name))
     systemctl("stop", unit)
     info = show(unit)
     assert info["ActiveState"] == "inactive" and info["Result"] == "success", info
@@ -252,8 +248,7 @@ def test_domain_shutdown_stops_the_unit_and_leaves_nothing_behind(conn: Any) -> 
     dom = start(conn, name)
     pid = agent_running(name)
     unit = unit_of(name)
-    guest_write(dom, 0, 4 * MiB)
-    wait_for(lambda: pinned(name) >= 4 * MiB, "a pin")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: pinned(name))
     dom.destroy()
     wait_for(lambda: show(unit)["ActiveState"] == "inactive", f"the hook to stop {unit}")
     info = show(unit)

@@ -27,7 +27,7 @@ from vmcache.host.files import file_stem  # noqa: E402
 
 from tests.live.livelib import MiB, cache_metadata, domain_xml, loop_device, scrape, wait_for  # noqa: E402
 
-from tests.live.guestlib import guest_write, leftovers, pivot_when_ready, qmp  # noqa: E402
+from tests.live.guestlib import guest_write, leftovers, pivot_when_ready, qmp, write_until_pinned  # noqa: E402
 from tests.live.livelib import LiveEnv  # noqa: E402
 from tests.live.test_reliability_live import INTERVAL, cleanup, env, running  # noqa: E402,F401 - fixtures
 
@@ -409,13 +409,7 @@ def _pinned_image(env: LiveEnv, cleanup: list[str], name: str) -> tuple[Any, Pat
     dom = env.domain(name, budget="16M", size=32 * MiB)
     running(env, name)
 
-    def written_and_pinned() -> bool:
-        # the guest keeps writing its 4 MiB: written once, across a cycle's end, a block of it may stay under
-        # the threshold at decay 0.5 and the region be pinned without it (seen in CI: 3 MiB of 4)
-        guest_write(dom, 0, 4 * MiB)
-        return env.pinned(name) >= 4 * MiB
-
-    wait_for(written_and_pinned, "a pin", step=1.0)
+    write_until_pinned(dom, 0, 4 * MiB, lambda: env.pinned(name))
     return dom, env.tmp / f"{file_stem(name)}.raw"
 
 
