@@ -7,8 +7,8 @@ exactly as the guest's own; the domains are started paused (no guest OS).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import libvirt_qemu
@@ -37,8 +37,8 @@ def write_until_pinned(dom: Any, offset: int, length: int, pinned: Callable[[], 
     """The guest writes ``length`` bytes at ``offset`` every second until ``pinned()`` reaches ``length``.
 
     Written once, across a cycle's end, a block of it may stay under the
-    threshold (decay 0.5) and the region be pinned without it (seen in CI:
-    3 MiB of 4 pinned); a guest that keeps writing keeps every block hot.
+    threshold and the region be pinned without it (seen in CI: 3 MiB of 4
+    pinned); a guest that keeps writing keeps every block hot.
     """
     def written_and_pinned() -> bool:
         guest_write(dom, offset, length)

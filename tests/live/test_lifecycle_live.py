@@ -408,7 +408,6 @@ def _pinned_image(env: LiveEnv, cleanup: list[str], name: str) -> tuple[Any, Pat
     """A running domain ``name`` whose agent pins 4 MiB its guest wrote, and the image's path."""
     dom = env.domain(name, budget="16M", size=32 * MiB)
     running(env, name)
-
     write_until_pinned(dom, 0, 4 * MiB, lambda: env.pinned(name))
     return dom, env.tmp / f"{file_stem(name)}.raw"
 

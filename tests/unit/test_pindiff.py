@@ -59,7 +59,6 @@ def test_uncovered_is_what_a_grown_region_must_still_read() -> None:
     assert pindiff.uncovered(Region(10, 20), [(0, 100)]) == []
 
 
-
 T = pindiff.TRIM_MIN
 
 

@@ -38,8 +38,6 @@ __all__ = ["Pinner", "PinReport", "PinFailure"]
 _LOG = logging.getLogger(__name__)
 
 
-
-
 @dataclass(frozen=True)
 class PinFailure:
     """A region that could not be pinned or released, and why."""
