@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from vmcache.model.blocks import BlockValues
-from vmcache.model.cycle import Cycle, blocks_mask, evidence_per_block
+from vmcache.model.blocks import blocks_mask
+from vmcache.model.cycle import Cycle, evidence_per_block
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
 

@@ -13,7 +13,8 @@ from hypothesis.extra import numpy as hnp
 
 import vmcache.model
 from vmcache.model import HeatModel, ModelParams, Region
-from vmcache.model.cycle import Cycle, blocks_mask
+from vmcache.model.blocks import blocks_mask
+from vmcache.model.cycle import Cycle
 from vmcache.model.planner import plan
 
 KIB = 1024

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from vmcache.errors import ConfigError
-from vmcache.model.cycle import Cycle, blocks_mask
+from vmcache.model.blocks import blocks_mask
+from vmcache.model.cycle import Cycle
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
 from vmcache.replay import generate, sim

@@ -24,7 +24,7 @@ from ..errors import PinError
 from ..logfmt import event
 from ..model import pindiff
 from ..model.blocks import BlockValues, blocks_of
-from ..model.cycle import blocks_mask
+from ..model.blocks import blocks_mask
 from ..model.pindiff import Span
 from ..model.region import Region
 from .cachestat import fd_size

@@ -17,8 +17,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from .region import Region
 
-__all__ = ["BlockValues", "PrefixSums", "binned", "blocks_of", "check_index", "dilate", "member", "positions", "runs",
-           "union", "window_mean"]
+__all__ = ["BlockValues", "PrefixSums", "binned", "blocks_mask", "blocks_of", "check_index", "dilate", "member",
+           "positions", "runs", "union", "window_mean"]
 
 Index = NDArray[np.int64]
 
@@ -132,6 +132,15 @@ class PrefixSums:
     def at(self, block: ArrayLike) -> NDArray[np.float64]:
         """The sums before each of ``block``."""
         return self._sums[np.searchsorted(self._blocks, block)]
+
+
+def blocks_mask(regions: Iterable[Region], block_size: int, nblocks: int) -> NDArray[np.bool_]:
+    """Bool per block: True where any byte of the block lies in one of ``regions``."""
+    mask = np.zeros(nblocks, dtype=bool)
+    for region in regions:  # one slice per region, not per block
+        if region.length > 0:
+            mask[max(region.start // block_size, 0) : -(-region.end // block_size)] = True
+    return mask
 
 
 def blocks_of(regions: Iterable[Region], block_size: int, nblocks: int) -> Index:

@@ -39,7 +39,9 @@ Where the guest's reads are counted exactly (``reads``, a
 1-2 are not needed and not taken: a block's read input is how often the
 guest read it, pinned or not, the read misses are the counted ones, and
 writes count by the share of written blocks the guest reads back
-(:mod:`vmcache.model.exact`).
+(:mod:`vmcache.model.exact`). Counted but not decided on (``counted``),
+they tell an idle cycle, in which every block's heat fades at ``decay``
+(:func:`~vmcache.model.reads.idle`): the plan shrinks in place.
 
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
@@ -67,11 +69,11 @@ from .loadgate import LoadGate
 from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
 from .prefetch import PrefetchBucket
-from .reads import GuestReads
+from .reads import GuestReads, idle
 from .region import Region
 from .warm import WarmStart
 
-__all__ = ["Cycle", "CycleResult", "EVIDENCE_SAMPLES", "blocks_mask", "evidence_per_block"]
+__all__ = ["Cycle", "CycleResult", "EVIDENCE_SAMPLES", "evidence_per_block"]
 
 EVIDENCE_SAMPLES = 4096
 """Most pinned pages whose referenced bit one cycle of one disk looks at."""
@@ -83,15 +85,6 @@ def evidence_per_block(pinned_blocks: int) -> int:
     A page lookup costs ~3 us, so the sample is bounded per cycle, not per block.
     """
     return max(1, min(16, EVIDENCE_SAMPLES // max(1, pinned_blocks)))
-
-
-def blocks_mask(regions: Iterable[Region], block_size: int, nblocks: int) -> NDArray[np.bool_]:
-    """Bool per block: True where any byte of the block lies in one of ``regions``."""
-    mask = np.zeros(nblocks, dtype=bool)
-    for region in regions:  # one slice per region, not per block
-        if region.length > 0:
-            mask[max(region.start // block_size, 0) : -(-region.end // block_size)] = True
-    return mask
 
 
 @dataclass(frozen=True)
@@ -197,6 +190,7 @@ class Cycle:
         seen: BlockValues | ArrayLike | None = None,
         seen_sample: int | None = None,
         reads: GuestReads | None = None,
+        counted: GuestReads | None = None,
     ) -> CycleResult:
         """One cycle: ours, read misses, model step, plan, prefetch limit (see the module docstring).
 
@@ -208,7 +202,8 @@ class Cycle:
         was sampled from (None: all of them). Each array may be dense
         per-block instead (NaN where ``seen`` has none). ``reads``: the
         guest's reads of the cycle counted exactly (:meth:`_exact`), or None
-        to infer them from residency and ``seen`` as above.
+        to infer them from residency and ``seen`` as above; ``counted``: the
+        counts beside the inference, or None.
         Raises ValueError for a dense array that is not ``(nblocks,)``,
         blocks unsorted, repeated or past the disk, or a ``now`` that is not
         finite.
@@ -221,7 +216,9 @@ class Cycle:
         self._ours = union(kept, pinned_blocks)
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
-        if reads is None:
+        if reads is None and idle(counted, wr):  # nothing to learn: all heat fades alike
+            self.model.step_blocks(BlockValues.empty(), wr, np.zeros(0, np.int64), now)
+        elif reads is None:
             judged, evidence = self._relative_reads(res, grown, evidence, seen_sample)
             self.model.step_blocks(judged, wr, self._masked(), now, seen=evidence)
         else:

@@ -17,8 +17,10 @@ pin every region it plans:
 
 - ``vmcache``: the guest's reads counted exactly (``reads=GuestReads``, as
   the kernel's read counter gives them to the engine), and the dirty bitmap;
-- ``inferred``: no read counts (where the counter cannot run): residency,
-  the dirty bitmap and read evidence of pinned blocks, as before;
+- ``inferred``: the agent's default ``read_model``: residency, the dirty
+  bitmap and read evidence of pinned blocks, the counts only to tell an
+  idle cycle (where the counter cannot run, an idle cycle is inferred like
+  any other);
 - ``warm``: ``vmcache`` restarted with the hot set a first run of the same
   trace saved at its end (a VM's second boot).
 
@@ -141,10 +143,12 @@ def step_inputs(bt: BlockTrace, begin: int, end: int, hit: NDArray[np.bool_], pi
     unit, write = bt.block[begin:end], bt.write[begin:end]
     inputs: dict[str, Any] = {"residency": sampling.residency(memory.resident(), per),
                               "written": sampling.written(unit, write, per, bt.block_size)}
+    reads = sampling.guest_reads(unit, write, bt.pages[begin:end], hit, per, bt.block_size)
     if exact:
-        inputs["reads"] = sampling.guest_reads(unit, write, bt.pages[begin:end], hit, per, bt.block_size)
+        inputs["reads"] = reads
     else:
         inputs["seen"] = sampling.seen(unit, write, pinned, per * bt.block_size, per)
+        inputs["counted"] = reads  # the agent counts them where it decides on inference (an idle guest)
     return inputs
 
 
