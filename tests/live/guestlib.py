@@ -7,15 +7,19 @@ exactly as the guest's own; the domains are started paused (no guest OS).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import libvirt
 import libvirt_qemu
 
 from tests.live.livelib import wait_for
 
-__all__ = ["QMPError", "covered", "guest_read", "guest_write", "leftovers", "mapped", "pivot_when_ready", "qmp"]
+__all__ = ["QMPError", "covered", "guest_active", "guest_read", "guest_write", "leftovers", "mapped",
+           "pivot_when_ready", "qmp", "write_until_pinned"]
 
 
 class QMPError(RuntimeError):
@@ -53,6 +57,34 @@ def guest_read(dom: Any, offset: int, length: int, dev: str = "ua-vda") -> None:
         dom, f'qemu-io -d /machine/peripheral/{dev}/virtio-backend "read {offset} {length}"',
         libvirt_qemu.VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP)
     assert "read" in out or not out.strip(), out
+
+
+@contextmanager
+def guest_active(dom: Any, offset: int = 0, dev: str = "ua-vda", every: float = 0.3) -> Iterator[None]:
+    """While the block runs, the guest reads a page at ``offset`` every ``every`` s: it is not idle.
+
+    An agent whose counted reads say the guest read and wrote nothing in a
+    cycle fades every block's heat (model/reads.py ``idle``): a region
+    written once by a paused test domain would cool before it is pinned
+    whole. A guest that reads keeps what it left cached as hot as the
+    inferred model takes it; a page a read is enough, and grows nothing.
+    """
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.wait(every):
+            try:
+                guest_read(dom, offset, 4096, dev=dev)
+            except (libvirt.libvirtError, AssertionError):  # the domain went (destroyed, reverted), or paused
+                return
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 def qmp(dom: Any, cmd: str, args: dict | None = None) -> Any:

@@ -23,7 +23,7 @@ libvirt = pytest.importorskip("libvirt")
 
 from vmcache.host.memcg import limits_of, margin, memory_cgroup  # noqa: E402
 
-from tests.live.guestlib import guest_write  # noqa: E402
+from tests.live.guestlib import guest_active, guest_write  # noqa: E402
 from tests.live.livelib import GiB, LiveEnv, MiB, agents_env, qemu_pid, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.live
@@ -35,7 +35,8 @@ UNLIMITED_KIB = 9007199254740991  # VIR_DOMAIN_MEMORY_PARAM_UNLIMITED
 
 @pytest.fixture(scope="module")
 def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
-    # decay 0.98: the zone, written once, stays hot for the whole test (no write may grow QEMU under its limit)
+    # decay 0.98: the zone, written once and read a page at a time, stays hot for the whole test (no write may
+    # grow QEMU under its limit)
     yield from agents_env(live_tmp, hooked, PREFIX, cap="256M", model={"decay": 0.98, "block_size": "1M"})
 
 
@@ -64,34 +65,35 @@ def test_pins_leave_a_limited_vm_its_margin_and_come_back_when_the_limit_goes(en
         if where is None or where[0] != 1:
             pytest.skip(f"QEMU's memory cgroup is not on cgroup v1 here ({where})")
         assert limits_of(*where) == []  # no limit anywhere above QEMU yet
-        # The guest writes its zone before any pin: its pages are charged to QEMU's cgroup, then locked there.
-        guest_write(dom, 0, ZONE)
-        wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone to be pinned")
-        pinned = env.pinned(name)
-        if stat(where)["total_mapped_file"] < pinned - 8 * MiB:  # the agent maps what it locks
-            pytest.skip(f"the pinned pages are not charged to QEMU's cgroup here ({stat(where)})")
+        with guest_active(dom):  # a guest that reads: an idle one's zone would cool (model/reads.py idle)
+            # The guest writes its zone before any pin: its pages are charged to QEMU's cgroup, then locked there.
+            guest_write(dom, 0, ZONE)
+            wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone to be pinned")
+            pinned = env.pinned(name)
+            if stat(where)["total_mapped_file"] < pinned - 8 * MiB:  # the agent maps what it locks
+                pytest.skip(f"the pinned pages are not charged to QEMU's cgroup here ({stat(where)})")
 
-        # The operator caps the VM: first far above its use, to read what it cannot give back (``held``), then
-        # so that past it and the margin (64 MiB) 32 MiB are left - the pins are 16 MiB into the margin.
-        hard_limit(dom, (cgroup_file(where, "memory.usage_in_bytes") + GiB) // 1024)
-        (first,) = limits_of(*where)
-        held = first.limit - margin(first.limit) - first.room  # usage less what the kernel could reclaim
-        hard_limit(dom, (held - pinned + 96 * MiB) // 1024)
-        (limit,) = limits_of(*where)
-        assert margin(limit.limit) == 64 * MiB and -24 * MiB <= limit.room <= -8 * MiB, limit
-        wait_for(lambda: limits_of(*where)[0].room >= 0, "pins to leave the margin", timeout=10 * INTERVAL + 10)
-        log = env.agent_log(name)
-        assert re.search(r"pin\.remove start=\d+ length=\d+ reason=cgroup", log), log[-3000:]
-        # the zone (one region) gave back its tail, not all of it: the rest of the room still holds its head
-        assert 16 * MiB <= env.pinned(name) < ZONE, (env.pinned(name), limits_of(*where))
-        time.sleep(3 * INTERVAL)  # and they stay out of it, cycle after cycle
-        assert limits_of(*where)[0].room >= 0, (limits_of(*where), env.pinned(name))
+            # The operator caps the VM: first far above its use, to read what it cannot give back (``held``), then
+            # so that past it and the margin (64 MiB) 32 MiB are left - the pins are 16 MiB into the margin.
+            hard_limit(dom, (cgroup_file(where, "memory.usage_in_bytes") + GiB) // 1024)
+            (first,) = limits_of(*where)
+            held = first.limit - margin(first.limit) - first.room  # usage less what the kernel could reclaim
+            hard_limit(dom, (held - pinned + 96 * MiB) // 1024)
+            (limit,) = limits_of(*where)
+            assert margin(limit.limit) == 64 * MiB and -24 * MiB <= limit.room <= -8 * MiB, limit
+            wait_for(lambda: limits_of(*where)[0].room >= 0, "pins to leave the margin", timeout=10 * INTERVAL + 10)
+            log = env.agent_log(name)
+            assert re.search(r"pin\.remove start=\d+ length=\d+ reason=cgroup", log), log[-3000:]
+            # the zone (one region) gave back its tail, not all of it: the rest of the room still holds its head
+            assert 16 * MiB <= env.pinned(name) < ZONE, (env.pinned(name), limits_of(*where))
+            time.sleep(3 * INTERVAL)  # and they stay out of it, cycle after cycle
+            assert limits_of(*where)[0].room >= 0, (limits_of(*where), env.pinned(name))
 
-        hard_limit(dom, UNLIMITED_KIB)  # the limit goes, the guest writes its zone again: it is pinned again
-        assert limits_of(*where) == []
-        guest_write(dom, 0, ZONE)
-        wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone pinned again once the limit is gone",
-                 timeout=10 * INTERVAL + 10)
-        assert qemu_pid(name) == qpid and dom.isActive()  # QEMU never killed
+            hard_limit(dom, UNLIMITED_KIB)  # the limit goes, the guest writes its zone again: it is pinned again
+            assert limits_of(*where) == []
+            guest_write(dom, 0, ZONE)
+            wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone pinned again once the limit is gone",
+                     timeout=10 * INTERVAL + 10)
+            assert qemu_pid(name) == qpid and dom.isActive()  # QEMU never killed
     finally:
         env.cleanup()

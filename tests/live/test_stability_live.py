@@ -57,7 +57,8 @@ def test_an_idle_guest_s_pins_stay_where_they_are_when_its_zone_is_larger_than_t
     dom = env.domain(name, budget="16M")
     # a 32 MiB zone written until half of it, the budget, is pinned
     write_until_pinned(dom, 0, 32 * MiB, lambda: 2 * env.pinned(name), "the budget pinned")
-    _still(env, name, 60, 16 * MiB)
+    time.sleep(4)  # the guest idle for IDLE_CYCLES cycles
+    _still(env, name, 30, 16 * MiB)
     dom.destroy()
 
 
@@ -67,5 +68,6 @@ def test_after_a_smaller_budget_an_idle_guest_s_pins_stay_where_they_are(env: Li
     write_until_pinned(dom, 0, 24 * MiB, lambda: env.pinned(name), "the written zone pinned")
     assert main(["enable", name, "--budget", "8M", "--live", "--host-config", str(env.config)]) == 0
     wait_for(lambda: 0 < env.pinned(name) <= 8 * MiB, "the pins cut to the new budget")
-    _still(env, name, 60, 8 * MiB)
+    time.sleep(4)
+    _still(env, name, 30, 8 * MiB)
     dom.destroy()

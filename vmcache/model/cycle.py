@@ -39,9 +39,9 @@ Where the guest's reads are counted exactly (``reads``, a
 1-2 are not needed and not taken: a block's read input is how often the
 guest read it, pinned or not, the read misses are the counted ones, and
 writes count by the share of written blocks the guest reads back
-(:mod:`vmcache.model.exact`). Counted but not decided on (``counted``),
-they tell an idle cycle, in which every block's heat fades at ``decay``
-(:func:`~vmcache.model.reads.idle`): the plan shrinks in place.
+(:mod:`vmcache.model.exact`). Counted but not decided on (``counted``), they
+tell an idle guest (:func:`~vmcache.model.reads.idle`), whose blocks' heat
+fades at ``decay`` from its ``IDLE_CYCLES``-th quiet cycle: no plan moves.
 
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
@@ -73,7 +73,9 @@ from .reads import GuestReads, idle
 from .region import Region
 from .warm import WarmStart
 
-__all__ = ["Cycle", "CycleResult", "EVIDENCE_SAMPLES", "evidence_per_block"]
+__all__ = ["Cycle", "CycleResult", "EVIDENCE_SAMPLES", "IDLE_CYCLES", "evidence_per_block"]
+
+IDLE_CYCLES = 3  # idle cycles running (model/reads.py idle) after which the inferred path learns nothing
 
 EVIDENCE_SAMPLES = 4096
 """Most pinned pages whose referenced bit one cycle of one disk looks at."""
@@ -121,6 +123,7 @@ class Cycle:
         self.model = HeatModel(params, nblocks)
         self._ours = np.zeros(0, dtype=np.int64)  # sorted blocks
         self._prev: BlockValues | None = None
+        self._quiet = 0  # idle cycles running
         self.read_back = ReadBack()
         """The share of written blocks the guest reads back (exact path)."""
         self.pin_share = PinShare()
@@ -203,8 +206,7 @@ class Cycle:
         per-block instead (NaN where ``seen`` has none). ``reads``: the
         guest's reads of the cycle counted exactly (:meth:`_exact`), or None
         to infer them from residency and ``seen`` as above; ``counted``: the
-        counts beside the inference, or None.
-        Raises ValueError for a dense array that is not ``(nblocks,)``,
+        counts beside the inference, or None. Raises ValueError for a dense array that is not ``(nblocks,)``,
         blocks unsorted, repeated or past the disk, or a ``now`` that is not
         finite.
         """
@@ -216,7 +218,8 @@ class Cycle:
         self._ours = union(kept, pinned_blocks)
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
-        if reads is None and idle(counted, wr):  # nothing to learn: all heat fades alike
+        self._quiet = self._quiet + 1 if idle(counted, wr) else 0
+        if reads is None and self._quiet >= IDLE_CYCLES:  # nothing to learn: all heat fades alike
             self.model.step_blocks(BlockValues.empty(), wr, np.zeros(0, np.int64), now)
         elif reads is None:
             judged, evidence = self._relative_reads(res, grown, evidence, seen_sample)

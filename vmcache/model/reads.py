@@ -56,9 +56,11 @@ def idle(counted: GuestReads | None, written: BlockValues) -> bool:
     between jobs) these three would part - the blocks it left in the
     cache as hot as when it read them, pins released earlier held,
     pinned ones cooling - and the plan would move from one to the other,
-    each move a reload if the block was evicted meanwhile. In an idle
-    cycle every block's heat fades at ``decay``: the plan keeps its
-    order and only shrinks. Counted reads tell idle from all hits;
-    without them the residency is taken as before.
+    each move a reload if the block was evicted meanwhile. Once the guest
+    is idle (``Cycle``'s ``IDLE_CYCLES`` such cycles running: a region
+    written once still gets the cycles it needs to be pinned whole), every
+    block's heat fades at ``decay``: the plan keeps its order and only
+    shrinks. Counted reads tell idle from all hits; without them the
+    residency is taken as before.
     """
     return counted is not None and not counted.pages.index.size and not (written.value > 0).any()
