@@ -23,8 +23,7 @@ import numpy as np
 from ..errors import PinError
 from ..logfmt import event
 from ..model import pindiff
-from ..model.blocks import BlockValues, blocks_of
-from ..model.blocks import blocks_mask
+from ..model.blocks import BlockValues, blocks_mask, blocks_of
 from ..model.pindiff import Span
 from ..model.region import Region
 from .cachestat import fd_size

@@ -206,9 +206,9 @@ class Cycle:
         per-block instead (NaN where ``seen`` has none). ``reads``: the
         guest's reads of the cycle counted exactly (:meth:`_exact`), or None
         to infer them from residency and ``seen`` as above; ``counted``: the
-        counts beside the inference, or None. Raises ValueError for a dense array that is not ``(nblocks,)``,
-        blocks unsorted, repeated or past the disk, or a ``now`` that is not
-        finite.
+        counts beside the inference, or None. Raises ValueError for a dense
+        array that is not ``(nblocks,)``, blocks unsorted, repeated or past
+        the disk, or a ``now`` that is not finite.
         """
         n = self.nblocks
         res, wr = _listed(residency, n, "residency"), _listed(written, n, "written")
