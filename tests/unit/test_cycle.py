@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from vmcache.model import pindiff
-from vmcache.model.cycle import Cycle, evidence_per_block
 from vmcache.model.blocks import BlockValues, blocks_mask
+from vmcache.model.cycle import Cycle, evidence_per_block
 from vmcache.model.params import ModelParams
 from vmcache.model.reads import GuestReads
 from vmcache.model.region import Region
@@ -79,10 +79,10 @@ def _idle_plans(counted: GuestReads | None, cycles: int = 300) -> list[tuple[int
     c = Cycle(ModelParams(block_size=BS, interval=1.0), N)
     resident, written = zeros(), zeros()
     resident[20:52] = 1.0
+    reads = GuestReads(BlockValues(np.arange(20, 52), np.full(32, 16, np.float32)), BlockValues.empty())
     regions: list[Region] = []
     moves = []
     for t in range(1, cycles + 1):
-        reads = GuestReads(BlockValues(np.arange(20, 52), np.full(32, 16, np.float32)), BlockValues.empty())
         result = c.step(resident, written, regions, size_bytes=N * BS, budget=16 * BS, now=float(t),
                         counted=counted if t > 3 else reads)
         plan = [(r.start // BS, r.length // BS) for r in result.regions]

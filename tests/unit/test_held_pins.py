@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vmcache.model.blocks import BlockValues
-from vmcache.model.blocks import blocks_mask
+from vmcache.model.blocks import BlockValues, blocks_mask
 from vmcache.model.cycle import Cycle, evidence_per_block
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
