@@ -53,3 +53,13 @@ def drop(path: Path | str) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def random_image(path: Path, size: int) -> Path:
+    """``path`` filled with ``size`` random bytes, on disk (synced) and out of the page cache."""
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    drop(path)
+    return path

@@ -57,9 +57,13 @@ def stat(where: tuple[int, str]) -> dict[str, int]:
 
 
 def test_pins_leave_a_limited_vm_its_margin_and_come_back_when_the_limit_goes(env: LiveEnv) -> None:
+    """Pins that hold the guest's pages, charged to QEMU: under ``fill: cached`` (the agent reads nothing) or an
+    agent under QEMU's limits too. Elsewhere the agent reads its pins in itself (the test below)."""
     name = PREFIX + "lim"
     try:
-        dom = env.domain(name, budget="64M", size=128 * MiB)
+        with env.config_override(fill="cached"):
+            dom = env.domain(name, budget="64M", size=128 * MiB)
+            wait_for(lambda: env.agent_pid(name), "the agent, started under fill: cached")
         qpid = qemu_pid(name)
         where = memory_cgroup(qpid)
         if where is None or where[0] != 1:
@@ -97,3 +101,43 @@ def test_pins_leave_a_limited_vm_its_margin_and_come_back_when_the_limit_goes(en
             assert qemu_pid(name) == qpid and dom.isActive()  # QEMU never killed
     finally:
         env.cleanup()
+
+
+def test_an_operator_can_lower_a_pinned_vm_s_hard_limit_as_far_as_without_vmcache(env: LiveEnv) -> None:
+    """``virsh memtune --hard-limit`` below what a VM holds: the kernel meets it by dropping page cache, but not a
+    locked page. Pins charged to QEMU made cgroup v1 refuse the limit (EBUSY; v2 would OOM-kill QEMU). Under a
+    limit the agent does not share, the agent reads what it pins itself, so that the pins are charged to it: those
+    made before the limit (read again), and those made under it."""
+    name = PREFIX + "lower"
+    try:
+        dom = env.domain(name, budget="64M", size=128 * MiB)
+        qpid = qemu_pid(name)
+        where = memory_cgroup(qpid)
+        if where is None or where[0] != 1:
+            pytest.skip(f"QEMU's memory cgroup is not on cgroup v1 here ({where})")
+        with guest_active(dom):
+            guest_write(dom, 0, ZONE)  # no limit yet: the pins hold the guest's pages, charged to QEMU
+            wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone to be pinned")
+            wait_for(lambda: stat(where)["total_mapped_file"] >= ZONE - 8 * MiB, "the pins charged to QEMU")
+
+            hard_limit(dom, (cgroup_file(where, "memory.usage_in_bytes") + GiB) // 1024)
+            wait_for(lambda: "pin.recharge" in env.agent_log(name), "the pins read in by the agent",
+                     timeout=10 * INTERVAL + 10)
+            wait_for(lambda: stat(where)["total_mapped_file"] < 4 * MiB, "the pins charged to the agent")
+            pinned = env.pinned(name)
+            guest_write(dom, ZONE, 16 * MiB)  # pinned under the limit: read in by the agent at once
+            wait_for(lambda: env.pinned(name) >= pinned + 8 * MiB, "the second zone to be pinned")
+            assert stat(where)["total_mapped_file"] < 4 * MiB, stat(where)
+
+            lower_past_the_pins(dom, where)
+            assert qemu_pid(name) == qpid and dom.isActive()
+    finally:
+        env.cleanup()
+
+
+def lower_past_the_pins(dom, where: tuple[int, str]) -> None:
+    """Lower the limit as far as the kernel could meet without vmcache - to QEMU's cgroup's use less all its
+    page cache (no swap here: anonymous memory stays) - and check it took."""
+    target = cgroup_file(where, "memory.usage_in_bytes") - stat(where)["total_cache"] + 16 * MiB
+    hard_limit(dom, target // 1024)  # libvirtError (EBUSY) where the pins are charged to QEMU
+    assert limits_of(*where)[0].limit == target // 1024 * 1024

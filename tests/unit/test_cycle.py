@@ -73,6 +73,18 @@ def test_prefetch_limit_holds_back_cold_new_regions_until_paid() -> None:
     assert any(r.start <= 20 * BS and r.end >= 28 * BS for r in regions)
 
 
+def test_under_recharge_the_prefetch_limit_pays_for_a_new_region_s_cached_bytes_too() -> None:
+    """A pin read in by the agent (QEMU under a limit the agent is not) reads its cached pages again."""
+    def first_plan(recharge: bool) -> list[Region]:
+        c = Cycle(P, N, prefetch_rate=4 * BS, residency_unit=BS)
+        resident, written = zeros(), zeros()
+        resident[20:28] = written[20:28] = 1.0  # written and cached whole: free to pin, unless read again
+        return c.step(resident, written, [], size_bytes=N * BS, budget=N * BS, now=1.0, recharge=recharge).regions
+
+    assert sum(r.length for r in first_plan(False)) == 8 * BS
+    assert sum(r.length for r in first_plan(True)) == 4 * BS  # one second's tokens: the rest waits
+
+
 def _idle_plans(counted: GuestReads | None, cycles: int = 300) -> list[tuple[int, list[tuple[int, int]]]]:
     """A 32-block zone read in and left resident, a 16-block budget, then nothing read or written: each cycle
     whose plan differs from the last one's, as (cycle, [(first block, blocks)])."""

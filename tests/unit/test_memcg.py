@@ -89,3 +89,27 @@ def test_the_tightest_cgroup_of_qemu_and_the_agent_gives_the_room(tmp_path: Path
     rooms = MemcgRoom(lambda: (10, 20, None), proc=str(proc), v1_root=str(root))
     assert rooms.room() == expected * MiB
     assert MemcgRoom(lambda: (99,), proc=str(proc), v1_root=str(root)).room() is None  # gone: no limit known
+
+
+def test_qemu_is_apart_under_a_limit_the_agent_does_not_share_and_then_only_the_agent_s_room_counts(
+        tmp_path: Path) -> None:
+    proc, root = tmp_path / "proc", tmp_path / "memory"
+    proc_cgroup(proc, 10, "4:memory:/machine/vm\n")          # QEMU, under a limited parent and its own limit
+    proc_cgroup(proc, 20, "4:memory:/machine/agent\n")       # an agent under the parent only
+    proc_cgroup(proc, 30, "4:memory:/system/agent\n")        # an agent under no limit
+    proc_cgroup(proc, 40, "4:memory:/machine/vm\n")          # an agent in QEMU's own cgroup (the bench's layout)
+    limit = 1024 * MiB  # margin 128 MiB
+    v1_group(root, "/machine", limit=4 * limit, usage=2 * limit)
+    v1_group(root, "/machine/vm", limit=limit, usage=limit - (20 + 128) * MiB)   # room 20 MiB
+    v1_group(root, "/machine/agent", limit=UNLIMITED_V1, usage=0)
+    v1_group(root, "/system/agent", limit=UNLIMITED_V1, usage=0)
+
+    def rooms(*pids: int | None) -> MemcgRoom:
+        return MemcgRoom(lambda: pids, proc=str(proc), v1_root=str(root))
+
+    assert rooms(10, 20).apart() and rooms(10, 30).apart()
+    assert not rooms(10, 40).apart()                           # every limit above QEMU is the agent's too
+    assert not rooms(None, 30).apart() and not rooms(99, 30).apart()  # QEMU gone
+    assert rooms(10, 30).room() == 20 * MiB                    # QEMU's limit, while pins are charged to it
+    assert rooms(10, 30).room(apart=True) is None              # the agent's: no limit
+    assert rooms(10, 20).room(apart=True) == 4 * limit - 2 * limit - 512 * MiB  # the parent: the agent's too

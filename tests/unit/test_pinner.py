@@ -17,9 +17,10 @@ from vmcache.host import locking
 from vmcache.host.meminfo import MemInfo
 from vmcache.host.pagecache import PAGE_SIZE, scan_residency
 from vmcache.host.pinner import Pinner
+from vmcache.model.blocks import blocks_mask
 from vmcache.model.region import Region
 
-from tests.pagecache_util import drop, fake_meminfo, locked_pages, vmlck
+from tests.pagecache_util import drop, fake_meminfo, locked_pages, random_image, vmlck
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -34,13 +35,7 @@ def plenty() -> MemInfo:
 @pytest.fixture
 def image(tmp_path: Path) -> Path:
     """A 32 MiB image on disk (synced), nothing of it cached."""
-    path = tmp_path / "disk.img"
-    with open(path, "wb") as f:
-        f.write(os.urandom(SIZE))
-        f.flush()
-        os.fsync(f.fileno())
-    drop(path)
-    return path
+    return random_image(tmp_path / "disk.img", SIZE)
 
 
 def blocks(path: Path) -> np.ndarray:
@@ -67,7 +62,7 @@ def test_pinned_ranges_are_resident_locked_and_survive_dontneed(image: Path) -> 
         frac = blocks(image)
         np.testing.assert_array_equal(frac[pinned], 1.0)
         np.testing.assert_array_equal(frac[~pinned], 0.0)
-        np.testing.assert_array_equal(pinner.pinned_mask(BLOCK, 32), pinned)
+        np.testing.assert_array_equal(blocks_mask(pinner.pinned, BLOCK, 32), pinned)
         # unpinning lowers VmLck and lets the kernel drop the pages
         report = pinner.apply([Region(20 * MiB, 1 * MiB, 1.0)], budget=SIZE)
         assert vmlck() - base == 1 * MiB

@@ -16,7 +16,7 @@ import numpy as np
 
 from .pagecache import PAGE_SIZE, _libc
 
-__all__ = ["lock", "load_and_lock", "lock_cached", "mlock", "munlock", "no_readaround"]
+__all__ = ["drop", "lock", "load_and_lock", "lock_cached", "mlock", "munlock", "no_readaround"]
 
 _libc.mlock.restype = ctypes.c_int
 _libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
@@ -28,6 +28,7 @@ _MLOCK_ONFAULT = 1
 _MADV_RANDOM = 1
 _MADV_POPULATE_READ = 22  # Linux 5.14
 _LOAD_CHUNK = 1 << 20
+_FOLIO_MAX = 2 << 20  # the largest page-cache folio on x86-64 (a PMD): a drop frees only the folios it covers whole
 _ADVICE_CHUNK = 128 << 10  # the kernel's default readahead: WILLNEED reads at most max(io_pages, ra_pages) a call
 
 
@@ -51,6 +52,19 @@ def munlock(addr: int, length: int) -> None:
     _libc.munlock(ctypes.c_void_p(addr), length)
 
 
+def drop(fd: int, start: int, length: int) -> None:
+    """Drop ``[start, start + length)`` of ``fd`` from the page cache where nothing maps or locks it.
+
+    Each page comes back charged to the memory cgroup of whoever reads it
+    next: the agent, when it loads the range at once. Errors ignored (the
+    pages then keep their charge).
+    """
+    try:
+        os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+
+
 def lock(addr: int, length: int, fill: bool) -> int:
     """Lock the mapping at ``addr``: all of it (``fill``: its pages were loaded), else its cached pages only;
     the bytes locked. Raises OSError from mlock."""
@@ -60,7 +74,7 @@ def lock(addr: int, length: int, fill: bool) -> int:
     return lock_cached(addr, length)
 
 
-def load_and_lock(fd: int, addr: int, base: int, start: int, length: int) -> None:
+def load_and_lock(fd: int, addr: int, base: int, start: int, length: int, *, dropped: bool = False) -> None:
     """Load ``[start, start + length)`` of ``fd`` with large reads and lock it, 1 MiB at a time.
 
     ``addr``: the region's mapping, which begins at file offset ``base``.
@@ -75,11 +89,19 @@ def load_and_lock(fd: int, addr: int, base: int, start: int, length: int) -> Non
     a read through a page that another reader's readahead marked starts the
     next readahead window past it, even on a ``POSIX_FADV_RANDOM`` file,
     loading pages beside the region for nobody. What the advice did not
-    load, the lock faults in. Raises OSError from mlock.
+    load, the lock faults in. ``dropped``: each 2 MiB (the largest folio,
+    aligned) is dropped from the cache (:func:`drop`) just before it is read,
+    so that the guest can bring few of its pages back in between; pages
+    beside the range in its first and last 2 MiB go too, unless mapped.
+    Raises OSError from mlock.
     """
     end = start + length
+    window = -1
     for offset in range(start, end, _LOAD_CHUNK):
         chunk = min(_LOAD_CHUNK, end - offset)
+        if dropped and offset // _FOLIO_MAX != window:  # whole folios: a part of one is not dropped
+            window = offset // _FOLIO_MAX
+            drop(fd, window * _FOLIO_MAX, _FOLIO_MAX)
         try:
             for piece in range(offset, offset + chunk, _ADVICE_CHUNK):
                 os.posix_fadvise(fd, piece, min(_ADVICE_CHUNK, offset + chunk - piece), os.POSIX_FADV_WILLNEED)

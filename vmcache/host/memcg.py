@@ -148,7 +148,7 @@ def _stat(text: str) -> dict[str, int]:
 class MemcgRoom:
     """The room the limited cgroups of some processes leave for pins, read afresh at each call.
 
-    ``pids``: returns the processes whose cgroups count (QEMU, the agent);
+    ``pids``: returns the processes whose cgroups count, QEMU first, then the agent;
     a process that is gone counts for nothing.
     """
 
@@ -157,10 +157,10 @@ class MemcgRoom:
         self._pids = pids
         self._proc, self._v1, self._v2 = proc, v1_root, v2_root
 
-    def tightest(self) -> CgroupLimit | None:
-        """The limited cgroup with the least room, None where none is limited."""
+    def tightest(self, *, apart: bool = False) -> CgroupLimit | None:
+        """The limited cgroup with the least room, None where none is limited; ``apart``: the agent's only."""
         seen: dict[str, CgroupLimit] = {}
-        for pid in self._pids():
+        for pid in list(self._pids())[1 if apart else 0:]:
             where = None if pid is None else memory_cgroup(pid, proc=self._proc)
             if where is None:
                 continue
@@ -168,7 +168,32 @@ class MemcgRoom:
                 seen[limit.path] = limit
         return min(seen.values(), key=lambda c: c.room, default=None)
 
-    def room(self) -> int | None:
-        """Bytes pins may still take in the tightest limited cgroup (negative: release that many); None: no limit."""
-        tight = self.tightest()
+    def apart(self) -> bool:
+        """Whether the first process (QEMU) is under a limit the others (the agent) are not.
+
+        Then a page the guest read in is charged against a limit an operator
+        may lower (``virsh memtune --hard-limit``), and locked it cannot be
+        reclaimed to meet it: cgroup v1 refuses the lower limit (EBUSY), v2
+        OOM-kills QEMU. A page the agent reads in is charged to the agent.
+        """
+        pids = list(self._pids())
+        if not pids or pids[0] is None:
+            return False
+        where = memory_cgroup(pids[0], proc=self._proc)
+        if where is None:
+            return False
+        others: set[str] = set()
+        for pid in pids[1:]:
+            mine = None if pid is None else memory_cgroup(pid, proc=self._proc)
+            if mine is not None:
+                others.update(c.path for c in limits_of(*mine, v1_root=self._v1, v2_root=self._v2))
+        return any(c.path not in others for c in limits_of(*where, v1_root=self._v1, v2_root=self._v2))
+
+    def room(self, *, apart: bool = False) -> int | None:
+        """Bytes pins may still take in the tightest limited cgroup (negative: release that many); None: no limit.
+
+        ``apart``: every pin is charged to the agent (:meth:`apart`, the
+        pinner's recharge): QEMU's limits are not theirs to hold to.
+        """
+        tight = self.tightest(apart=apart)
         return None if tight is None else tight.room

@@ -16,14 +16,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from ..errors import PinError
 from ..logfmt import event
 from ..model import pindiff
-from ..model.blocks import BlockValues, blocks_mask, blocks_of
+from ..model.blocks import BlockValues
 from ..model.pindiff import Span
 from ..model.region import Region
 from .cachestat import fd_size
@@ -31,36 +29,11 @@ from . import locking
 from .meminfo import MemInfo, read_meminfo
 from .pagerefs import PageRefs, read_evidence
 from .pagecache import map_readonly, unmap
+from .pinreport import PinFailure, PinReport
 
 __all__ = ["Pinner", "PinReport", "PinFailure"]
 
 _LOG = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PinFailure:
-    """A region that could not be pinned or released, and why."""
-
-    start: int
-    length: int
-    op: str  # "mmap", "mlock", "munmap"
-    errno: int
-
-
-@dataclass(frozen=True)
-class PinReport:
-    """What one ``apply`` did. Byte counts are in image bytes (page rounded)."""
-
-    pinned_bytes: int
-    regions: tuple[Region, ...]
-    locked_bytes: int = 0  # of the pinned bytes, the pages locked: all of them but where only the cached are
-    added: tuple[Region, ...] = ()
-    removed: tuple[Region, ...] = ()
-    kept: int = 0
-    skipped_for_budget: int = 0
-    skipped_for_floor: int = 0
-    released_for_pressure: int = 0
-    failures: tuple[PinFailure, ...] = field(default=())
 
 
 @dataclass
@@ -68,6 +41,7 @@ class _Pin:
     region: Region
     addr: int
     locked: int  # bytes of the mapping locked: its length, or the cached pages when only those were
+    apart: bool = False  # every page read in by the agent: charged to its memory cgroup, not QEMU's
 
 
 class _Run:
@@ -100,10 +74,16 @@ class Pinner:
     this, and release pins (lowest priority first) while it is under it.
     ``meminfo``: reads host memory (production default: /proc/meminfo).
     ``room``: the bytes the memory cgroups the pins are charged to can still
-    take (:meth:`vmcache.host.memcg.MemcgRoom.room`; None from it: no limit),
+    take (:meth:`vmcache.host.memcg.MemcgRoom.room`; None from it: no limit;
+    called with ``apart=True`` while every pin is charged to the agent),
     held to as the headroom above the floor is: a pin that would take a
     limited cgroup past it is skipped, and pins are released while it is
     negative, so QEMU's own memory never meets a limit that pins fill.
+    ``apart``: whether QEMU is under a memory limit the agent is not
+    (:meth:`vmcache.host.memcg.MemcgRoom.apart`); then ``apply(recharge=True)``
+    and :meth:`recharge` drop a new pin's cached pages and read them again,
+    so that they are charged to the agent, and a limit an operator lowers
+    never meets pages it cannot reclaim.
     The image is opened read-only here and kept open until ``close``.
     Raises PinError when the image cannot be opened.
     """
@@ -114,13 +94,15 @@ class Pinner:
         *,
         floor_bytes: int,
         meminfo: Callable[[], MemInfo] = read_meminfo,
-        room: Callable[[], int | None] | None = None,
+        room: Callable[..., int | None] | None = None,
+        apart: Callable[[], bool] | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.floor_bytes = int(floor_bytes)
         self._meminfo = meminfo
         self._room = room
+        self._apart = apart
         self._log = logger or _LOG
         self._pins: dict[Span, _Pin] = {}
         try:
@@ -146,14 +128,6 @@ class Pinner:
         cached holds fewer; the budget counts each pin whole all the same)."""
         return sum(pin.locked for pin in self._pins.values())
 
-    def pinned_blocks(self, block_size: int, nblocks: int) -> np.ndarray:
-        """The blocks (below ``nblocks``) with any byte pinned: sorted int64, as many as are pinned."""
-        return blocks_of(self.pinned, block_size, nblocks)
-
-    def pinned_mask(self, block_size: int, nblocks: int) -> np.ndarray:
-        """Bool per block: True where any byte of the block is pinned (dense: for pictures)."""
-        return blocks_mask(self.pinned, block_size, nblocks)
-
     def read_evidence(self, block_size: int, nblocks: int, refs: PageRefs, *, per_block: int = 16,
                       phase: int = 0) -> BlockValues:
         """For the pinned blocks, the fraction of their sampled pages read since ``refs`` was last cleared
@@ -163,11 +137,14 @@ class Pinner:
 
     # -- changes ---------------------------------------------------------
 
-    def _pin(self, region: Region, held: Sequence[Span] = (), fill: bool = True) -> PinFailure | None:
+    def _pin(self, region: Region, held: Sequence[Span] = (), fill: bool = True,
+             recharge: bool = False) -> PinFailure | None:
         """mmap and mlock ``region``; ``held``: pins still locked inside it (not read again).
 
         ``fill``: read what is not cached and lock all of it; else lock only
         what is cached (:func:`vmcache.host.locking.lock_cached`).
+        ``recharge`` (with ``fill``): drop what is cached outside ``held``
+        first, so that all of it is read in, and charged, by the agent.
         """
         assert self._fd is not None
         op = "mmap"
@@ -178,7 +155,7 @@ class Pinner:
                 locking.no_readaround(addr, region.length)
                 if fill:
                     for start, length in pindiff.uncovered(region, held):
-                        locking.load_and_lock(self._fd, addr, region.start, start, length)
+                        locking.load_and_lock(self._fd, addr, region.start, start, length, dropped=recharge)
                 locked = locking.lock(addr, region.length, fill)
             except OSError:
                 unmap(addr, region.length)
@@ -186,7 +163,8 @@ class Pinner:
         except OSError as err:
             self._log.warning(event("pin.fail", op=op, start=region.start, length=region.length, errno=err.errno))
             return PinFailure(region.start, region.length, op, err.errno or 0)
-        self._pins[region.span] = _Pin(region, addr, locked)
+        apart = fill and recharge and all(self._pins[s].apart for s in held)  # held pages keep their charge
+        self._pins[region.span] = _Pin(region, addr, locked, apart)
         self._log.info(event("pin.add", start=region.start, length=region.length, priority=f"{region.priority:g}"))
         return None
 
@@ -214,7 +192,8 @@ class Pinner:
         self._log.info(event("pin.remove", start=span[0], length=span[1], reason=reason))
         return None
 
-    def apply(self, regions: Sequence[Region], budget: int, *, fill: bool = True) -> PinReport:
+    def apply(self, regions: Sequence[Region], budget: int, *, fill: bool = True,
+              recharge: bool = False) -> PinReport:
         """Make the pinned set equal to ``regions``, touching only the difference.
 
         Regions are taken by priority (highest first), clipped to the
@@ -232,7 +211,9 @@ class Pinner:
         vmcache.model.pindiff; this method only carries it out. ``fill``
         False: new pins lock only the pages cached now (nothing is read from
         the device; :meth:`lock_cached` locks those cached later); the
-        budget and the floor still count each pin whole.
+        budget and the floor still count each pin whole. ``recharge`` (with
+        ``fill``): new pins read all their pages in, cached or not, so that
+        they are charged to the agent (see the class docstring).
 
         Raises PinError (with ``.report``) when some region could not be
         pinned or released; every other region is still applied and tracked.
@@ -244,7 +225,7 @@ class Pinner:
         except OSError as err:
             raise PinError(f"fstat: {os.strerror(err.errno or 0)}", path=self.path, errno=err.errno) from err
         wanted = pindiff.clip(regions, size)
-        available, limit = self._available()
+        available, limit = self._available(recharge and all(p.apart for p in self._pins.values()))
         run = _Run(self, available)
         pressure = run.available < self.floor_bytes
         stale, overlapping = pindiff.unplanned(self._regions(), wanted)
@@ -260,7 +241,7 @@ class Pinner:
             self._log.info(event("pin.skip", reason=limit, bytes=todo.skipped_floor, available=run.available,
                                  floor=self.floor_bytes))
         for addition in todo.add:
-            self._add(addition, run, fill)
+            self._add(addition, run, fill, recharge)
         for span in todo.orphans:
             if span in self._pins:
                 run.release(span, "budget")
@@ -282,7 +263,7 @@ class Pinner:
         whole pin goes.
         """
         self._unlock_outside(span, head)
-        failure = self._pin(head, (span,), fill)
+        failure = self._pin(head, (span,), fill, self._pins[span].apart)
         if failure:
             run.failures.append(failure)
             return run.release(span, reason)
@@ -292,10 +273,13 @@ class Pinner:
         run.available -= head.length
         return span[1] - head.length
 
-    def _available(self) -> tuple[int, str]:
-        """MemAvailable, or less where a limited cgroup leaves less room above the floor; and which one limits."""
+    def _available(self, apart: bool = False) -> tuple[int, str]:
+        """MemAvailable, or less where a limited cgroup leaves less room above the floor; and which one limits.
+
+        ``apart``: every pin is, and every new one will be, charged to the agent.
+        """
         host = self._meminfo().available_bytes
-        room = self._room() if self._room is not None else None
+        room = None if self._room is None else self._room(apart=True) if apart else self._room()
         if room is not None and room + self.floor_bytes < host:
             return room + self.floor_bytes, "cgroup"
         return host, "floor"
@@ -317,15 +301,43 @@ class Pinner:
                 failures.append(PinFailure(span[0], span[1], "mlock", err.errno or 0))
         return failures
 
+    def charges_apart(self) -> bool:
+        """Whether QEMU is under a memory limit the agent is not (False where nobody said)."""
+        return self._apart is not None and self._apart()
+
+    def recharge(self, allowance: int | None) -> list[PinFailure]:
+        """Read pins that hold pages charged to QEMU in again, charged to the agent; the failures.
+
+        Highest priority first, until ``allowance`` bytes (None: all; at
+        least one pin a call, so that one larger than the allowance still
+        moves). Each is released, its pages dropped, and loaded and locked
+        whole again: the guest misses them for the time of that read. A pin
+        that cannot be locked again is gone; the next plan pins it anew.
+        """
+        failures: list[PinFailure] = []
+        done = 0
+        for span, pin in sorted(self._pins.items(), key=lambda kv: (-kv[1].region.priority, kv[0])):
+            if pin.apart:
+                continue
+            if allowance is not None and done and done + span[1] > allowance:
+                break
+            failure = self._release(span, "recharge") or self._pin(pin.region, (), True, True)
+            if failure:
+                failures.append(failure)
+            done += span[1]
+        if done:
+            self._log.info(event("pin.recharge", bytes=done, failures=len(failures)))
+        return failures
+
     def _regions(self) -> dict[Span, Region]:
         return {span: pin.region for span, pin in self._pins.items()}
 
-    def _add(self, addition: pindiff.Addition, run: _Run, fill: bool) -> None:
+    def _add(self, addition: pindiff.Addition, run: _Run, fill: bool, recharge: bool) -> None:
         """Lock a new region; the pins it replaces go once it holds their pages, or are locked again."""
         region, old = addition.region, addition.replaces
         for span in old:
             self._unlock_outside(span, region)
-        failure = self._pin(region, old, fill)
+        failure = self._pin(region, old, fill, recharge)
         if failure:
             run.failures.append(failure)
             for span in old:
@@ -353,23 +365,8 @@ class Pinner:
             released_for_pressure=run.released_for_pressure,
             failures=tuple(run.failures),
         )
-        changed = (report.added or report.removed or report.skipped_for_budget or report.skipped_for_floor
-                   or report.released_for_pressure or report.failures)
-        self._log.log(logging.INFO if changed else logging.DEBUG, event(
-            "pin.apply", regions=len(report.regions), bytes=report.pinned_bytes, added=len(report.added),
-            removed=len(report.removed), kept=report.kept, skipped_budget=report.skipped_for_budget,
-            skipped_floor=report.skipped_for_floor, released_pressure=report.released_for_pressure,
-            failures=len(report.failures)))
-        if report.failures:
-            first = report.failures[0]
-            error = PinError(
-                f"{first.op} failed for {len(report.failures)} region(s), first at {first.start}+{first.length}: "
-                f"{os.strerror(first.errno)}",
-                path=self.path,
-                errno=first.errno,
-            )
-            error.report = report  # type: ignore[attr-defined]
-            raise error
+        report.log(self._log)
+        report.check(self.path)
         return report
 
     def release_all(self) -> None:

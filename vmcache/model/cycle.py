@@ -194,6 +194,7 @@ class Cycle:
         seen_sample: int | None = None,
         reads: GuestReads | None = None,
         counted: GuestReads | None = None,
+        recharge: bool = False,
     ) -> CycleResult:
         """One cycle: ours, read misses, model step, plan, prefetch limit (see the module docstring).
 
@@ -206,7 +207,9 @@ class Cycle:
         per-block instead (NaN where ``seen`` has none). ``reads``: the
         guest's reads of the cycle counted exactly (:meth:`_exact`), or None
         to infer them from residency and ``seen`` as above; ``counted``: the
-        counts beside the inference, or None. Raises ValueError for a dense
+        counts beside the inference, or None. ``recharge``: new pins read
+        all their bytes, cached or not (the pinner's ``recharge``), so the
+        prefetch limit pays for all of them. Raises ValueError for a dense
         array that is not ``(nblocks,)``, blocks unsorted, repeated or past
         the disk, or a ``now`` that is not finite.
         """
@@ -238,7 +241,8 @@ class Cycle:
         if self.fill and not self.restoring:  # steps 5 and 6 (module docstring): only where pins read
             regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
         if self.loads:
-            regions, waiting = self._bucket.limit(regions, res, pinned, budget, now, restoring=self.restoring)
+            paid = BlockValues.empty() if recharge else res  # what new pins read: their uncached bytes, or all
+            regions, waiting = self._bucket.limit(regions, paid, pinned, budget, now, restoring=self.restoring)
         return CycleResult(regions, read_miss, waiting)
 
     def pinned(self, regions: Iterable[Region]) -> None:

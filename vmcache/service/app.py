@@ -86,12 +86,13 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
                     logger: Any, reads: ReadSignal) -> WorkerFactory:
     runtime_dir = nbd_dir(config.runtime_dir, domain)
     # pins are charged to QEMU's cgroup (the guest read them) or the agent's (it loaded them)
-    room = MemcgRoom(lambda: (qemu_pid(domain), os.getpid())).room
+    memcg = MemcgRoom(lambda: (qemu_pid(domain), os.getpid()))
 
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams,
              layer_of: str | None) -> DiskWorker:
         return DiskWorker(choice, node=node, monitor=monitor, params=params, floor_bytes=config.min_free,
-                          room=room, prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate,
+                          room=memcg.room, apart=memcg.apart, prefetch_rate=config.prefetch_rate,
+                          warm_rate=config.warm_rate,
                           fill=config.fill == "whole", refs=refs, runtime_dir=runtime_dir,
                           socket_owner=qemu_user(),
                           granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,

@@ -51,7 +51,8 @@ class DiskWorker:
         monitor: Monitor,
         params: ModelParams,
         floor_bytes: int,
-        room: Callable[[], int | None] | None = None,
+        room: Callable[..., int | None] | None = None,
+        apart: Callable[[], bool] | None = None,
         prefetch_rate: int | None = None,
         warm_rate: int | None = None,
         fill: bool = True,
@@ -72,6 +73,7 @@ class DiskWorker:
         ``reads``: the agent's read counter (None: the guest's reads are inferred);
         ``decide_on_reads``: its counts replace the inference in the model (host config ``read_model``);
         ``room``: what the limited memory cgroups of QEMU and the agent can still take (host/memcg.py);
+        ``apart``: whether QEMU is under a memory limit the agent is not (host/memcg.py);
         ``heatmap`` writes the disk's heat-map files after its cycles;
         ``layer_of``: the image is a read-only backing layer of that target's
         top image (no tracker: give ``node`` None).
@@ -101,7 +103,8 @@ class DiskWorker:
         self._dropped = 0
         try:
             self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
-                                         room=room, prefetch_rate=prefetch_rate, warm_rate=warm_rate, fill=fill,
+                                         room=room, apart=apart, prefetch_rate=prefetch_rate, warm_rate=warm_rate,
+                                         fill=fill,
                                          refs=refs, clear_refs=False, writes=self._writes if self.tracker else None,
                                          reads=self._read_source(), decide_on_reads=decide_on_reads,
                                          logger=logger)

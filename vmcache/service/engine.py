@@ -31,7 +31,7 @@ from ..host.pagecache import Residency, scan_residency
 from ..host.pagerefs import PageRefs
 from ..host.pinner import Pinner, PinReport
 from ..logfmt import event
-from ..model.blocks import BlockValues, binned, member
+from ..model.blocks import BlockValues, binned, blocks_mask, blocks_of, member
 from ..model.cycle import Cycle, evidence_per_block
 from ..model.extents import BitmapRead, DirtyRead, extents_to_block_values
 from ..model.params import PAGE_SIZE, ModelParams
@@ -61,7 +61,8 @@ class DiskEngine:
         params: ModelParams,
         budget: int,
         floor_bytes: int,
-        room: Callable[[], int | None] | None = None,
+        room: Callable[..., int | None] | None = None,
+        apart: Callable[[], bool] | None = None,
         prefetch_rate: int | None = None,
         warm_rate: int | None = None,
         fill: bool = True,
@@ -79,7 +80,9 @@ class DiskEngine:
 
         ``room``: the bytes the limited memory cgroups the pins are charged
         to can still take (the pinner holds to it as to the floor; None: no
-        limit looked at). ``prefetch_rate``: bytes per second vmcache may read from the device
+        limit looked at); ``apart``: whether QEMU is under a memory limit the
+        agent is not (then pins are read in, and charged, by the agent:
+        host/pinner.py). ``prefetch_rate``: bytes per second vmcache may read from the device
         to fill regions it starts pinning (their pages not yet in the page
         cache); None for no limit. ``warm_rate``: the rate instead while a
         saved hot set is restored (the higher of the two; None: the same).
@@ -112,12 +115,13 @@ class DiskEngine:
         self._refs = refs if refs is not None else PageRefs()
         self._clear_refs = clear_refs
         self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, room=room,
-                                        logger=self._log)
+                                        apart=apart, logger=self._log)
         self._cycle = Cycle(params, prefetch_rate=prefetch_rate, warm_rate=warm_rate, fill=fill)
         self._written = BlockValues.empty()
         self.last_reads: GuestReads | None = None
         """The guest's reads counted in the last cycle (None: not counted)."""
         self._cycles = 0
+        self._recharge = False  # new pins read all their pages in: QEMU is under a limit the agent is not
         self.residency: Residency | None = None
         self.last: CycleStats | None = None
 
@@ -160,7 +164,7 @@ class DiskEngine:
                          current=self._pinner.pinned)
 
     def pinned_mask(self) -> np.ndarray:
-        return self._pinner.pinned_mask(self.params.block_size, self._cycle.nblocks)
+        return blocks_mask(self._pinner.pinned, self.params.block_size, self._cycle.nblocks)
 
     def heatmap_data(self, disk: str, *, title: str = "") -> HeatmapData:
         """This disk's state as the heat-map picture draws it (after at least one cycle).
@@ -176,7 +180,7 @@ class DiskEngine:
         resident = self.residency.blocks if self.residency else BlockValues.empty()
         guest = np.where(member(resident.index, self._cycle.ours_blocks), np.float32(0.0), resident.value)
         active = self._cycle.model.active
-        pinned = self._pinner.pinned_blocks(self.params.block_size, n)
+        pinned = blocks_of(self._pinner.pinned, self.params.block_size, n)
         read = None
         if self.last_reads is not None:
             pages = self.last_reads.pages
@@ -211,7 +215,7 @@ class DiskEngine:
         if not self._cycle.fill:
             self._pinner.lock_cached()  # the guest's reads into the pins: locked, and seen as read evidence
         current = self._pinner.pinned
-        per_block = evidence_per_block(self._pinner.pinned_blocks(bs, n).size)
+        per_block = evidence_per_block(blocks_of(self._pinner.pinned, bs, n).size)
         exact = self.last_reads if self._decide_on_reads else None
         seen = None
         if exact is None:  # counted reads include the pinned blocks': no referenced bits needed
@@ -220,12 +224,19 @@ class DiskEngine:
         counted = self.last_reads if sample.status is BitmapRead.OK else None
         self._cycles += 1
         now = self._clock()
+        recharge = self._cycle.loads and self._pinner.charges_apart()
+        if recharge != self._recharge:
+            self._log.info(event("pin.charged_to", who="agent" if recharge else "first reader"))
+            self._recharge = recharge
         decided = self._cycle.step(res.blocks, written, current, size_bytes=res.size_bytes,
                                    budget=self.budget, now=now, seen=seen, seen_sample=per_block,
-                                   reads=exact, counted=counted)
+                                   reads=exact, counted=counted, recharge=recharge)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
-        report = self._pinner.apply(decided.regions, self.budget, fill=self._cycle.loads)
+        report = self._pinner.apply(decided.regions, self.budget, fill=self._cycle.loads, recharge=recharge)
+        if recharge:  # pins made before QEMU came under its limit: at the pace new pins may load
+            rate = self._cycle.prefetch_rate
+            self._pinner.recharge(None if rate is None else int(rate * self.params.interval))
         self._settle(report.regions)
         if self._clear_refs:
             self._refs.clear()  # also forgets the references mlock itself just made
