@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from vmcache.host.pinner import Pinner
+from vmcache.service.engine import DiskEngine
 from vmcache.model.region import Region
 
 from tests.pagecache_util import fake_meminfo, random_image, vmlck
@@ -89,3 +90,24 @@ def test_recharge_goes_by_priority_within_its_allowance_but_moves_at_least_one_p
         assert 4 * MiB <= reads_of(lambda: pinner.recharge(None)) < 8 * MiB  # the last
         assert recharged() == ["start=8388608", "start=16777216", "start=0"]  # highest priority first
         assert len(pinner.pinned) == 3
+
+
+def test_the_engine_reads_its_pins_in_while_qemu_is_apart_and_reports_them(
+        cached: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A real engine: pins made by the guest's reads, then QEMU comes under a limit the agent is not."""
+    from tests.unit.test_engine import PARAMS, Clock, guest_read
+
+    caplog.set_level("INFO")
+    apart = {"now": False}
+    with DiskEngine(cached, params=PARAMS, budget=SIZE, floor_bytes=0, meminfo=plenty, clock=Clock(),
+                    apart=lambda: apart["now"]) as e:
+        for _ in range(4):
+            guest_read(cached, 8 * MiB, 8 * MiB)
+            stats = e.cycle()
+        assert stats.pinned_bytes >= 8 * MiB and stats.agent_charged_bytes == 0
+        apart["now"] = True
+        guest_read(cached, 8 * MiB, 8 * MiB)
+        read = reads_of(lambda: e.cycle())
+        assert e.last is not None and e.last.agent_charged_bytes == e.last.pinned_bytes >= 8 * MiB
+        assert read >= 8 * MiB  # no prefetch limit here: all of it at once
+        assert "pin.charged_to who=agent" in caplog.text and "pin.recharge" in caplog.text

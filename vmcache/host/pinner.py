@@ -301,6 +301,11 @@ class Pinner:
                 failures.append(PinFailure(span[0], span[1], "mlock", err.errno or 0))
         return failures
 
+    @property
+    def agent_charged_bytes(self) -> int:
+        """Of :attr:`pinned_bytes`, those the agent read in itself (:meth:`recharge`): charged to it."""
+        return sum(span[1] for span, pin in self._pins.items() if pin.apart)
+
     def charges_apart(self) -> bool:
         """Whether QEMU is under a memory limit the agent is not (False where nobody said)."""
         return self._apart is not None and self._apart()

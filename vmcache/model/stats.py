@@ -34,4 +34,5 @@ class CycleStats:
     warm_restored_bytes: int = 0    # of a saved hot set, pinned since the agent started
     warm_total_bytes: int = 0       # bytes of the saved hot set this disk started from (0: cold start)
     locked_bytes: int | None = None  # of the pinned bytes, the locked pages (fewer under ``fill: cached``)
+    agent_charged_bytes: int | None = None  # of the pinned bytes, those read in by the agent (host/pinner.py)
     error: str | None = None        # last error of this cycle, one line

@@ -167,6 +167,9 @@ class AgentMetrics:
                             "the host cap count them).")
         self.locked = gauge("locked_bytes", "Of the pinned bytes, those held in memory: all of them, or under "
                             "fill: cached the pages the guest has read into the pins.")
+        self.agent_charged = gauge(
+            "agent_charged_bytes", "Of the pinned bytes, those the agent read in itself, charged to its own memory "
+            "cgroup: where QEMU is under a memory limit the agent is not.")
         self.pinned_regions = gauge("pinned_regions", "Number of contiguous regions vmcache has locked.")
         self.resident = gauge("resident_bytes", "Bytes of the image in the host page cache, pinned ones included.")
         self.recently_evicted = gauge(
@@ -326,6 +329,8 @@ class DiskMetrics:
         a.pinned.labels(*labels).set(stats.pinned_bytes)
         if stats.locked_bytes is not None:
             a.locked.labels(*labels).set(stats.locked_bytes)
+        if stats.agent_charged_bytes is not None:
+            a.agent_charged.labels(*labels).set(stats.agent_charged_bytes)
         a.pinned_regions.labels(*labels).set(stats.pinned_regions)
         a.resident.labels(*labels).set(stats.resident_bytes)
         a.backing_off.labels(*labels).set(1 if stats.backing_off else 0)

@@ -255,6 +255,7 @@ class DiskEngine:
             budget_bytes=self.budget,
             pinned_bytes=report.pinned_bytes,
             locked_bytes=report.locked_bytes,
+            agent_charged_bytes=self._pinner.agent_charged_bytes,
             pinned_regions=len(report.regions),
             resident_bytes=res.resident_bytes,
             guest_written_bytes=sample.bytes,
