@@ -267,7 +267,7 @@ def test_share_of_the_host_cap_per_domain(agent: AgentMetrics) -> None:
 def test_the_bytes_charged_to_the_agent_are_exported_where_the_engine_reports_them(agent: AgentMetrics) -> None:
     disk = agent.disk("vda", DISK["source_file"])
     disk.observe(cycle())
-    assert value(agent.registry, "vmcache_agent_charged_bytes", **DISK) is None  # not reported: no series
+    assert value(agent.registry, "vmcache_agent_charged_bytes", **DISK) == 0  # a fresh disk's series, not reported
     disk.observe(cycle(agent_charged_bytes=128 * MiB))  # QEMU under a limit the agent is not
     assert value(agent.registry, "vmcache_agent_charged_bytes", **DISK) == 128 * MiB
     disk.observe(cycle(agent_charged_bytes=0))  # no pin read in by the agent

@@ -288,7 +288,7 @@ class DiskMetrics:
         self.image = image
         self._labels = (*agent._agent, target, image)
         a = agent
-        self._gauges = (a.image_size, a.budget, a.pinned, a.locked, a.pinned_regions, a.resident,
+        self._gauges = (a.image_size, a.budget, a.pinned, a.locked, a.agent_charged, a.pinned_regions, a.resident,
                         a.backing_off, a.backoff_skipped, a.warm_restored, a.warm_total, a.image_deleted)
         self._counters = (a.guest_written, a.guest_read_miss, a.cycle_duration)
         # Create the series now so a fresh disk shows zeros, not nothing.
