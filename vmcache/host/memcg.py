@@ -157,15 +157,21 @@ class MemcgRoom:
         self._pids = pids
         self._proc, self._v1, self._v2 = proc, v1_root, v2_root
 
-    def tightest(self, *, apart: bool = False) -> CgroupLimit | None:
-        """The limited cgroup with the least room, None where none is limited; ``apart``: the agent's only."""
+    def _limits(self, pids: Iterable[int | None]) -> dict[str, CgroupLimit]:
+        """Every limited cgroup above the processes ``pids``, by path (a process that is gone: none)."""
         seen: dict[str, CgroupLimit] = {}
-        for pid in list(self._pids())[1 if apart else 0:]:
+        for pid in pids:
             where = None if pid is None else memory_cgroup(pid, proc=self._proc)
             if where is None:
                 continue
             for limit in limits_of(*where, v1_root=self._v1, v2_root=self._v2):
                 seen[limit.path] = limit
+        return seen
+
+    def tightest(self, *, apart: bool = False) -> CgroupLimit | None:
+        """The limited cgroup with the least room, None where none is limited; ``apart``: the agent's only."""
+        pids = list(self._pids())
+        seen = self._limits(pids[1:] if apart else pids)
         return min(seen.values(), key=lambda c: c.room, default=None)
 
     def apart(self) -> bool:
@@ -177,17 +183,7 @@ class MemcgRoom:
         OOM-kills QEMU. A page the agent reads in is charged to the agent.
         """
         pids = list(self._pids())
-        if not pids or pids[0] is None:
-            return False
-        where = memory_cgroup(pids[0], proc=self._proc)
-        if where is None:
-            return False
-        others: set[str] = set()
-        for pid in pids[1:]:
-            mine = None if pid is None else memory_cgroup(pid, proc=self._proc)
-            if mine is not None:
-                others.update(c.path for c in limits_of(*mine, v1_root=self._v1, v2_root=self._v2))
-        return any(c.path not in others for c in limits_of(*where, v1_root=self._v1, v2_root=self._v2))
+        return bool(self._limits(pids[:1]).keys() - self._limits(pids[1:]).keys())
 
     def room(self, *, apart: bool = False) -> int | None:
         """Bytes pins may still take in the tightest limited cgroup (negative: release that many); None: no limit.
