@@ -56,6 +56,15 @@ def test_linux_two_marks_activate_a_written_unit_and_a_mark_never_loads() -> Non
     assert [hit for hit in run(cache, [*stream, (1, False), (2, False)])][-2:] == [True, False]
 
 
+def test_linux_refresh_moves_an_inactive_unit_to_the_head_without_activating_it() -> None:
+    cache = LinuxCache(3, unit_bytes=BS)
+    run(cache, [(1, True), (2, True), (3, True)])  # inactive, tail first: 1, 2, 3
+    cache.refresh([1, 9])  # 9 is not cached: left alone
+    assert cache.inactive_units() == [2, 3, 1] and not cache.is_active(1) and 9 not in cache
+    run(cache, [(4, True)])  # the tail goes: 2, not the refreshed 1
+    assert 1 in cache and 2 not in cache
+
+
 def test_linux_refault_within_the_active_size_comes_back_active() -> None:
     cache = LinuxCache(4, unit_bytes=BS)
     run(cache, [(1, False), (1, False), (2, False), (2, False)])  # 1, 2 active

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Protocol
 
@@ -207,6 +207,24 @@ class LinuxCache:
             return False
         self.access(unit, False)
         return True
+
+    def refresh(self, units: Iterable[int]) -> None:
+        """Each inactive unit of ``units``, in their order, to the inactive head, its referenced bit kept.
+
+        What an ``mlock`` and ``munlock`` of a resident page do to it: mlock
+        takes it off its list (active cleared), munlock puts it back at the
+        inactive head (``__munlock_folio``). Active and uncached units are
+        left alone.
+        """
+        inactive = self._inactive
+        for unit in units:
+            referenced = inactive.pop(unit, None)
+            if referenced is not None:
+                inactive[unit] = referenced
+
+    def inactive_units(self) -> list[int]:
+        """The inactive list, tail first."""
+        return list(self._inactive)
 
     def discard(self, unit: int) -> bool:
         """Take ``unit`` off the lists (it was pinned: mlocked pages are unevictable); whether it was cached."""
