@@ -229,7 +229,9 @@ class Cycle:
             self.model.step_blocks(judged, wr, self._masked(), now, seen=evidence)
         else:
             read_input, wr, read_miss = self._exact(reads, wr, size_bytes)
-            self.model.step_blocks(read_input, wr, np.zeros(0, np.int64), now)
+            unread = np.zeros(0, np.int64) if self.warm is None else self.warm.unread(
+                read_input.index[read_input.value > 0], pinned_blocks)
+            self.model.step_blocks(read_input, wr, unread, now)  # a restored block not read yet: held
         if self.warm is not None:
             self.warm.seed(self.model, now)
         held = pinned if self.warm is None else [*pinned, *self.warm.held()]  # saved regions count as held

@@ -19,7 +19,12 @@ interval's worth a cycle, vmcache.model.cycle): its pinned part counts as
 restored in part (``restored_bytes``) and its seed is held until the
 whole region has been pinned. Once pinned whole, a region is "restored"
 and left to the model: if the guest does not read it again, its heat
-decays and it is released normally. A region whose held seed falls under ``threshold / keep_factor`` is given up
+decays and it is released normally. Where the guest's reads are counted,
+an unread pinned block would cool at ``decay``, against ``pinned_decay``
+for one the inferred path finds resident, and a set restored ahead of a
+slow boot would go before it is read: until the guest reads a restored
+block, :meth:`WarmStart.unread` lists it for the model to hold at
+``pinned_decay`` as well. A region whose held seed falls under ``threshold / keep_factor`` is given up
 (the guest has had the time to show it is not hot any more). Time is a
 parameter, as everywhere in the model.
 """
@@ -31,6 +36,7 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import NDArray
 
+from .blocks import member, union
 from .heat import ActiveHeat, HeatModel
 from .params import ModelParams
 from .region import Region
@@ -63,6 +69,7 @@ class WarmStart:
         self._partial: dict[tuple[int, int], int] = {}  # span -> bytes pinned of a region restored in part
         self.given_up_bytes = 0
         self._started: float | None = None
+        self._unread = np.zeros(0, np.int64)  # blocks restored whole, still pinned, not read by the guest since
 
     @property
     def done(self) -> bool:
@@ -77,6 +84,14 @@ class WarmStart:
     @property
     def pending_bytes(self) -> int:
         return self.total_bytes - self.restored_bytes - self.given_up_bytes
+
+    def unread(self, read: NDArray[np.int64], pinned: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The blocks of regions restored whole that are still ``pinned`` and not ``read`` yet (all sorted).
+
+        A block leaves the list for good once the guest reads it or its pin goes.
+        """
+        self._unread = self._unread[member(self._unread, pinned) & ~member(self._unread, read)]
+        return self._unread
 
     def held(self) -> list[Region]:
         """The regions not restored yet: the planner counts them as held (its ``current``)."""
@@ -116,6 +131,7 @@ class WarmStart:
             self._partial.pop(region.span, None)
             if covered == end - first:
                 restored += region.length
+                self._unread = union(self._unread, np.arange(first, end, dtype=np.int64))
                 continue
             if covered:
                 self._partial[region.span] = min(region.length, covered * bs)
