@@ -35,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from bench.write_marks import UNIT, footprint_budgets, hindsight
+from bench.write_marks import UNIT, ReaccessShare, footprint_budgets, hindsight
 from vmcache.replay.accesses import BlockTrace, cycle_ends, to_blocks
 from vmcache.replay.baselines import LinuxCache, belady, linux, lru
 from vmcache.replay.measures import measure
@@ -69,24 +69,15 @@ def drops(bt: BlockTrace, which: str, *, gate: bool = False) -> Act:
     """C: drop the written units ``which`` says (``unread``, ``first``, ``never-read``), behind the gate or not."""
     written_ever: set[int] = set()
     read_ever: set[int] = set()
-    pending: list[tuple[set[int], set[int]]] = []  # per interval: units written, those accessed again since
-    share = 1.0
+    tracker = ReaccessShare(bt, 6) if gate else None
 
     def act(cache: LinuxCache, k: int, span: slice) -> None:
-        nonlocal share
         written, read = _written_and_read(bt, span)
         read_ever.update(read)
-        for w, again in pending:
-            again |= w & (written | read)
-        pending.append((written, set()))
-        if len(pending) > 6:
-            w, again = pending.pop(0)
-            if w:
-                share += min(1.0, len(w) / 200) * (len(again) / len(w) - share)
         drop = {"unread": written - read, "first": written - read - written_ever,
                 "never-read": written - read_ever}[which]
         written_ever.update(written)
-        if gate and share >= 0.5:
+        if tracker is not None and tracker.update(span) >= 0.5:
             return
         for u in drop:
             cache.discard(u)
@@ -141,10 +132,11 @@ def main() -> None:
     p.add_argument("--pages", action="store_true", help="4 KiB units (set d), the agent acting on model blocks")
     p.add_argument("--budget", help="comma-separated sizes (default: footprint / 64, 16, 4 at 64 KiB units)")
     args = p.parse_args()
-    bt = to_blocks(read_trace(args.trace), UNIT)
+    trace = read_trace(args.trace)
+    bt = to_blocks(trace, UNIT)
     budgets = [parse_size(b, key="budget") for b in args.budget.split(",")] if args.budget else footprint_budgets(bt)
     if args.pages:
-        bt = to_blocks(read_trace(args.trace), PAGE)
+        bt = to_blocks(trace, PAGE)
     for budget in budgets:
         cap = budget // bt.block_size
         rows = {"lru": lru(bt, cap), "linux": linux(bt, cap)} | ({} if args.pages else {"belady": belady(bt, cap)})

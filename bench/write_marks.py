@@ -105,23 +105,35 @@ def capped(share: float, capacity: int) -> Choose:
     return choose
 
 
+class ReaccessShare:
+    """The share of written units accessed again within ``horizon`` intervals: a running mean over ~200
+    outcomes, from 1 (what the bitmap and the read counter show). :meth:`update` once per interval, in order."""
+
+    def __init__(self, bt: BlockTrace, horizon: int) -> None:
+        self._bt, self._horizon = bt, horizon
+        self._pending: list[tuple[set[int], set[int]]] = []  # per interval: units written, those accessed since
+        self.share = 1.0
+
+    def update(self, span: slice) -> float:
+        """Fold in the accesses of one interval; the share after it."""
+        bt = self._bt
+        touched = set(np.unique(bt.block[span]).tolist())
+        for written, again in self._pending:
+            again |= written & touched
+        self._pending.append((set(np.unique(bt.block[span][bt.write[span]]).tolist()), set()))
+        if len(self._pending) > self._horizon:
+            written, again = self._pending.pop(0)
+            if written:
+                self.share += min(1.0, len(written) / 200) * (len(again) / len(written) - self.share)
+        return self.share
+
+
 def reaccessed(bt: BlockTrace, horizon: int, least: float = 0.5) -> Choose:
-    """Every written unit while the share of written units accessed again within ``horizon`` intervals is at
-    least ``least`` (a running mean over ~200 outcomes, from 1; what the bitmap and the read counter show)."""
-    pending: list[tuple[set[int], set[int]]] = []  # per interval: units written, those accessed since
-    share = 1.0
+    """Every written unit while :class:`ReaccessShare` over ``horizon`` intervals is at least ``least``."""
+    tracker = ReaccessShare(bt, horizon)
 
     def choose(units: list[int], k: int, now: float, span: slice) -> list[int]:
-        nonlocal share
-        touched = set(np.unique(bt.block[span]).tolist())
-        for written, again in pending:
-            again |= written & touched
-        pending.append((set(np.unique(bt.block[span][bt.write[span]]).tolist()), set()))
-        if len(pending) > horizon:
-            written, again = pending.pop(0)
-            if written:
-                share += min(1.0, len(written) / 200) * (len(again) / len(written) - share)
-        return units if share >= least else []
+        return units if tracker.update(span) >= least else []
     return choose
 
 

@@ -17,12 +17,9 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
-from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
-from vmcache.settings.hotset import DiskHotSet  # noqa: E402
-
 from tests.live.guestlib import guest_read  # noqa: E402
 from tests.live.livelib import MiB, LiveEnv, agents_env, wait_for  # noqa: E402
-from tests.live.test_warm_live import agent_gone, stop_start, wait_mapped  # noqa: E402
+from tests.live.test_warm_live import agent_gone, stop_start, wait_mapped, wait_saved  # noqa: E402
 
 pytestmark = pytest.mark.live
 
@@ -47,13 +44,7 @@ def test_a_restored_set_the_guest_has_not_read_yet_stays_pinned(env: LiveEnv) ->
         return env.pinned(name) >= ZONE[1]
 
     wait_for(read_zone, "the zone the guest keeps reading to be pinned")
-
-    def saved() -> DiskHotSet | None:
-        hotset = VirtDomain(env.conn, name).hotset(Affect.LIVE)
-        record = hotset.disk("vda") if hotset else None
-        return record if record is not None and record.bytes >= ZONE[1] else None
-
-    record = wait_for(saved, "the agent to save the hot set in the live XML")
+    record = wait_saved(env, name, ZONE[1])
     dom = stop_start(env, name, dom, image)
     pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
     wait_mapped(pid, image, record.regions, "the saved regions to be locked again")

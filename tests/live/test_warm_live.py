@@ -59,16 +59,20 @@ def first_run(env: LiveEnv, name: str) -> tuple[Any, Path, DiskHotSet]:
     guest_write(dom, 8 * MiB, 4 * MiB)
     guest_write(dom, 40 * MiB, 4 * MiB)
     wait_for(lambda: env.pinned(name) >= 8 * MiB, "the written regions to be pinned")
-
-    def saved() -> DiskHotSet | None:
-        hotset = VirtDomain(env.conn, name).hotset(Affect.LIVE)
-        record = hotset.disk("vda") if hotset else None
-        return record if record is not None and record.bytes >= 8 * MiB else None
-
-    record = wait_for(saved, "the agent to save the hot set in the live XML")
+    record = wait_saved(env, name, 8 * MiB)
     assert record.image == str(image) and record.size == 64 * MiB and record.image_id
     assert record.bytes <= BUDGET
     return dom, image, record
+
+
+def wait_saved(env: LiveEnv, name: str, at_least: int) -> DiskHotSet:
+    """Wait for the agent to save a hot set of ``at_least`` bytes for vda in the live XML; that record."""
+    def saved() -> DiskHotSet | None:
+        hotset = VirtDomain(env.conn, name).hotset(Affect.LIVE)
+        record = hotset.disk("vda") if hotset else None
+        return record if record is not None and record.bytes >= at_least else None
+
+    return wait_for(saved, "the agent to save the hot set in the live XML")
 
 
 def stop_start(env: LiveEnv, name: str, dom: Any, image: Path) -> Any:
