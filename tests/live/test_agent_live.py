@@ -51,9 +51,8 @@ def test_hook_starts_the_agent_which_tracks_writes_pins_and_stops_with_the_domai
     assert [(d["target"], d["cache"], d["eligible"]) for d in status["disks"]] == [("vda", "writethrough", True)]
     assert wait_for(lambda: leftovers(dom)["bitmaps"], "the agent's dirty bitmap in QEMU")
 
-    guest_write(dom, 8 * MiB, 4 * MiB)
-    status = wait_for(lambda: (s := env.status(name)) and s["disks"][0]["pinned_bytes"] >= 4 * MiB and s,
-                      "the written region to be pinned")
+    write_until_pinned(dom, 8 * MiB, 4 * MiB, lambda: env.pinned(name), "the written region to be pinned")
+    status = env.status(name)
     assert status["disks"][0]["pinned_bytes"] <= 16 * MiB
     metrics = wait_for(lambda: scrape(status["metrics_url"], "vmcache_guest_dirtied_bytes_total"), "metrics")
     assert metrics >= 4 * MiB
@@ -81,8 +80,7 @@ def test_disable_stops_the_agent_and_leaves_nothing_in_qemu(env: LiveEnv, capsys
     assert env.agent_pid(name) is None  # no metadata: no agent
     assert main(["enable", name, "--budget", "8M", "--live", "--host-config", str(env.config)]) == 0
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "vmcache enable to start an agent")
-    guest_write(dom, 0, 2 * MiB)
-    wait_for(lambda: env.status(name)["disks"][0]["pinned_bytes"] >= 2 * MiB, "a pin")
+    write_until_pinned(dom, 0, 2 * MiB, lambda: env.pinned(name))
     assert leftovers(dom)["bitmaps"]
 
     assert main(["disable", name, "--live", "--host-config", str(env.config)]) == 0
@@ -153,8 +151,7 @@ def test_a_fast_restart_warms_from_the_set_the_last_agent_saved_as_it_stopped(en
     try:
         old = wait_for(lambda: env.agent_pid(name), "the hook to start the agent")
         wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
-        guest_write(dom, 8 * MiB, 4 * MiB)
-        wait_for(lambda: env.pinned(name) >= 4 * MiB, "the written region to be pinned")
+        write_until_pinned(dom, 8 * MiB, 4 * MiB, lambda: env.pinned(name), "the written region to be pinned")
         # the host config saves every 300 s: what the next run can warm from is saved at this stop only
         assert VirtDomain(env.conn, name).hotset(Affect.CONFIG) is None
         dom.destroy()

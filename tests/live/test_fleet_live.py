@@ -31,7 +31,7 @@ from vmcache.settings.metadata import NAMESPACE  # noqa: E402
 
 from tests.live.livelib import MiB, LiveEnv, agents_env, wait_for  # noqa: E402
 
-from tests.live.guestlib import covered, guest_write, mapped  # noqa: E402
+from tests.live.guestlib import covered, mapped, write_until_pinned  # noqa: E402
 from tests.nova import nova_instance  # noqa: E402
 from tests.pagecache_util import drop, vmlck  # noqa: E402
 
@@ -166,9 +166,8 @@ def test_nova_redefines_the_domain_without_vmcaches_elements_and_the_host_copy_w
     dom = env.domain(name, metadata=nova_metadata(FLAVOR), persistent=True)
     uuid, image = dom.UUIDString(), env.tmp / f"{name}.raw"
     pid = managed(env, name)["pid"]
-    guest_write(dom, 8 * MiB, 4 * MiB)
-    guest_write(dom, 40 * MiB, 2 * MiB)
-    wait_for(lambda: env.pinned(name) >= 6 * MiB, "the written regions to be pinned")
+    write_until_pinned(dom, 8 * MiB, 4 * MiB, lambda: env.pinned(name), "the written regions to be pinned",
+                       more=[(40 * MiB, 2 * MiB)])
     nova_xml = re.sub(r"<vmcachehot:hotset\b.*?</vmcachehot:hotset>", "",
                       dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), flags=re.S)
     dom.destroy()

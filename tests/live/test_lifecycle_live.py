@@ -214,7 +214,8 @@ def _follows(env: LiveEnv, name: str, image: Path, dom, offset: int, what: str) 
         before = _written(env, name)
         guest_write(dom, offset, 4 * MiB)
         wait_for(lambda: _written(env, name) - before >= 4 * MiB, f"writes on {what} to be counted", timeout=15)
-        wait_for(lambda: (d := _disk(env, name)) and d["pinned_bytes"] >= 4 * MiB, f"pins on {what}", timeout=15)
+        write_until_pinned(dom, offset, 4 * MiB, lambda: (d := _disk(env, name)) and d["pinned_bytes"] or 0,
+                           f"pins on {what}", timeout=15)
     except AssertionError as err:
         from urllib.request import urlopen
         text = [line for line in urlopen(env.status(name)["metrics_url"]).read().decode().splitlines()
@@ -241,8 +242,7 @@ def _snapshots_commit_and_pull(env: LiveEnv, name: str) -> None:
     base = env.tmp / f"{file_stem(name)}.raw"
     running(env, name)
     pid = env.agent_pid(name)
-    guest_write(dom, 0, 4 * MiB)
-    wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin on the base image")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: env.pinned(name), "a pin on the base image")
 
     overlay = env.tmp / f"{file_stem(name)}-s1.qcow2"
     dom.snapshotCreateXML(
@@ -351,7 +351,8 @@ def test_two_disks_on_one_file_are_matched_by_device_and_the_file_managed_once(e
     before = _written(env, name)
     guest_write(dom, 0, 4 * MiB, dev="ua-vdb")
     wait_for(lambda: _written(env, name) - before >= 4 * MiB, "vdb's writes to be counted")
-    wait_for(lambda: _disk(env, name, "vdb")["pinned_bytes"] >= 4 * MiB, "the shared file to be pinned")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: _disk(env, name, "vdb")["pinned_bytes"], "the shared file to be pinned",
+                       dev="ua-vdb")
     time.sleep(3 * INTERVAL)  # cycles go by: no disk's bitmap is removed as another's stale one
     log = env.agent_log(name)
     assert "tracker.read_failed" not in log and "stale" not in log, log[-3000:]

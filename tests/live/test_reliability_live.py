@@ -16,6 +16,7 @@ sends recorded below vmcache's own allow-list.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -43,7 +44,7 @@ from vmcache.host.files import file_stem  # noqa: E402
 from tests.live import livelib  # noqa: E402
 from tests.procutil import open_files  # noqa: E402
 from tests.live.livelib import REPO, GiB, LiveEnv, MiB, agents_env, nbd_dir, qemu_pid, scrape, wait_for  # noqa: E402
-from tests.live.guestlib import guest_write, leftovers, pivot_when_ready, qmp  # noqa: E402
+from tests.live.guestlib import guest_write, leftovers, pivot_when_ready, qmp, write_until_pinned  # noqa: E402
 
 pytestmark = pytest.mark.live
 
@@ -136,9 +137,8 @@ def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_r
         qpid = qemu_pid(name)
         running(env, name)
     # A big region (high priority) and a small one (low priority), apart.
-    guest_write(dom, 0, 16 * MiB)
-    guest_write(dom, 48 * MiB, 2 * MiB)
-    wait_for(lambda: env.pinned(name) >= 18 * MiB, "both regions to be pinned")
+    write_until_pinned(dom, 0, 16 * MiB, lambda: env.pinned(name), "both regions to be pinned",
+                       more=[(48 * MiB, 2 * MiB)])
     if mem_available() < floor + 256 * MiB:
         pytest.skip("host memory moved too much under the test to squeeze it precisely")
     with memory_eater(eat, eat + 256 * MiB):
@@ -162,9 +162,8 @@ def test_memavailable_under_the_floor_releases_lowest_priority_first_then_pins_r
         wait_for(lambda: mem_available() >= floor + 64 * MiB, "MemAvailable back over the floor", timeout=15)
     except AssertionError:
         pytest.skip(f"host memory stayed under the floor after the eater left ({mem_available()} < {floor})")
-    guest_write(dom, 0, 16 * MiB)
-    guest_write(dom, 48 * MiB, 2 * MiB)
-    wait_for(lambda: env.pinned(name) >= 16 * MiB, "pins to come back once the eater is gone", timeout=15)
+    write_until_pinned(dom, 0, 16 * MiB, lambda: env.pinned(name), "pins to come back once the eater is gone",
+                       timeout=15, more=[(48 * MiB, 2 * MiB)], at_least=16 * MiB)
     # QEMU was never killed: same process, domain still there.
     assert qemu_pid(name) == qpid and os.path.exists(f"/proc/{qpid}")
     assert env.lookup(name).isActive()
@@ -204,8 +203,8 @@ def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_r
     with env.config_override(agent_command=command, psi_threshold=30):
         dom = env.domain(name, budget="16M")
         running(env, name)
-    guest_write(dom, 0, 32 * MiB)
-    full = wait_for(lambda: (p := env.pinned(name)) >= 12 * MiB and p, "the budget to be pinned")
+    write_until_pinned(dom, 0, 32 * MiB, lambda: env.pinned(name), "the budget to be pinned", at_least=12 * MiB)
+    full = env.pinned(name)
     psi.write_text(_PSI.format(25.0))  # over the default 10 %, under the configured 30 %: no back-off
     time.sleep(2 * INTERVAL + 0.5)
     assert env.pinned(name) >= full * 3 // 4 and "psi.share" not in env.agent_log(name)
@@ -217,8 +216,8 @@ def test_memory_psi_over_the_threshold_shrinks_pins_within_two_cycles_and_they_r
     wait_for(lambda: env.pinned(name) == 0, "pins to go while PSI stays high", timeout=8 * INTERVAL)
     assert "psi.share" in env.agent_log(name)
     psi.write_text(_PSI.format(0.5))
-    guest_write(dom, 0, 32 * MiB)
-    wait_for(lambda: env.pinned(name) >= 8 * MiB, "pins to come back once PSI is low", timeout=10 * INTERVAL)
+    write_until_pinned(dom, 0, 32 * MiB, lambda: env.pinned(name), "pins to come back once PSI is low",
+                       timeout=10 * INTERVAL, at_least=8 * MiB)
 
 
 # -- agent crash, libvirtd restart -------------------------------------------------------------
@@ -262,9 +261,7 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
     qpids = {n: qemu_pid(n) for n in doms}
     for n, dom in doms.items():
         running(env, n)
-        guest_write(dom, 0, 8 * MiB)
-    for n in doms:
-        wait_for(lambda n=n: env.pinned(n) >= 8 * MiB, f"pins of {n}")
+        write_until_pinned(dom, 0, 8 * MiB, functools.partial(env.pinned, n), f"pins of {n}")
     survivor_pid = env.agent_pid(survivor)
     old_pid = env.agent_pid(crash)
     assert old_pid is not None
@@ -392,8 +389,7 @@ def test_checkpoint_incremental_push_backup_and_internal_snapshot_revert_succeed
     try:
         running(env, name)
         pid = env.agent_pid(name)
-        guest_write(dom, 0, 4 * MiB)
-        wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
+        write_until_pinned(dom, 0, 4 * MiB, lambda: env.pinned(name))
 
         dom.checkpointCreateXML("<domaincheckpoint><name>c1</name></domaincheckpoint>", 0)
         guest_write(dom, 8 * MiB, 4 * MiB)

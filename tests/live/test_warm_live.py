@@ -29,7 +29,7 @@ from vmcache.settings.hotset import HOTSET_NAMESPACE, MAX_TEXT, DiskHotSet, HotS
 
 from tests.live.livelib import MiB, LiveEnv, agents_env, cache_metadata, wait_for  # noqa: E402
 
-from tests.live.guestlib import covered, mapped, guest_write  # noqa: E402
+from tests.live.guestlib import covered, mapped, guest_write, write_until_pinned  # noqa: E402
 from tests.pagecache_util import drop, vmlck  # noqa: E402
 
 pytestmark = pytest.mark.live
@@ -56,9 +56,8 @@ def first_run(env: LiveEnv, name: str) -> tuple[Any, Path, DiskHotSet]:
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
     # 4 MiB each: at the default decay a region written once settles at a heat of 0.25-0.33 if 4 MiB
     # long, 0.17-0.20 if 2 MiB, around the threshold (0.2): such a one may never be pinned
-    guest_write(dom, 8 * MiB, 4 * MiB)
-    guest_write(dom, 40 * MiB, 4 * MiB)
-    wait_for(lambda: env.pinned(name) >= 8 * MiB, "the written regions to be pinned")
+    write_until_pinned(dom, 8 * MiB, 4 * MiB, lambda: env.pinned(name), "the written regions to be pinned",
+                       more=[(40 * MiB, 4 * MiB)])
     record = wait_saved(env, name, 8 * MiB)
     assert record.image == str(image) and record.size == 64 * MiB and record.image_id
     assert record.bytes <= BUDGET
