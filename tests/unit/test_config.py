@@ -75,7 +75,7 @@ heatmap:
   every: 6
   blocks_per_pixel: 4
   aspect: 1.5
-read_model: counted
+read_model: inferred
 """
     )
     assert config.budget == 2 * GiB
@@ -95,7 +95,7 @@ read_model: counted
     assert config.metrics.basic_auth == MetricsBasicAuth("prom", "/etc/vmcache/metrics.password")
     assert (config.heatmap.dir, config.heatmap.every, config.heatmap.blocks_per_pixel, config.heatmap.aspect) == (
         "/var/tmp/heat", 6, 4, 1.5)
-    assert config.read_model == "counted"
+    assert config.read_model == "inferred"
     params = config.model_params()
     assert (params.decay, params.block_size, params.interval) == (0.8, 65536, 5.0)
 
@@ -107,7 +107,8 @@ def test_fill_is_whole_or_cached():
         parse_host_config("fill: pages\n")
 
 
-def test_read_model_is_inferred_or_counted():
+def test_read_model_is_counted_or_inferred():
+    assert parse_host_config("").read_model == "counted"
     assert parse_host_config("read_model: inferred\n").read_model == "inferred"
     with pytest.raises(ConfigError, match="read_model.*inferred or counted"):
         parse_host_config("read_model: exact\n")

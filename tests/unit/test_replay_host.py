@@ -92,9 +92,9 @@ def test_cli_host_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert limited["loaded_units"] < benefit["loaded_units"]
 
 
-def test_the_models_decide_on_inferred_reads_unless_counted_ones_are_asked_for(
+def test_the_models_decide_on_counted_reads_unless_inferred_ones_are_asked_for(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The agents' default read model is the host replay's: counted reads are an option, as in the agent."""
+    """The agents' default read model is the host replay's: inferred reads are an option, as in the agent."""
     vms = small_case()
     inferred = {r.arm: r.to_json() for r in replay_host(vms, [8 * MiB], block_size=BS, arms=("benefit",))}
     counted = {r.arm: r.to_json() for r in replay_host(vms, [8 * MiB], block_size=BS, arms=("benefit",), exact=True)}
@@ -104,7 +104,7 @@ def test_the_models_decide_on_inferred_reads_unless_counted_ones_are_asked_for(
         path = tmp_path / f"{vm.name}.csv"
         write_csv(vm.trace, path)
         args += ["--vm", f"{path},budget=32M,size=64M"]
-    for model, expected in ((None, inferred), ("inferred", inferred), ("counted", counted)):
+    for model, expected in ((None, counted), ("inferred", inferred), ("counted", counted)):
         extra = [] if model is None else ["--read-model", model]
         assert main(["replay", *args, "--cap", "8M", "--block-size", "64K", "--json", *extra]) == 0
         rows = {r["arm"]: r for r in json.loads(capsys.readouterr().out)}

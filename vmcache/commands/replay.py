@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigError, HostError
+from ..settings.config import HostConfig
 from ..units import format_size, number_or_text, parse_size
 from ._args import duration_arg, size_arg
 
@@ -79,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default) or take only the pages cached (cached: nothing loaded)")
     parser.add_argument("--read-model", choices=("counted", "inferred"), default=None,
                         help="host mode (--vm): what the VMs' models decide on, as the agents' read_model: reads "
-                             "inferred from residency and read evidence (the default) or counted exactly; a "
-                             "single trace has both as policies (inferred, vmcache)")
+                             "counted exactly (the default, as the agents') or inferred from residency and read "
+                             "evidence; a single trace has both as policies (vmcache, inferred)")
     parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of device reads per request against memory")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
@@ -204,7 +205,7 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
 
     vms = [_vm(text, i) for i, text in enumerate(args.vm)]
     caps = sorted({c for group in args.cap for c in group})
-    exact = args.read_model == "counted"
+    exact = (args.read_model or HostConfig.read_model) == "counted"  # the agents' default unless told
     try:
         results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory,
                                    rest=args.rest, prefetch_rate=args.prefetch_rate, cache_unit=args.cache_unit,

@@ -189,8 +189,8 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
     VM may load into new pins, as the agents' setting (None: unlimited);
     ``fill`` False: pins take only resident units (``fill: cached``);
     ``exact``: the models decide on the reads counted exactly (the agents'
-    ``read_model: counted``), else on residency and read evidence as the
-    agents do by default.
+    default, ``read_model: counted``), else on residency and read evidence
+    (``read_model: inferred``).
     ``cache_unit``: what the page cache holds, a divisor of ``block_size``
     (default the block; 4 KiB is the host's page, so the kernel keeps the
     pages a guest touched while a pin holds whole blocks). Device reads and

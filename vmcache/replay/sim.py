@@ -15,9 +15,10 @@ pinning) on what the host would have sampled (:mod:`vmcache.replay.sampling`),
 ``now`` = the trace time, ``pin_share * budget`` as the byte budget, and
 pin every region it plans:
 
-- ``vmcache``: the guest's reads counted exactly (``reads=GuestReads``, as
-  the kernel's read counter gives them to the engine), and the dirty bitmap;
-- ``inferred``: the agent's default ``read_model``: residency, the dirty
+- ``vmcache``: the agent's default ``read_model``: the guest's reads counted
+  exactly (``reads=GuestReads``, as the kernel's read counter gives them to
+  the engine), and the dirty bitmap;
+- ``inferred``: ``read_model: inferred``: residency, the dirty
   bitmap and read evidence of pinned blocks, the counts only to tell an
   idle cycle (where the counter cannot run, an idle cycle is inferred like
   any other);

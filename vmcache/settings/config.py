@@ -116,7 +116,7 @@ class HostConfig:
     metrics: MetricsConfig = MetricsConfig()
     heatmap: HeatmapConfig = HeatmapConfig()
     rules: tuple[Rule, ...] = ()        # the domains: list, in order (vmcache.settings.rules)
-    read_model: str = "inferred"        # what the model decides on: inferred reads, or the counted ones
+    read_model: str = "counted"         # what the model decides on: the counted reads, or inferred ones
 
     def model_params(self, overrides: Mapping[str, Any] | None = None) -> ModelParams:
         """ModelParams from the host's ``model`` section, ``interval`` and a domain's overrides.
