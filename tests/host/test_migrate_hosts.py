@@ -40,7 +40,7 @@ if HOSTS is not None:
 
     from tests.lab import GuestSpec, domain_xml
     from tests.nova import nova_instance
-    from tests.live.guestlib import guest_write, leftovers, qmp
+    from tests.live.guestlib import guest_write, leftovers, qmp, read_until_pinned
     from tests.live.livelib import wait_for
     from vmcache.host.files import file_stem, short_name
     from vmcache.host.virtdomain import Affect, VirtDomain
@@ -253,6 +253,9 @@ def start_opted_in(a: Side, name: str, *, by_rule: bool = False) -> tuple[Any, s
     guest_ready(name)
     guest_write(dom, 8 * MiB, 4 * MiB, dev=DEV)
     guest_write(dom, 40 * MiB, 2 * MiB, dev=DEV)
+    # read back until pinned: where the counted reads decide (the default), writes alone may cool first
+    read_until_pinned(dom, 8 * MiB, 4 * MiB, lambda: (s := status(a.host, name)) and s["disks"][0]["pinned_bytes"] or 0,
+                      "A's agent to pin the written regions", more=[(40 * MiB, 2 * MiB)], dev=DEV)
     carried = saved_set(a, name, 6 * MiB)
     assert carried.bytes <= BUDGET
     return dom, dom.UUIDString(), carried

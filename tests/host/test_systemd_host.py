@@ -41,7 +41,7 @@ if ON_CLEAN_HOST:
         start_paused,
         wait_for,
     )
-    from tests.live.guestlib import guest_write, leftovers, write_until_pinned
+    from tests.live.guestlib import guest_write, leftovers, read_until_pinned, write_until_pinned
     from vmcache.service.launcher import systemd_escape
     from vmcache.host.files import file_stem
 
@@ -200,7 +200,8 @@ def test_kill_9_systemd_restarts_the_agent_which_cleans_up_and_carries_on(conn: 
     left = leftovers(dom)
     assert not set(stale) & set(left["bitmaps"]) and len(left["bitmaps"]) == 1 and left["exports"] == [], left
     guest_write(dom, 32 * MiB, 4 * MiB)
-    wait_for(lambda: vm_locked(new) >= 4 * MiB and pinned(name) >= 4 * MiB, "the new agent to pin")
+    read_until_pinned(dom, 32 * MiB, 4 * MiB, lambda: pinned(name), "the new agent to pin")
+    wait_for(lambda: vm_locked(new) >= 4 * MiB, "the new agent to lock its pins")
     assert journal(unit, since).count("disk.managed disk=vda") == 2   # one per agent process
 
 

@@ -19,7 +19,7 @@ import libvirt_qemu
 from tests.live.livelib import wait_for
 
 __all__ = ["QMPError", "covered", "guest_active", "guest_read", "guest_write", "leftovers", "mapped",
-           "pivot_when_ready", "qmp", "write_until_pinned"]
+           "pivot_when_ready", "qmp", "read_until_pinned", "write_until_pinned"]
 
 
 class QMPError(RuntimeError):
@@ -46,17 +46,30 @@ def write_until_pinned(dom: Any, offset: int, length: int, pinned: Callable[[], 
     threshold and the region be pinned without it; pinned and never read,
     the rest then cools in a few 1 s cycles before the missing block is
     taken (seen in CI: 3 MiB of 4 pinned; 16 MiB of 18, then none). A guest
-    that keeps writing keeps every block hot.
+    that keeps writing keeps every block hot. Where the guest's reads decide
+    (``read_model: counted``, the default) writes count only while the
+    guest reads written blocks back: :func:`read_until_pinned`.
     """
-    regions = [(offset, length), *more]
+    _until_pinned(guest_write, dom, [(offset, length), *more], pinned, what, timeout, dev, at_least)
+
+
+def read_until_pinned(dom: Any, offset: int, length: int, pinned: Callable[[], int], what: str = "a pin",
+                      timeout: float = 30.0, *, more: Sequence[tuple[int, int]] = (), dev: str = "ua-vda",
+                      at_least: int | None = None) -> None:
+    """:func:`write_until_pinned`, the guest reading instead: what the counted reads take for hot."""
+    _until_pinned(guest_read, dom, [(offset, length), *more], pinned, what, timeout, dev, at_least)
+
+
+def _until_pinned(io: Callable[..., None], dom: Any, regions: Sequence[tuple[int, int]], pinned: Callable[[], int],
+                  what: str, timeout: float, dev: str, at_least: int | None) -> None:
     target = sum(n for _, n in regions) if at_least is None else at_least
 
-    def written_and_pinned() -> bool:
+    def done_and_pinned() -> bool:
         for start, n in regions:
-            guest_write(dom, start, n, dev=dev)
+            io(dom, start, n, dev=dev)
         return pinned() >= target
 
-    wait_for(written_and_pinned, what, timeout=timeout, step=1.0)
+    wait_for(done_and_pinned, what, timeout=timeout, step=1.0)
 
 
 def guest_read(dom: Any, offset: int, length: int, dev: str = "ua-vda") -> None:

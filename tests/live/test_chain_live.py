@@ -23,7 +23,7 @@ libvirt = pytest.importorskip("libvirt")
 
 from tests.live.livelib import MiB, scrape, wait_for  # noqa: E402
 
-from tests.live.guestlib import guest_read, guest_write, leftovers, pivot_when_ready  # noqa: E402
+from tests.live.guestlib import guest_read, guest_write, leftovers, pivot_when_ready, read_until_pinned  # noqa: E402
 from tests.live.livelib import LiveEnv  # noqa: E402
 from tests.live.test_reliability_live import cleanup, env, running  # noqa: E402,F401 - fixtures
 
@@ -63,7 +63,7 @@ def locked(env: LiveEnv, name: str, path: Path) -> bool:
     return pid is not None and str(path) in Path(f"/proc/{pid}/maps").read_text()
 
 
-def read_until_pinned(env: LiveEnv, name: str, dom: Any, base: Path, dev: str = "ua-vdb") -> dict:
+def read_base_until_pinned(env: LiveEnv, name: str, dom: Any, base: Path, dev: str = "ua-vdb") -> dict:
     """Reads 8 MiB of the base through ``dev`` every 0.5 s until ``name``'s agent pins >= 4 MiB of it."""
     def pinned() -> Any:
         guest_read(dom, 8 * MiB, 8 * MiB, dev=dev)
@@ -81,7 +81,7 @@ def test_overlay_base_is_scanned_and_pinned_as_a_layer_while_writes_are_tracked_
     top = overlay(env.tmp / "h12-one-top.qcow2", base)
     dom = env.domain(name, budget="64M", size=16 * MiB, devices=overlay_disk(top))
     running(env, name)
-    layer = read_until_pinned(env, name, dom, base)
+    layer = read_base_until_pinned(env, name, dom, base)
     assert layer["layer_of"] == "vdb" and layer["dirty_granule_bytes"] is None, layer
     assert locked(env, name, base)
     shown = subprocess.run([sys.executable, "-m", "vmcache", "status", name, "--json", "--host-config",
@@ -100,7 +100,10 @@ def test_overlay_base_is_scanned_and_pinned_as_a_layer_while_writes_are_tracked_
     wait_for(lambda: scrape(url, "vmcache_guest_dirtied_bytes_total",
                             {"target_device": "vdb", "source_file": str(top)}) - before >= 4 * MiB,
              "writes on the top to be counted")
-    wait_for(lambda: (d := entry(env, name, top)) and d["pinned_bytes"] >= 4 * MiB, "the top's written data pinned")
+    # what the guest wrote and reads back is pinned on the top (the counted reads decide), but for a block it
+    # shares with qcow2's metadata: read in part, it may stay under the threshold
+    read_until_pinned(dom, 20 * MiB, 4 * MiB, lambda: (d := entry(env, name, top)) and d["pinned_bytes"] or 0,
+                      "the top's written data pinned", dev="ua-vdb", at_least=3 * MiB)
     assert entry(env, name, top)["layer_of"] is None
     assert len(leftovers(dom)["bitmaps"]) == 2  # vda's and vdb's top: none on the read-only base
 
@@ -150,7 +153,7 @@ def test_a_base_shared_by_two_domains_is_pinned_once_and_taken_over_when_its_hol
     assert total == entry(env, holder, base)["pinned_bytes"]  # counted once, against the holder
 
     doms[holder].destroy()
-    read_until_pinned(env, other, doms[other], base)
+    read_base_until_pinned(env, other, doms[other], base)
     assert locked(env, other, base)
     assert "layer.taken_over" in env.agent_log(other)
     doms[other].destroy()
@@ -166,7 +169,7 @@ def test_after_an_external_snapshot_the_old_top_stays_pinned_as_a_layer_and_a_co
                      devices=(f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
                               f"<source file='{base}'/><target dev='vdb' bus='virtio'/><alias name='ua-vdb'/></disk>"))
     running(env, name)
-    read_until_pinned(env, name, dom, base)
+    read_base_until_pinned(env, name, dom, base)
     assert entry(env, name, base)["layer_of"] is None  # the top, for now
     top = env.tmp / "h12-snap-s1.qcow2"
     dom.snapshotCreateXML(
@@ -175,7 +178,7 @@ def test_after_an_external_snapshot_the_old_top_stays_pinned_as_a_layer_and_a_co
         f"</domainsnapshot>",
         libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
     wait_for(lambda: (d := entry(env, name, top)) and d["layer_of"] is None, "the agent to follow the new top")
-    layer = read_until_pinned(env, name, dom, base)
+    layer = read_base_until_pinned(env, name, dom, base)
     assert layer["layer_of"] == "vdb", layer
     log = env.agent_log(name)
     assert "disk.demoted" in log and "kept=True" in log, log[-3000:]  # the same engine: heat and pins kept
@@ -190,7 +193,7 @@ def test_after_an_external_snapshot_the_old_top_stays_pinned_as_a_layer_and_a_co
     wait_for(lambda: (d := entry(env, name, base)) and d["layer_of"] is None and d["dirty_granule_bytes"],
              "the agent to follow the pivot")
     assert "disk.promoted" in env.agent_log(name)
-    read_until_pinned(env, name, dom, base)
+    read_base_until_pinned(env, name, dom, base)
     assert not locked(env, name, top) and entry(env, name, top) is None
     assert not list((env.run / "layers").glob("*.lock")), "the base is a top again: no layer lock"
     assert len(leftovers(dom)["bitmaps"]) == 2 and leftovers(dom)["exports"] == [], leftovers(dom)

@@ -23,7 +23,7 @@ libvirt = pytest.importorskip("libvirt")
 
 from vmcache.host.memcg import limits_of, margin, memory_cgroup  # noqa: E402
 
-from tests.live.guestlib import guest_active, guest_write  # noqa: E402
+from tests.live.guestlib import guest_active, guest_write, read_until_pinned  # noqa: E402
 from tests.live.livelib import GiB, LiveEnv, MiB, agents_env, qemu_pid, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.live
@@ -70,9 +70,10 @@ def test_pins_leave_a_limited_vm_its_margin_and_come_back_when_the_limit_goes(en
             pytest.skip(f"QEMU's memory cgroup is not on cgroup v1 here ({where})")
         assert limits_of(*where) == []  # no limit anywhere above QEMU yet
         with guest_active(dom):  # a guest that reads: an idle one's zone would cool (model/reads.py idle)
-            # The guest writes its zone before any pin: its pages are charged to QEMU's cgroup, then locked there.
+            # The guest writes its zone before any pin: its pages are charged to QEMU's cgroup, then locked there
+            # once it reads them (the counted reads decide).
             guest_write(dom, 0, ZONE)
-            wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone to be pinned")
+            read_until_pinned(dom, 0, ZONE, lambda: env.pinned(name), "the zone to be pinned", at_least=ZONE - 8 * MiB)
             pinned = env.pinned(name)
             if stat(where)["total_mapped_file"] < pinned - 8 * MiB:  # the agent maps what it locks
                 pytest.skip(f"the pinned pages are not charged to QEMU's cgroup here ({stat(where)})")
@@ -93,11 +94,11 @@ def test_pins_leave_a_limited_vm_its_margin_and_come_back_when_the_limit_goes(en
             time.sleep(3 * INTERVAL)  # and they stay out of it, cycle after cycle
             assert limits_of(*where)[0].room >= 0, (limits_of(*where), env.pinned(name))
 
-            hard_limit(dom, UNLIMITED_KIB)  # the limit goes, the guest writes its zone again: it is pinned again
+            hard_limit(dom, UNLIMITED_KIB)  # the limit goes, the guest uses its zone again: it is pinned again
             assert limits_of(*where) == []
             guest_write(dom, 0, ZONE)
-            wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone pinned again once the limit is gone",
-                     timeout=10 * INTERVAL + 10)
+            read_until_pinned(dom, 0, ZONE, lambda: env.pinned(name), "the zone pinned again once the limit is gone",
+                              timeout=10 * INTERVAL + 10, at_least=ZONE - 8 * MiB)
             assert qemu_pid(name) == qpid and dom.isActive()  # QEMU never killed
     finally:
         env.cleanup()
@@ -117,7 +118,7 @@ def test_an_operator_can_lower_a_pinned_vm_s_hard_limit_as_far_as_without_vmcach
             pytest.skip(f"QEMU's memory cgroup is not on cgroup v1 here ({where})")
         with guest_active(dom):
             guest_write(dom, 0, ZONE)  # no limit yet: the pins hold the guest's pages, charged to QEMU
-            wait_for(lambda: env.pinned(name) >= ZONE - 8 * MiB, "the zone to be pinned")
+            read_until_pinned(dom, 0, ZONE, lambda: env.pinned(name), "the zone to be pinned", at_least=ZONE - 8 * MiB)
             wait_for(lambda: stat(where)["total_mapped_file"] >= ZONE - 8 * MiB, "the pins charged to QEMU")
 
             hard_limit(dom, (cgroup_file(where, "memory.usage_in_bytes") + GiB) // 1024)
@@ -126,7 +127,8 @@ def test_an_operator_can_lower_a_pinned_vm_s_hard_limit_as_far_as_without_vmcach
             wait_for(lambda: stat(where)["total_mapped_file"] < 4 * MiB, "the pins charged to the agent")
             pinned = env.pinned(name)
             guest_write(dom, ZONE, 16 * MiB)  # pinned under the limit: read in by the agent at once
-            wait_for(lambda: env.pinned(name) >= pinned + 8 * MiB, "the second zone to be pinned")
+            read_until_pinned(dom, ZONE, 16 * MiB, lambda: env.pinned(name), "the second zone to be pinned",
+                              at_least=pinned + 8 * MiB)
             assert stat(where)["total_mapped_file"] < 4 * MiB, stat(where)
 
             lower_past_the_pins(dom, where)
