@@ -17,7 +17,7 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
-from tests.live.guestlib import guest_read  # noqa: E402
+from tests.live.guestlib import read_until_pinned  # noqa: E402
 from tests.live.livelib import MiB, LiveEnv, agents_env, wait_for  # noqa: E402
 from tests.live.test_warm_live import agent_gone, stop_start, wait_mapped, wait_saved  # noqa: E402
 
@@ -39,11 +39,7 @@ def test_a_restored_set_the_guest_has_not_read_yet_stays_pinned(env: LiveEnv) ->
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
     assert "reads.kernel" in env.agent_log(name)  # the reads are counted: the exact path decides
 
-    def read_zone() -> bool:
-        guest_read(dom, *ZONE)
-        return env.pinned(name) >= ZONE[1]
-
-    wait_for(read_zone, "the zone the guest keeps reading to be pinned")
+    read_until_pinned(dom, *ZONE, lambda: env.pinned(name), "the zone the guest keeps reading to be pinned")
     record = wait_saved(env, name, ZONE[1])
     dom = stop_start(env, name, dom, image)
     pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
