@@ -6,6 +6,7 @@ exactly as the guest's own; the domains are started paused (no guest OS).
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -38,7 +39,7 @@ def guest_write(dom: Any, offset: int, length: int, dev: str = "ua-vda", pattern
 
 def write_until_pinned(dom: Any, offset: int, length: int, pinned: Callable[[], int], what: str = "a pin",
                        timeout: float = 30.0, *, more: Sequence[tuple[int, int]] = (), dev: str = "ua-vda",
-                       at_least: int | None = None) -> None:
+                       at_least: int | None = None, pattern: int = 0xAB) -> None:
     """The guest writes ``length`` bytes at ``offset`` (and each ``(offset, length)`` of ``more``) every second
     until ``pinned()`` reaches ``at_least`` (default: all it writes).
 
@@ -50,7 +51,7 @@ def write_until_pinned(dom: Any, offset: int, length: int, pinned: Callable[[], 
     (``read_model: counted``, the default) writes count only while the
     guest reads written blocks back: :func:`read_until_pinned`.
     """
-    _until_pinned(guest_write, dom, [(offset, length), *more], pinned, what, timeout, dev, at_least)
+    _until_pinned(functools.partial(guest_write, pattern=pattern), dom, [(offset, length), *more], pinned, what, timeout, dev, at_least)
 
 
 def read_until_pinned(dom: Any, offset: int, length: int, pinned: Callable[[], int], what: str = "a pin",

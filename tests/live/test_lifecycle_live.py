@@ -318,8 +318,8 @@ def test_block_device_disk_is_scanned_tracked_and_pinned(env: LiveEnv, cleanup) 
         guest_write(dom, 4 * MiB, 4 * MiB, dev="ua-vdb")
         try:
             wait_for(lambda: _written(env, name) - before >= 4 * MiB, "writes on the device to be counted")
-            wait_for(lambda: (d := _disk(env, name, "vdb")) and d["pinned_bytes"] >= 4 * MiB,
-                     "the device to be pinned")
+            write_until_pinned(dom, 4 * MiB, 4 * MiB, lambda: (d := _disk(env, name, "vdb")) and d["pinned_bytes"] or 0,
+                               "the device to be pinned", dev="ua-vdb")
         except AssertionError as err:
             raise AssertionError(f"{err}: {_disk(env, name, 'vdb')}\n{env.agent_log(name)[-3000:]}") from None
         assert dev in Path(f"/proc/{env.agent_pid(name)}/maps").read_text()

@@ -295,7 +295,7 @@ def test_killed_agent_comes_back_on_the_reconnect_hook_call_and_cleans_up_while_
     guest_write(doms[crash], 32 * MiB, 4 * MiB)
     wait_for(lambda: written_total(env, crash) - before >= 4 * MiB, "the new agent to see writes (not deferred)",
              timeout=10)
-    wait_for(lambda: env.pinned(crash) >= 4 * MiB, "the new agent to pin")
+    write_until_pinned(doms[crash], 32 * MiB, 4 * MiB, lambda: env.pinned(crash), "the new agent to pin")
 
     # The survivor kept its process and pins and reconnected.
     assert env.agent_pid(survivor) == survivor_pid
@@ -329,16 +329,23 @@ def backup_begin(dom, xml: str) -> int:
     raise AssertionError("unreachable")
 
 
+def _settled(url: str, metric: str) -> float | None:
+    """``metric`` if it did not move over two cycles: a write still in flight has been counted."""
+    first = scrape(url, metric)
+    time.sleep(2 * INTERVAL)
+    return first if scrape(url, metric) == first else None
+
+
 def test_pull_backup_reads_correct_data_while_the_agent_defers_and_loses_no_write(env: LiveEnv, cleanup) -> None:
     import nbd
 
     name = PREFIX + "backup"
     dom = env.domain(name, budget="16M")
     running(env, name)
-    guest_write(dom, 0, 4 * MiB, pattern=0x11)
-    wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: env.pinned(name), pattern=0x11)
     url = env.status(name)["metrics_url"]
-    written = scrape(url, "vmcache_guest_dirtied_bytes_total")
+    written = wait_for(functools.partial(_settled, url, "vmcache_guest_dirtied_bytes_total"),
+                       "the last write before the backup to be counted")
     deferred = scrape(url, "vmcache_bitmap_reads_total", {"result": "deferred"})
     sock, scratch = env.tmp / "backup.sock", env.tmp / "backup-scratch.qcow2"
     xml = (f"<domainbackup mode='pull'><server transport='unix' socket='{sock}'/><disks>"
@@ -446,8 +453,7 @@ def test_disk_growth_raw_resize_and_qcow2_allocation_resize_the_maps(env: LiveEn
     running(env, name)
     pid = env.agent_pid(name)
     url = env.status(name)["metrics_url"]
-    guest_write(dom, 0, 2 * MiB)
-    wait_for(lambda: (d := _disk_status(env, name, "vda")) and d["pinned_bytes"] >= 2 * MiB, "a pin on vda")
+    write_until_pinned(dom, 0, 2 * MiB, lambda: (d := _disk_status(env, name, "vda")) and d["pinned_bytes"] or 0, "a pin on vda")
 
     dom.blockResize("vda", 96 * MiB, libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
     guest_write(dom, 80 * MiB, 8 * MiB)                     # past the old end
@@ -474,8 +480,7 @@ def test_replaced_image_blockcopy_pivot_is_followed_without_crash(env: LiveEnv, 
     dom = env.domain(name, budget="16M", size=32 * MiB)
     running(env, name)
     pid = env.agent_pid(name)
-    guest_write(dom, 0, 2 * MiB)
-    wait_for(lambda: env.pinned(name) >= 2 * MiB, "a pin")
+    write_until_pinned(dom, 0, 2 * MiB, lambda: env.pinned(name))
     copy = env.tmp / "replace-copy.raw"
     dom.blockCopy("vda", f"<disk type='file'><source file='{copy}'/><driver type='raw'/></disk>", None, 0)
     pivot_when_ready(dom, "vda")
@@ -504,8 +509,7 @@ def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: L
     wait_for(lambda: (d := _disk_status(env, name, "sda")) and d["eligible"] and d["last_cycle_at"],
              "the hotplugged disk to be managed")
     assert len(leftovers(dom)["bitmaps"]) == 2
-    guest_write(dom, 0, 2 * MiB)
-    wait_for(lambda: _disk_status(env, name, "vda")["pinned_bytes"] >= 2 * MiB, "a pin on vda")
+    write_until_pinned(dom, 0, 2 * MiB, lambda: (d := _disk_status(env, name, "vda")) and d["pinned_bytes"] or 0, "a pin on vda")
     dom.detachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
     wait_for(lambda: _disk_status(env, name, "sda") is None, "the unplugged disk to be dropped")
     assert env.agent_pid(name) == pid
@@ -527,8 +531,7 @@ def test_an_idle_disk_hotplugged_beside_a_hot_one_does_not_cut_the_hot_ones_pins
     dom = env.domain(name, budget="32M", size=64 * MiB, devices="<controller type='scsi' model='virtio-scsi'/>")
     running(env, name)
     pid = env.agent_pid(name)
-    guest_write(dom, 0, 28 * MiB)
-    wait_for(lambda: _disk_status(env, name, "vda")["pinned_bytes"] >= 24 * MiB, "vda's hot 28 MiB pinned")
+    write_until_pinned(dom, 0, 28 * MiB, lambda: (d := _disk_status(env, name, "vda")) and d["pinned_bytes"] or 0, "vda's hot 28 MiB pinned", at_least=24 * MiB)
     sda = (f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
            f"<source file='{extra}'/><target dev='sda' bus='scsi'/><readonly/><alias name='ua-sda'/></disk>")
     dom.attachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
@@ -548,11 +551,10 @@ def test_an_idle_disk_hotplugged_beside_a_hot_one_does_not_cut_the_hot_ones_pins
 def test_domain_destroyed_mid_cycle_the_agent_exits_cleanly_leaving_nothing(env: LiveEnv, cleanup) -> None:
     names = [PREFIX + f"destroy{i}" for i in range(2)]
     doms = [env.domain(n, budget="16M") for n in names]
-    for n, dom in zip(names, doms):
-        running(env, n)
-        guest_write(dom, 0, 8 * MiB)
     for n in names:
-        wait_for(lambda n=n: env.pinned(n) >= 8 * MiB, "pins")
+        running(env, n)
+    for n, dom in zip(names, doms):
+        write_until_pinned(dom, 0, 8 * MiB, functools.partial(env.pinned, n), f"{n}'s pins")
     # Destroy while the agents are busy: right after a large write, at different points of their cycles.
     for i, dom in enumerate(doms):
         guest_write(dom, 16 * MiB, 32 * MiB)
@@ -697,8 +699,7 @@ def test_security_loopback_metrics_root_only_sockets_own_disks_only_and_allowed_
         running(env, name)
     pid = env.agent_pid(name)
     assert pid is not None
-    guest_write(dom, 0, 4 * MiB)
-    wait_for(lambda: env.pinned(name) >= 4 * MiB, "a pin")
+    write_until_pinned(dom, 0, 4 * MiB, lambda: env.pinned(name))
     status = env.status(name)
     # Metrics on loopback (the default listen address).
     port = int(status["metrics_url"].rsplit(":", 1)[1].split("/")[0])
