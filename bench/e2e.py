@@ -41,7 +41,7 @@ import libvirt
 import yaml
 
 from bench import e2e_trace
-from bench.e2e_arms import GOALS, SCENARIOS, SETS, Arm, every_arm
+from bench.e2e_arms import AGENT_MODES, GOALS, MODE_HOST_SETTINGS, SCENARIOS, SETS, Arm, every_arm
 from bench.e2e_host import DEVICES, MIB, Cgroup, evict, initrd_with, log, mount_delay, run, unmount_delay, warm
 from bench.e2e_plan import Settings, TraceFiles, guest_seconds
 from bench.e2e_report import (arm_table, boot_table, device_check_line, figures, goal_table, miss_figures,
@@ -185,7 +185,7 @@ def machine() -> dict:
 
 def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int, trace_requests: int) -> None:
     """The images (a second one for the alternating pair), the neighbours' file, the traces' initramfs and
-    the pair's host config."""
+    the agents' host configs."""
     for i in range(max(a.scenario.vms for a in arms)):
         disk = s.image(i)
         if not disk.exists() or disk.stat().st_size != s.disk_bytes or disk.stat().st_blocks * 512 < s.disk_bytes:
@@ -195,17 +195,38 @@ def make_files(s: Settings, arms: list[Arm], disk_gib: int, neighbour_gib: int, 
     if any(a.scenario.neighbour for a in arms):
         with open(s.neighbour_file, "wb") as f:
             f.truncate(neighbour_gib << 30)
-    if s.host_settings:
-        s.host_config = s.out / "host.yaml"
-        installed = yaml.safe_load(Path(HOST_CONFIG).read_text()) or {}
-        s.host_config.write_text(yaml.safe_dump({**installed, **s.host_settings}))
-    if any(a.scenario.vms > 1 and a.mode == "vmcache" for a in arms):
-        s.pair_config = s.out / "host-pair.yaml"
-        s.pair_config.write_text(f"# the alternating pair's agents: the installed defaults, one shared cap\n"
-                                 f"pinned_cap: {s.pair_cap_mib}M\n" + (yaml.safe_dump(s.host_settings)
-                                                                     if s.host_settings else ""))
+    write_host_configs(s, arms)
     for name in sorted({a.scenario.trace for a in arms if a.scenario.trace}):
         s.traces[name] = prepare_trace(name, s, trace_requests)
+
+
+def installed_config() -> dict:
+    """The installed host config's settings; none where nothing is installed (the agents' defaults)."""
+    try:
+        return yaml.safe_load(Path(HOST_CONFIG).read_text()) or {}
+    except FileNotFoundError:
+        return {}
+
+
+def write_host_configs(s: Settings, arms: list[Arm]) -> None:
+    """The host configs of the arms' agents where they are not the installed one: with ``--host-setting``s,
+    the pair's (one shared cap), a mode's own settings (MODE_HOST_SETTINGS) over either."""
+    installed = installed_config()
+    if s.host_settings:
+        s.host_config = s.out / "host.yaml"
+        s.host_config.write_text(yaml.safe_dump({**installed, **s.host_settings}))
+    # The pair's agents: the installed defaults, one shared cap.
+    pair = {"pinned_cap": f"{s.pair_cap_mib}M", **s.host_settings}
+    if any(a.scenario.vms > 1 and a.mode in AGENT_MODES for a in arms):
+        s.pair_config = s.out / "host-pair.yaml"
+        s.pair_config.write_text(yaml.safe_dump(pair))
+    for a in arms:
+        if a.mode in MODE_HOST_SETTINGS and (a.mode, a.scenario.vms > 1) not in s.mode_configs:
+            paired = a.scenario.vms > 1
+            path = s.out / f"host-{'pair-' if paired else ''}{a.mode}.yaml"
+            base = pair if paired else {**installed, **s.host_settings}
+            path.write_text(yaml.safe_dump({**base, **MODE_HOST_SETTINGS[a.mode]}))
+            s.mode_configs[a.mode, paired] = path
 
 
 def prepare_trace(name: str, s: Settings, limit: int) -> TraceFiles:
@@ -235,7 +256,7 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
     for round_ in range(1, rounds + 1):
         for arm in arms:
             log(f"round {round_}/{rounds}: {arm.name}")
-            if arm.mode in ("vmcache", "warm"):
+            if arm.mode in AGENT_MODES:
                 with hook_lock():   # no live test swaps the hook under this arm
                     res = run_arm(arm, s, round_)
                     if host_config(arm, s) != HOST_CONFIG:
@@ -308,7 +329,7 @@ def main() -> int:
         log("interrupted: cleaning up")
     finally:
         destroy_ours()
-        if s.pair_config is not None or s.host_config is not None:
+        if s.pair_config is not None or s.host_config is not None or s.mode_configs:
             with hook_lock():
                 ensure_hook(HOST_CONFIG)
         unmount_delay(None, s.mount)   # an arm's own cleanup unmounts; this catches one cut short

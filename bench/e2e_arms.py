@@ -12,6 +12,8 @@ through the delay device bench/delaydev.py, ``none`` the real disk); a
   vmcache    opted in through the domain's metadata (the installed hook starts the agent)
   oracle     the true hot range (first 10% of the image; a trace's most-read blocks) locked before boot
   warm       vmcache, and the domain XML carries the hot set an earlier vmcache run saved (warm start)
+  inferred   vmcache, its agents on `read_model: inferred` (the default before 2026-11-28): the two
+             read models side by side in one run
   partition  no agent; each VM's memory cgroup capped (a static partition, libvirt <memtune> hard_limit):
              QEMU's anon + the budget beside a neighbour (the neighbour gets the rest), an equal share
              of the cache between VMs
@@ -27,6 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SAME, SIBLING = "same", "sibling"
+
+AGENT_MODES = ("vmcache", "warm", "inferred")   # the modes whose domains opt in: the hook starts an agent
+# Agent modes whose agents run under other host settings than the installed ones (over --host-setting).
+MODE_HOST_SETTINGS = {"inferred": {"read_model": "inferred"}}
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,8 @@ class Scenario:
     def modes(self) -> tuple[str, ...]:
         """The modes this scenario can run in."""
         if self.vms > 1:
-            return ("kernel", "vmcache", "partition")   # no oracle: both hot sets do not fit the shared cache
-        modes = ("evicted", "kernel", "vmcache", "oracle", "warm")
+            return ("kernel", "vmcache", "partition", "inferred")   # no oracle: both hot sets do not fit the cache
+        modes = ("evicted", "kernel", "vmcache", "oracle", "warm", "inferred")
         return (*modes, "partition") if self.layout == SIBLING else modes
 
 

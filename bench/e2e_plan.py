@@ -52,6 +52,7 @@ class Settings:
     pair_config: Path | None = None   # that host config, written by bench/e2e.py
     host_settings: dict = field(default_factory=dict)  # --host-setting: over the installed config, for every agent
     host_config: Path | None = None   # the installed config with them, written by bench/e2e.py (None: none given)
+    mode_configs: dict = field(default_factory=dict)  # (mode, pair?) -> host config of MODE_HOST_SETTINGS' modes
     traces: dict = field(default_factory=dict)   # trace name -> TraceFiles
     log_reads: bool = False    # the delay device logs every read it serves (diagnosis)
     min_mib: int = 0           # min= in the vmcache arms' metadata (0: none)

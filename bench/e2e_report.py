@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from bench.e2e_arms import AGENT_MODES
+
 MIB = 1 << 20
 
 
@@ -146,7 +148,7 @@ def arm_table(arm_names: list[str], runs: list[dict], reference: dict[str, str])
             f"| {misses.fmt(2) if misses else ''} | {per_io.fmt(2) if per_io else ''} "
             f"| {ratio.fmt(2) if ratio else ''} | {ref if ratio else ''} "
             f"| {cpu.fmt(1) if cpu else ''} "
-            f"| {agent_reads.fmt(2) if agent_reads and name.endswith('-vmcache') else ''} "
+            f"| {agent_reads.fmt(2) if agent_reads and name.rsplit('-', 1)[-1] in AGENT_MODES else ''} "
             f"| {pinned.fmt() if pinned else ''} "
             f"| {load.fmt(1) if load else ''} | {busy.fmt() if busy else ''} |")
     return "\n".join(lines)

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 import libvirt
 
-from bench.e2e_arms import SCENARIOS, Arm
+from bench.e2e_arms import AGENT_MODES, MODE_HOST_SETTINGS, SCENARIOS, Arm
 from bench.e2e_host import (DEVICES, MIB, Cgroup, Reclaimer, alive, evict, kib, log, mount_delay, proc_status, run,
                             start_locker, start_range_locker, start_reuse, start_stream, stop, unmount_delay, warm)
 from bench.e2e_layout import ROOT, Layout, layout, limits
@@ -83,7 +83,10 @@ def ensure_hook(config: str = HOST_CONFIG) -> None:
 
 
 def host_config(arm: Arm, s: Settings) -> str:
-    """The host config the arm's agents run with: the installed one (with ``--host-setting``s), or the pair's."""
+    """The host config the arm's agents run with: the installed one (with ``--host-setting``s), or the pair's,
+    or the one of a mode with settings of its own (MODE_HOST_SETTINGS)."""
+    if arm.mode in MODE_HOST_SETTINGS:
+        return str(s.mode_configs[arm.mode, arm.scenario.vms > 1])
     if arm.scenario.vms > 1 and s.pair_config:
         return str(s.pair_config)
     return str(s.host_config) if s.host_config else HOST_CONFIG
@@ -166,7 +169,7 @@ def prepare(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm], procs: list, d
 def domain_of(arm: Arm, s: Settings, vm: Vm) -> str:
     """The domain XML of one of the arm's guests."""
     p = plan(arm)
-    agent = arm.mode in ("vmcache", "warm")
+    agent = arm.mode in AGENT_MODES
     settings = (DomainSettings(budget=s.budget_mib * MIB, model=s.model, minimum=s.min_mib * MIB or None)
                 if agent else None)
     alternate = arm.scenario.workload == "alternate"
@@ -186,7 +189,7 @@ def domain_of(arm: Arm, s: Settings, vm: Vm) -> str:
 
 def boot(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm]) -> None:
     """Start the domains paused, move each QEMU (and its agent) into its cgroup, then resume them all."""
-    agent = arm.mode in ("vmcache", "warm")
+    agent = arm.mode in AGENT_MODES
     config = host_config(arm, s)
     if agent:
         ensure_hook(config)

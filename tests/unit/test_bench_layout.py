@@ -84,3 +84,36 @@ def test_min_mib_puts_a_guaranteed_minimum_in_the_vmcache_arms_metadata_only(tmp
     assert 'min="117440512"' in domain_of(by_name["alternate-ssd-vmcache"], settings(112), vm)
     assert "min=" not in domain_of(by_name["alternate-ssd-vmcache"], settings(0), vm)
     assert "vmcache:cache" not in domain_of(by_name["alternate-ssd-partition"], settings(112), vm)
+
+
+def test_the_inferred_mode_runs_opted_in_agents_on_inferred_reads_over_the_installed_or_the_pairs_config(
+        tmp_path, monkeypatch) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    import bench.e2e
+    from bench.e2e_plan import Settings, Vm
+    from bench.e2e_run import domain_of, host_config
+    from vmcache.host.configfile import load_host_config
+
+    installed = tmp_path / "vmcache.yaml"
+    installed.write_text("pinned_cap: 512M\nmin_free: 1G\n")
+    monkeypatch.setattr(bench.e2e, "HOST_CONFIG", str(installed))
+    s = Settings(runtime=20, warmup=60, slow_warmup=60, gap=60, cache_mib=512, budget_mib=256,
+                 disk=tmp_path / "disk.raw", disk_bytes=2 << 30, mount=tmp_path / "delay",
+                 neighbour_file=tmp_path / "n", stream_rate="100m", reuse_iops=10000, reclaim_period=10.0,
+                 out=tmp_path, guest_dir=str(tmp_path), memory_mib=384, model={})
+    by_name = every_arm()
+    one, pair, pair_default = (by_name[n] for n in ("sibreuse-ssd-inferred", "alternate-ssd-inferred",
+                                                      "alternate-ssd-vmcache"))
+    bench.e2e.write_host_configs(s, [one, pair, pair_default])
+
+    assert yaml.safe_load(Path(host_config(one, s)).read_text()) == {
+        "pinned_cap": "512M", "min_free": "1G", "read_model": "inferred"}
+    assert yaml.safe_load(Path(host_config(pair, s)).read_text()) == {"pinned_cap": "224M", "read_model": "inferred"}
+    assert yaml.safe_load(Path(host_config(pair_default, s)).read_text()) == {"pinned_cap": "224M"}
+    assert load_host_config(host_config(one, s)).read_model == "inferred"
+    assert load_host_config(host_config(pair_default, s)).read_model == "counted"
+    vm = Vm("g1", tmp_path / "disk.raw", "machine/g1", Path(tmp_path / "console.log"), phase=0)
+    assert "vmcache:cache" in domain_of(one, s, vm)     # the hook starts its agent, as in a vmcache arm
