@@ -149,12 +149,27 @@ def test_a_paused_guest_leaves_the_plan_where_it_is() -> None:
 def test_pin_share_follows_the_side_whose_ghosts_miss() -> None:
     share = PinShare(step=0.1, memory=2)
     blocks = np.arange(10, dtype=np.int64)
-    share.remember(left_out=blocks[:5], kernel_held=blocks[5:])
+    held = BlockValues(blocks[5:], np.ones(5, np.float32))
+    share.remember(left_out=blocks[:5], kernel_held=held)
     pages = np.full(10, 16, np.float32)
     assert share.update(blocks[5:], pages[5:]) == 0.9  # misses on what the kernel's cache held: pin less
-    share.remember(left_out=blocks[:5], kernel_held=blocks[5:])
+    share.remember(left_out=blocks[:5], kernel_held=held)
     assert share.update(blocks[:5], pages[:5]) == 1.0  # misses on what the plan wanted: pin more
     assert share.update(np.zeros(0, np.int64), np.zeros(0, np.float32)) == 1.0  # no misses: as it was
+
+
+def test_a_block_the_kernel_held_a_page_of_counts_by_that_page_not_the_whole_block() -> None:
+    """Scattered reads beside a hot set: each makes a cold 1 MiB block resident by one page; a later miss
+    in it was most likely never cached. Weighed by what was cached, they do not outvote the pins' ghosts."""
+    share = PinShare(step=0.1, memory=2)
+    cold = np.arange(100, 200, dtype=np.int64)
+    share.remember(left_out=np.array([5], np.int64), kernel_held=BlockValues(cold, np.full(100, 1 / 256, np.float32)))
+    missed = np.concatenate([np.array([5], np.int64), cold])
+    assert share.update(missed, np.ones(101, np.float32)) > 0.99   # 1 pin-ghost page against 100 / 256 pages
+    share.remember(left_out=np.zeros(0, np.int64), kernel_held=BlockValues(cold[:1], np.ones(1, np.float32)))
+    share.remember(left_out=np.zeros(0, np.int64), kernel_held=BlockValues(cold[:1], np.full(1, 0.5, np.float32)))
+    before = share.value
+    assert share.update(cold[:1], np.ones(1, np.float32)) < before   # held whole in one of the cycles: counts whole
 
 
 def test_pins_the_kernel_would_keep_anyway_give_way() -> None:

@@ -278,7 +278,7 @@ class Cycle:
         if share < 1.0:
             regions = plan_active(self.model.active, params=self.params, size_bytes=size,
                                   budget=int(budget * share), current=held)
-        self.pin_share.remember_plans(wanted, regions, resident.index, self.params.block_size, self.nblocks)
+        self.pin_share.remember_plans(wanted, regions, resident, self.params.block_size, self.nblocks)
         return regions
 
     def _masked(self) -> NDArray[np.int64]:

@@ -107,6 +107,14 @@ class PinShare:
     share moves by ``step`` towards the side with more ghost misses, in
     proportion to the difference, between 0 and 1. Each ghost list
     remembers ``memory`` cycles.
+
+    A block the kernel held counts by the fraction of it that was cached:
+    a missed page of a block it held a page of was most likely never
+    cached at all (a 4 KiB read into a cold 1 MiB block makes the block
+    "resident"), and counted in full such misses - the scattered reads
+    beside any hot set - would take the pins away from a hot set the
+    kernel could not have kept better. A pin holds its whole block, so
+    the pins' ghosts count in full.
     """
 
     def __init__(self, *, step: float = 0.05, memory: int = 6, start: float = 1.0) -> None:
@@ -114,30 +122,47 @@ class PinShare:
         self._step = step
         self._memory = memory
         self._pin_ghosts: list[NDArray[np.int64]] = []
-        self._rest_ghosts: list[NDArray[np.int64]] = []
+        self._rest_ghosts: list[BlockValues] = []   # blocks the kernel held, and the fraction of each
 
     def update(self, missed_index: NDArray[np.int64], missed_pages: NDArray[np.float32]) -> float:
         """Weigh this cycle's misses (blocks, pages) against both ghost lists; the share after it."""
         wanted = member(missed_index, _union(self._pin_ghosts))  # the plan wanted it: the pins' miss
         pin = float(missed_pages[wanted].sum(dtype=np.float64))
-        held = member(missed_index, _union(self._rest_ghosts)) & ~wanted
-        rest = float(missed_pages[held].sum(dtype=np.float64))
+        cached = _most(self._rest_ghosts).at(missed_index)
+        cached[wanted] = 0.0
+        rest = float((missed_pages * cached).sum(dtype=np.float64))
         if pin + rest > 0:
             self.value = min(1.0, max(0.0, self.value + self._step * (pin - rest) / (pin + rest)))
         return self.value
 
-    def remember_plans(self, wanted: Sequence[Region], taken: Sequence[Region], resident: NDArray[np.int64],
+    def remember_plans(self, wanted: Sequence[Region], taken: Sequence[Region], resident: BlockValues,
                        block_size: int, nblocks: int) -> None:
         """After the plan: the blocks the plan at the whole budget ``wanted`` and the share left out of what
-        was ``taken``, and the ``resident`` blocks the kernel's cache holds (sorted)."""
+        was ``taken``, and the ``resident`` blocks the kernel's cache holds, with the fraction of each."""
         want, took = blocks_of(wanted, block_size, nblocks), blocks_of(taken, block_size, nblocks)
-        self.remember(want[~member(want, took)], resident[~member(resident, took)])
+        rest = ~member(resident.index, took)
+        self.remember(want[~member(want, took)], BlockValues(resident.index[rest], resident.value[rest]))
 
-    def remember(self, left_out: NDArray[np.int64], kernel_held: NDArray[np.int64]) -> None:
-        """After the plan: the blocks it wanted but left out, and the blocks the kernel's cache holds (sorted)."""
-        for ghosts, blocks in ((self._pin_ghosts, left_out), (self._rest_ghosts, kernel_held)):
-            ghosts.append(blocks)
-            del ghosts[:-self._memory]
+    def remember(self, left_out: NDArray[np.int64], kernel_held: BlockValues) -> None:
+        """After the plan: the blocks it wanted but left out, and the blocks the kernel's cache holds (sorted)
+        with the fraction of each."""
+        self._pin_ghosts.append(left_out)
+        self._rest_ghosts.append(kernel_held)
+        del self._pin_ghosts[:-self._memory]
+        del self._rest_ghosts[:-self._memory]
+
+
+def _most(lists: list[BlockValues]) -> BlockValues:
+    """Each block listed in any of ``lists`` with the largest value it had in them."""
+    if not lists:
+        return BlockValues.empty()
+    index = np.concatenate([b.index for b in lists])
+    value = np.concatenate([b.value for b in lists]).astype(np.float32)
+    order = np.lexsort((-value, index))       # by block, the largest value first
+    index, value = index[order], value[order]
+    first = np.ones(index.size, dtype=bool)
+    first[1:] = index[1:] != index[:-1]
+    return BlockValues(index[first], value[first])
 
 
 def _union(arrays: list[NDArray[np.int64]]) -> NDArray[np.int64]:
