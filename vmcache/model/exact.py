@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from collections.abc import Sequence
 
-from .blocks import BlockValues, blocks_of, member
+from .blocks import BlockValues, blocks_of, member, positions, union
 from .params import PAGE_SIZE, ModelParams
 from .region import Region
 
@@ -156,16 +156,13 @@ def _most(lists: list[BlockValues]) -> BlockValues:
     """Each block listed in any of ``lists`` with the largest value it had in them."""
     if not lists:
         return BlockValues.empty()
-    index = np.concatenate([b.index for b in lists])
-    value = np.concatenate([b.value for b in lists]).astype(np.float32)
-    order = np.lexsort((-value, index))       # by block, the largest value first
-    index, value = index[order], value[order]
-    first = np.ones(index.size, dtype=bool)
-    first[1:] = index[1:] != index[:-1]
-    return BlockValues(index[first], value[first])
+    index = union(*(b.index for b in lists))
+    value = np.zeros(index.size, np.float32)
+    for held in lists:   # one per remembered cycle, a few
+        at = positions(index, held.index)
+        value[at] = np.maximum(value[at], held.value)
+    return BlockValues(index, value)
 
 
 def _union(arrays: list[NDArray[np.int64]]) -> NDArray[np.int64]:
-    if not arrays:
-        return np.zeros(0, dtype=np.int64)
-    return np.unique(np.concatenate(arrays))
+    return union(*arrays) if arrays else np.zeros(0, dtype=np.int64)
