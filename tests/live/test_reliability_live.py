@@ -443,6 +443,12 @@ def _disk_status(env: LiveEnv, name: str, target: str) -> Any:
     return next((d for d in s["disks"] if d["target"] == target), None) if s else None
 
 
+def _pinned_on(env: LiveEnv, name: str, target: str) -> int:
+    """Bytes pinned on disk ``target`` (0 while the agent does not list it)."""
+    d = _disk_status(env, name, target)
+    return d["pinned_bytes"] if d else 0
+
+
 def test_disk_growth_raw_resize_and_qcow2_allocation_resize_the_maps(env: LiveEnv, cleanup) -> None:
     name = PREFIX + "grow"
     qcow = env.tmp / "grow.qcow2"
@@ -453,7 +459,7 @@ def test_disk_growth_raw_resize_and_qcow2_allocation_resize_the_maps(env: LiveEn
     running(env, name)
     pid = env.agent_pid(name)
     url = env.status(name)["metrics_url"]
-    write_until_pinned(dom, 0, 2 * MiB, lambda: (d := _disk_status(env, name, "vda")) and d["pinned_bytes"] or 0, "a pin on vda")
+    write_until_pinned(dom, 0, 2 * MiB, functools.partial(_pinned_on, env, name, "vda"), "a pin on vda")
 
     dom.blockResize("vda", 96 * MiB, libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
     guest_write(dom, 80 * MiB, 8 * MiB)                     # past the old end
@@ -509,7 +515,7 @@ def test_hot_unplugged_disk_is_dropped_cleanly_and_hotplugged_one_managed(env: L
     wait_for(lambda: (d := _disk_status(env, name, "sda")) and d["eligible"] and d["last_cycle_at"],
              "the hotplugged disk to be managed")
     assert len(leftovers(dom)["bitmaps"]) == 2
-    write_until_pinned(dom, 0, 2 * MiB, lambda: (d := _disk_status(env, name, "vda")) and d["pinned_bytes"] or 0, "a pin on vda")
+    write_until_pinned(dom, 0, 2 * MiB, functools.partial(_pinned_on, env, name, "vda"), "a pin on vda")
     dom.detachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
     wait_for(lambda: _disk_status(env, name, "sda") is None, "the unplugged disk to be dropped")
     assert env.agent_pid(name) == pid
@@ -531,7 +537,7 @@ def test_an_idle_disk_hotplugged_beside_a_hot_one_does_not_cut_the_hot_ones_pins
     dom = env.domain(name, budget="32M", size=64 * MiB, devices="<controller type='scsi' model='virtio-scsi'/>")
     running(env, name)
     pid = env.agent_pid(name)
-    write_until_pinned(dom, 0, 28 * MiB, lambda: (d := _disk_status(env, name, "vda")) and d["pinned_bytes"] or 0, "vda's hot 28 MiB pinned", at_least=24 * MiB)
+    write_until_pinned(dom, 0, 28 * MiB, functools.partial(_pinned_on, env, name, "vda"), "vda's hot 28 MiB pinned", at_least=24 * MiB)
     sda = (f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='writethrough'/>"
            f"<source file='{extra}'/><target dev='sda' bus='scsi'/><readonly/><alias name='ua-sda'/></disk>")
     dom.attachDeviceFlags(sda, libvirt.VIR_DOMAIN_AFFECT_LIVE)
