@@ -220,13 +220,11 @@ def write_host_configs(s: Settings, arms: list[Arm]) -> None:
     if any(a.scenario.vms > 1 and a.mode in AGENT_MODES for a in arms):
         s.pair_config = s.out / "host-pair.yaml"
         s.pair_config.write_text(yaml.safe_dump(pair))
-    for a in arms:
-        if a.mode in MODE_HOST_SETTINGS and (a.mode, a.scenario.vms > 1) not in s.mode_configs:
-            paired = a.scenario.vms > 1
-            path = s.out / f"host-{'pair-' if paired else ''}{a.mode}.yaml"
-            base = pair if paired else {**installed, **s.host_settings}
-            path.write_text(yaml.safe_dump({**base, **MODE_HOST_SETTINGS[a.mode]}))
-            s.mode_configs[a.mode, paired] = path
+    for mode, paired in {(a.mode, a.scenario.vms > 1) for a in arms if a.mode in MODE_HOST_SETTINGS}:
+        path = s.out / f"host-{'pair-' if paired else ''}{mode}.yaml"
+        base = pair if paired else {**installed, **s.host_settings}
+        path.write_text(yaml.safe_dump({**base, **MODE_HOST_SETTINGS[mode]}))
+        s.mode_configs[mode, paired] = path
 
 
 def prepare_trace(name: str, s: Settings, limit: int) -> TraceFiles:
