@@ -255,9 +255,13 @@ async def serve(fs: DelayFS, mountpoint: Path, depth: int, stats: Path | None) -
                 tmp.replace(stats)
             await trio.sleep(0.5)
 
+    async def fuse_main() -> None:
+        await pyfuse3.main()           # returns once the file system is unmounted, by anyone
+        nursery.cancel_scope.cancel()  # then nothing is left to serve: the daemon ends
+
     trio.to_thread.current_default_thread_limiter().total_tokens = depth
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(pyfuse3.main)
+        nursery.start_soon(fuse_main)
         # stat() of the mount needs the loop above to answer the kernel: from a thread
         await trio.to_thread.run_sync(set_queue_depth, mountpoint, depth)
         nursery.start_soon(write_stats)

@@ -137,3 +137,82 @@ def test_writes_and_fsync_pass_through_to_the_backing_file(device: tuple[Path, P
         assert f.read(8192) == data
     c = counters(stats)
     assert c["write_bytes"] >= 8192 and c["fsyncs"] >= 1
+
+
+def test_the_daemon_exits_when_its_mount_is_unmounted(tmp_path: Path) -> None:
+    """``umount`` by anyone (a test's cleanup, an operator) ends the daemon: none is left serving nothing."""
+    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
+        pytest.skip("needs root and /dev/fuse")
+    pytest.importorskip("pyfuse3")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    (backing / "img.raw").write_bytes(b"\0" * MIB)
+    mount = tmp_path / "mnt"
+    proc = mount_delay(DEVICES["ssd"], backing, mount, tmp_path / "stats.json")
+    try:
+        subprocess.run(["umount", str(mount)], check=True)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        unmount_delay(proc, mount)
+
+
+def _pread(path: Path, offset: int, length: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_two_mounts_of_one_directory_have_their_own_page_caches_and_a_mapped_page_outlives_dontneed(
+        tmp_path: Path) -> None:
+    """How two hosts see one NFS export or shared LUN (make test-migrate's hosts): a page read through mount
+    A is not resident through mount B; a write through A reaches B only once B drops its page - and B's
+    DONTNEED (what QEMU does to its image when a migration activates it) cannot drop a page a process maps,
+    which then serves the old bytes: why vmcache never pins on a destination before the domain runs there."""
+    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
+        pytest.skip("needs root and /dev/fuse")
+    pytest.importorskip("pyfuse3")
+    import mmap
+
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    (backing / "img.raw").write_bytes(b"old!" * (MIB // 4))
+    procs = {side: mount_delay(DEVICES["ssd"], backing, tmp_path / f"mnt-{side}", tmp_path / f"stats-{side}.json")
+             for side in "ab"}
+    a, b = tmp_path / "mnt-a" / "img.raw", tmp_path / "mnt-b" / "img.raw"
+    try:
+        read_no_readahead(a, 0, MIB)
+        assert cached_pages(a, 0, MIB) == PAGES and cached_pages(b, 0, MIB) == 0
+        assert _pread(b, 0, 4) == b"old!" and _pread(b, 65536, 4) == b"old!"   # B caches both pages now
+        fd = os.open(b, os.O_RDONLY)
+        mapping = mmap.mmap(fd, 4096, prot=mmap.PROT_READ, offset=0)
+        os.close(fd)
+        try:
+            assert mapping[:4] == b"old!"           # mapped in (a pin maps it the same way)
+            fd = os.open(a, os.O_RDWR)
+            try:
+                os.pwrite(fd, b"new!", 0)
+                os.pwrite(fd, b"new!", 65536)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            assert _pread(b, 0, 4) == b"old!"       # B's cache is B's: not told of A's write
+            _evict(b)
+            assert _pread(b, 65536, 4) == b"new!"   # an unmapped page went, and is read anew
+            assert _pread(b, 0, 4) == b"old!"       # the mapped one stayed: stale
+        finally:
+            mapping.close()
+        _evict(b)
+        assert _pread(b, 0, 4) == b"new!"           # once nothing maps it, a drop takes it
+    finally:
+        for side, proc in procs.items():
+            unmount_delay(proc, tmp_path / f"mnt-{side}")
