@@ -351,3 +351,70 @@ def test_the_store_is_bounded_by_count_and_age_and_pruned_at_each_save(tmp_path)
     assert store.prune(spare=store.path(uuids[4])) == [store.path(uuids[3])]  # the one just saved stays
     with pytest.raises(ConfigError):
         store.path("../../etc/passwd")
+
+
+class CountingDomain(FakeDomain):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[Affect] = []
+
+    def set_hotset(self, hotset: HotSet | None, affect: Affect = Affect.CURRENT) -> None:
+        self.writes.append(affect)
+        super().set_hotset(hotset, affect)
+
+
+def test_follow_writes_the_live_set_when_its_regions_change_and_saves_fully_when_due(image, tmp_path):
+    """What a live migration carries is the live XML: it follows the pins cycle by cycle, written only when
+    the regions changed; the persistent definition and the host's copy wait for hotset_interval."""
+    dom, now = CountingDomain(), [100.0]
+    store = HotStore(tmp_path / "hotsets")
+    keeper = HotSetKeeper(lambda: dom, every=300.0, logger=logging.getLogger("t"), clock=lambda: now[0],
+                          wall=lambda: 1795430400.0 + now[0], store=store, uuid=lambda: "0e3c2a9e-8a43-4a55-9d0a-3c1c2a4f5b61")
+    first = [Region(8 * MiB, 4 * MiB, 4.0)]
+    engine = FakeEngine(first, 64 * MiB)
+    disks = [Disk("vda", image, engine)]
+    keeper.follow(disks)
+    assert dom.writes == [Affect.LIVE] and int(Affect.CONFIG) not in dom.saved and store.load("0e3c2a9e-8a43-4a55-9d0a-3c1c2a4f5b61") is None
+    now[0] = 110.0
+    engine._regions = [Region(8 * MiB, 4 * MiB, 9.0)]      # heat moved, the ranges did not
+    keeper.follow(disks)
+    assert dom.writes == [Affect.LIVE]
+    engine._regions = [Region(24 * MiB, 2 * MiB, 5.0)]     # the guest moved on
+    keeper.follow(disks)
+    assert dom.writes == [Affect.LIVE, Affect.LIVE]
+    (record,) = parse_hotset(dom.saved[int(Affect.LIVE)]).disks
+    assert [(r.start, r.length) for r in record.regions] == [(24 * MiB, 2 * MiB)]
+    now[0] = 400.0                                          # hotset_interval after the first cycle
+    keeper.follow(disks)
+    assert dom.writes[-1] == Affect.LIVE | Affect.CONFIG and store.load("0e3c2a9e-8a43-4a55-9d0a-3c1c2a4f5b61") is not None
+    now[0] = 410.0
+    keeper.follow(disks)                                    # just saved, nothing changed
+    assert len(dom.writes) == 3
+    engine._regions = []                                    # nothing held: the live element goes
+    keeper.follow(disks)
+    assert dom.writes[-1] == Affect.LIVE and int(Affect.LIVE) not in dom.saved
+
+
+def test_follow_writes_nothing_once_vmcache_no_longer_manages_the_domain_or_never_saves(image):
+    dom = CountingDomain()
+    dom.settings_ = DomainSettings(enabled=False)
+    disks = [Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))]
+    keeper = _keeper(dom)
+    keeper.follow(disks)
+    never = HotSetKeeper(lambda: dom, every=0.0, logger=logging.getLogger("t"))
+    dom.settings_ = DomainSettings()
+    never.follow(disks)
+    assert dom.writes == []
+
+
+def test_follow_survives_libvirt_refusing_the_write(image, caplog):
+    dom = CountingDomain()
+    disks = [Disk("vda", image, FakeEngine([Region(0, MiB, 1.0)], 64 * MiB))]
+    keeper = _keeper(dom)
+    dom.fail = DomainError("Timed out during operation: cannot acquire state change lock")
+    caplog.set_level(logging.INFO)
+    keeper.follow(disks)                                    # a migration's job holds the domain: logged
+    assert "hotset.live_save_failed" in caplog.text
+    dom.fail = None
+    keeper.follow(disks)                                    # and written at the next cycle
+    assert int(Affect.LIVE) in dom.saved

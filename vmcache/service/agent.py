@@ -19,9 +19,10 @@ Once per interval the loop
 3. runs every disk once (:class:`~vmcache.service.diskset.DiskSet`) and
    records what the disks really hold;
 4. writes its status file for ``vmcache status``;
-5. every ``hotset_interval`` saves the regions its disks hold into the
-   domain's XML (:class:`~vmcache.service.hotsets.HotSetKeeper`), which the
-   next agent warms from (after a restart, restore, migration).
+5. keeps the regions its disks hold in the domain's live XML, cycle by
+   cycle, and every ``hotset_interval`` saves them in its persistent XML and
+   the host's copy too (:class:`~vmcache.service.hotsets.HotSetKeeper`),
+   which the next agent warms from (after a restart, restore, migration).
 
 On SIGTERM / domain stop it saves the hot set once more, removes its
 bitmaps and exports (while QEMU is there), unpins, releases its ledger
@@ -190,8 +191,9 @@ class Agent:
             if not self._follow_events() or self._stop.is_set():
                 return
             self._cycle()
-            if self._hotsets is not None and self._hotsets.due():
-                self._save_hotset(live=True)
+            if self._hotsets is not None:
+                self._hotsets.follow(self._disks.workers(), managed=self._still_managed)
+                self.status.hotset_saved_at = self._hotsets.saved_at
             self._wake.wait(max(0.0, self.config.interval - (self._clock() - started)))
 
     def _follow_events(self) -> bool:

@@ -9,7 +9,11 @@ and when the agent stops: the live definition while the domain runs, and
 the persistent one of a persistent domain (so a stop/start and a host
 reboot find it too) - and into the host's copy (vmcache.host.hotstore,
 keyed by the domain's uuid), which outlives a fleet manager's fresh
-definition of the domain. At start the newest valid set of the three
+definition of the domain. Between those saves the live definition's set
+follows the pins cycle by cycle (:meth:`HotSetKeeper.follow`: written when
+its regions changed), because the live XML is what a live migration, ``virsh
+save`` and managedsave carry: the set that arrives is at most a cycle old,
+not ``hotset_interval``. At start the newest valid set of the three
 wins. A disk still warming keeps the record it started
 from, so an agent restarted in the middle of a warm start loses nothing;
 a disk backing off (free-memory floor, memory pressure: it holds less than
@@ -92,6 +96,7 @@ class HotSetKeeper:
         self._warming: dict[str, DiskHotSet] = {}  # by target: the record a disk started from
         self._kept: dict[str, DiskHotSet] = {}     # by target: the record last saved (or started from)
         self._last_save: float | None = None
+        self._live: tuple[tuple[str, str, tuple[tuple[int, int], ...]], ...] | None = None  # regions last written live
         self.saved_at: float | None = None
         """Wall time of the last successful save (status)."""
         self.source: str | None = None
@@ -182,6 +187,36 @@ class HotSetKeeper:
         self._kept[disk.target] = record
         self._log.info(event("hotset.warming", disk=disk.target, regions=len(record.regions), bytes=record.bytes))
 
+    def follow(self, disks: Iterable[ManagedDisk], *,
+               managed: Callable[[DomainSettings | None], bool] = _by_metadata) -> None:
+        """After a cycle: the full save when it is due (:meth:`save`), else the live definition's set
+        rewritten if its regions changed since it was last written (one libvirt call; nothing when they
+        did not). Never raises."""
+        if self.due():
+            self.save(disks, live=True, managed=managed)
+            return
+        if not self.every:
+            return
+        try:
+            hotset = HotSet(saved=int(self._wall()), disks=tuple(self._records(disks)))
+        except VmcacheError as err:
+            self._log.warning(event("hotset.save_failed", error=err))
+            return
+        if _spans(hotset) == self._live:
+            return
+        dom = self._dom()
+        try:
+            if not managed(dom.settings(Affect.LIVE)):
+                return
+            dom.set_hotset(hotset if hotset.disks else None, Affect.LIVE)
+        except VmcacheError as err:
+            self._log.info(event("hotset.live_save_failed", error=err))
+            return
+        self._live = _spans(hotset)
+        self.saved_at = self._wall()
+        self._log.debug(event("hotset.saved", disks=len(hotset.disks), bytes=sum(d.bytes for d in hotset.disks),
+                              live=True, config=False, to="live"))
+
     def due(self) -> bool:
         """Whether a periodic save is due (the first one: one interval after the start)."""
         if not self.every:
@@ -228,6 +263,8 @@ class HotSetKeeper:
             try:  # nothing held (the guest left every region): no element, the next start is a cold one
                 dom.set_hotset(hotset if hotset.disks else None, flags)
                 wrote.append("xml")
+                if flags & Affect.LIVE:
+                    self._live = _spans(hotset)
             except VmcacheError as err:
                 self._log.warning(event("hotset.save_failed", error=err))
         if self._store is not None and self._save_host(hotset):
@@ -277,3 +314,9 @@ class HotSetKeeper:
             record = DiskHotSet(disk.target, disk.image, size, ident, engine.params.block_size, tuple(regions))
             self._kept[disk.target] = record
             yield record
+
+
+def _spans(hotset: HotSet) -> tuple[tuple[str, str, tuple[tuple[int, int], ...]], ...]:
+    """What a live save changes: each disk's image and the byte ranges of its regions (not their heat,
+    which moves every cycle)."""
+    return tuple((d.dev, d.image, tuple((r.start, r.length) for r in d.regions)) for d in hotset.disks)
