@@ -45,6 +45,7 @@ from .. import __version__
 from ..errors import ConfigError, DomainError, RunClaimedError, RunEndedError, VmcacheError
 from ..host.files import nbd_dir
 from ..host.runlock import RunLock
+from ..host.virtdomain import Affect
 from ..logfmt import domain_logger, event
 from ..observe.status import AgentStatus, status_path, write_status
 from ..settings.config import HostConfig
@@ -56,6 +57,7 @@ from .configwatch import ConfigWatch
 from .budget import Budget
 from .diskset import DiskSet
 from .domainlink import DomainLink
+from .earlypin import EarlyPins
 from .hotsets import HotSetKeeper
 from .launcher import remove_own_pidfile
 from .readsignal import ReadSignal
@@ -77,13 +79,14 @@ class Agent:
                  telemetry: Telemetry, wake: threading.Event, available_memory: Callable[[], int],
                  clock: Callable[[], float] = time.monotonic, hotsets: HotSetKeeper | None = None,
                  run_lock: RunLock | None = None, config_watch: ConfigWatch | None = None,
-                 request_reconcile: Callable[[], None] | None = None, reads: ReadSignal | None = None) -> None:
+                 request_reconcile: Callable[[], None] | None = None, reads: ReadSignal | None = None,
+                 early_pins: EarlyPins | None = None) -> None:
         """``wake`` is set by the link's events and by :meth:`request_stop` to end the wait between cycles;
         ``hotsets``: loads and saves the domain's hot set (None: the agent neither warms nor saves);
         ``run_lock``: claimed for the run once attached, so no second agent manages it (None: not claimed);
         ``config_watch``: tells a changed host config (None: the one given is kept), after which
         ``request_reconcile`` is called; ``reads``: the disks' read counter, let go at the end (None: reads
-        inferred)."""
+        inferred); ``early_pins``: tests only (vmcache.service.earlypin), None everywhere else."""
         self.domain = domain
         self.config = config
         self.nbd_dir = nbd_dir(config.runtime_dir, domain)
@@ -102,6 +105,7 @@ class Agent:
         self._rules = config.rules
         self._facts: DomainInfo | None = None  # the XML as libvirt has it (the metadata as written)
         self._reads = reads
+        self._early_pins = early_pins
         self._log = domain_logger("vmcache.service.agent", domain)
         self._stop = SignalSafeEvent()  # set by the signal handler
         self._info: DomainInfo | None = None
@@ -171,11 +175,20 @@ class Agent:
         self._log.info(event("agent.migration_wait"))
         self.status.state = "migrating"
         self._write_status()
-        while self._link.incoming():
-            self._wake.wait(INCOMING_POLL_SECONDS)  # set by the domain's resume event
-            self._wake.clear()
-            if self._stop.is_set() or not self._link.alive():
-                return False
+        if self._early_pins is not None:
+            try:
+                self._early_pins.pin(self._link.virt().hotset(Affect.LIVE))
+            except (OSError, VmcacheError) as err:
+                self._log.warning(event("test.pin_before_activation_failed", error=err))
+        try:
+            while self._link.incoming():
+                self._wake.wait(INCOMING_POLL_SECONDS)  # set by the domain's resume event
+                self._wake.clear()
+                if self._stop.is_set() or not self._link.alive():
+                    return False
+        finally:
+            if self._early_pins is not None:
+                self._early_pins.release()
         self._log.info(event("agent.migration_done", waited=f"{self._clock() - started:.3f}s"))
         return True
 

@@ -34,6 +34,7 @@ from .configwatch import ConfigWatch
 from .diskset import DiskSet, WorkerFactory
 from .diskworker import DiskWorker
 from .domainlink import DomainLink
+from .earlypin import ENV as EARLY_PIN_ENV, EarlyPins
 from .hotsets import HotSetKeeper
 from .layers import Layers
 from .readsignal import ReadSignal
@@ -78,7 +79,8 @@ def build_agent(domain: str, config: HostConfig, *, uri: str = DEFAULT_URI, doma
     reconcile = ReconcileRequest(config, config_path, uri, logger=logger) if config_path is not None else None
     return Agent(domain, config, link=link, disks=disks, budget=budget, telemetry=telemetry, wake=wake,
                  available_memory=lambda: read_meminfo().available_bytes, hotsets=hotsets, run_lock=RunLock(),
-                 config_watch=watch, request_reconcile=reconcile, reads=reads)
+                 config_watch=watch, request_reconcile=reconcile, reads=reads,
+                 early_pins=EarlyPins(logger) if os.environ.get(EARLY_PIN_ENV) == "1" else None)
 
 
 def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid: Callable[[], str],
