@@ -31,7 +31,7 @@ class GuestSpec:
     name: str
     disk: str                       # image path (raw)
     console_log: str                # serial console output file
-    workload: str = "demo"          # demo, zoned, zipf, moving, periodic, alternate, trace, idle
+    workload: str = "demo"          # demo, zoned, zipf, moving, periodic, alternate, trace, stamp, idle
     runtime: int = 60               # seconds per fio run
     warmup: int | None = None       # seconds of the first fio run (default: runtime)
     gap: int | None = None          # periodic: seconds of each phase off the hot range
@@ -45,6 +45,7 @@ class GuestSpec:
     extra_disks: tuple[str, ...] = field(default=())   # more raw images (vdb, vdc...)
     phase: int | None = None        # alternate: 0 busy first, 1 idle first
     initrd: str | None = None       # another initramfs (default: guest_dir's), e.g. with a trace appended
+    stamp_at: int | None = None     # stamp: the MiB where its 64 stamped blocks start (default 8)
 
 
 def domain_xml(spec: GuestSpec) -> str:
@@ -64,6 +65,8 @@ def domain_xml(spec: GuestSpec) -> str:
         args.append(f"vmcache_gap={spec.gap}")
     if spec.phase is not None:
         args.append(f"vmcache_phase={spec.phase}")
+    if spec.stamp_at is not None:
+        args.append(f"vmcache_stamp_at={spec.stamp_at}")
     metadata = ""
     if spec.settings is not None:
         element = _namespaced(build_settings(spec.settings))
