@@ -13,9 +13,16 @@
 # auth_tcp none) and vmcache installed from its Debian package with apt,
 # as tests/host/inside.sh installs it. Between them a veth pair in their
 # own network namespaces, 10.231.0.1 <-> 10.231.0.2, names in /etc/hosts:
-# nothing else is reachable from either. One directory of this machine is
-# bind-mounted into both at /var/lib/libvirt/images/migrate (shared storage
-# at the same path, what a migration without storage copy needs).
+# nothing else is reachable from either. The image directory is shared at the
+# same path on both, /var/lib/libvirt/images/migrate (what a migration without
+# storage copy needs), but each host reaches it through a mount of its own: a
+# delay device (bench/delaydev.py, a FUSE passthrough whose misses cost
+# $VMCACHE_MIGRATE_READ_MS, default 0.3 ms) per host over one directory of
+# this machine. So each host has its own page cache of the images, as two
+# hosts on NFS or a shared LUN have: a page one host caches is not resident
+# on the other, and a write on one reaches the other's cache only when that
+# one drops it. The guest's kernel and the consoles are in a second directory,
+# bind-mounted into both at /var/lib/libvirt/images/plain.
 #
 # Before the hosts boot, a throwaway container with this machine's network
 # builds the .deb from a clean clone of HEAD (scripts/deb.sh), downloads its
@@ -26,7 +33,7 @@
 # The checks run here, on this machine, with the checkout's .venv: they reach
 # each host's libvirtd through its socket (/proc/LEADER/root/run/libvirt/...)
 # and run commands in it with nsenter. Everything (containers, veths,
-# overlays, mounts, the shared directory) is removed on exit, also on failure
+# overlays, mounts, delay devices, the shared directories) is removed on exit, also on failure
 # or Ctrl-C; the hosts' journals are kept in $VMCACHE_MIGRATE_LOGS (default
 # build/migrate in the checkout). One run at a time per machine (the clean
 # host's lock).
@@ -41,7 +48,10 @@ PREFIX=${VMCACHE_MIGRATE_PREFIX:-vmcache-mig}
 LOGS=${VMCACHE_MIGRATE_LOGS:-$REPO/build/migrate}
 NET=10.231.0
 IMAGES=/var/lib/libvirt/images/migrate
+PLAIN=/var/lib/libvirt/images/plain
+READ_MS=${VMCACHE_MIGRATE_READ_MS:-0.3}
 HOSTS=(a b)
+declare -A DELAY_PID=()
 
 RUN=
 VETH=0
@@ -61,6 +71,11 @@ cleanup() {
     done
   fi
   container_cleanup
+  for x in "${!DELAY_PID[@]}"; do
+    kill -TERM "${DELAY_PID[$x]}" 2>/dev/null || true   # it unmounts and ends
+    for _ in $(seq 1 100); do kill -0 "${DELAY_PID[$x]}" 2>/dev/null || break; sleep 0.1; done
+    if mountpoint -q "$RUN/mnt-$x"; then umount -l "$RUN/mnt-$x" || true; fi
+  done
   if [ "$VETH" = 1 ]; then
     for x in "${HOSTS[@]}"; do ip link del "$PREFIX-v$x" 2>/dev/null || true; done
   fi
@@ -89,8 +104,8 @@ prepare() {
     >"$RUN/prepare.log" 2>&1 || { tail -30 "$RUN/prepare.log" >&2; die "prepare failed"; }
   umount "$RUN/prep/merged"
   rm -rf "$RUN/prep"
-  mkdir -p "$RUN/shared"
-  mv "$RUN/out/guest" "$RUN/shared/guest"
+  mkdir -p "$RUN/shared" "$RUN/plain"
+  mv "$RUN/out/guest" "$RUN/plain/guest"
   say "prepare: done in $((SECONDS - started)) s"
 }
 
@@ -110,14 +125,30 @@ configure() {
     nvmf-autoconnect.service openipmi.service
   cp -a "$RUN/out/lists/." "$merged/var/lib/apt/lists/"
   cp "$RUN"/out/vmcache_*_all.deb "$merged/root/"
-  mkdir -p "$merged$IMAGES"
+  mkdir -p "$merged$IMAGES" "$merged$PLAIN"
+}
+
+# Host X's own mount of the shared image directory: a delay device (its page cache is X's alone).
+delay_mount() {
+  local x=$1 mnt=$RUN/mnt-$1 i
+  mkdir -p "$mnt"
+  "$REPO/.venv/bin/python" "$REPO/bench/delaydev.py" "$RUN/shared" "$mnt" --read-ms "$READ_MS" \
+    --stats "$RUN/delay-$x.json" </dev/null >"$RUN/delay-$x.log" 2>&1 &
+  DELAY_PID[$x]=$!
+  for i in $(seq 1 100); do
+    mountpoint -q "$mnt" && [ -f "$RUN/delay-$x.json" ] && return 0
+    kill -0 "${DELAY_PID[$x]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$RUN/delay-$x.log" >&2
+  die "the delay device of $PREFIX-$x did not mount"
 }
 
 # Boot host X with its end of the veth pair; address it; libvirtd and vmcache (apt, offline).
 boot_host() {
   local x=$1 i=$2 name=$PREFIX-$1
   container_boot "$name" "$RUN/$x/merged" "$RUN/$x/console.log" --private-network \
-    --bind="$RUN/shared:$IMAGES" --bind="$RUN/debs:/var/cache/apt/archives"
+    --bind="$RUN/mnt-$x:$IMAGES" --bind="$RUN/plain:$PLAIN" --bind="$RUN/debs:/var/cache/apt/archives"
   # Moved in by hand: nspawn's --network-interface wants udev to have seen it, and there is no udev here.
   ip link set "$PREFIX-v$x" netns "${LEADER[$name]}"
   in_container "$name" ip link set lo up
@@ -125,9 +156,9 @@ boot_host() {
   in_container "$name" ip link set "$PREFIX-v$x" up
   in_container "$name" systemctl start virtlogd.socket libvirtd.socket libvirtd-tcp.socket libvirtd.service
   in_unit "$name" --setenv=DEBIAN_FRONTEND=noninteractive sh -c 'apt-get install -y -q /root/vmcache_*_all.deb | tail -2'
-  # An operator's edit of the conffile: short cycles and frequent hot-set saves, so the checks take
-  # seconds, and a host rule (the same on both hosts) for domains defined as Nova defines them.
-  in_container "$name" sh -c 'sed -i "s/^interval: .*/interval: 1s/; s/^min_free: .*/min_free: 256M/; s/^hotset_interval: .*/hotset_interval: 2s/" /etc/vmcache/vmcache.yaml
+  # An operator's edit of the conffile: short cycles, so the checks take seconds (hot-set saves at
+  # their default: the live definition's set follows the pins cycle by cycle), and a host rule (the same on both hosts) for domains defined as Nova defines them.
+  in_container "$name" sh -c 'sed -i "s/^interval: .*/interval: 1s/; s/^min_free: .*/min_free: 256M/" /etc/vmcache/vmcache.yaml
     sed -i "s/^domains: \[\]$/domains:\n  - match: {nova_flavor: mig.large}\n    budget: 16M/" /etc/vmcache/vmcache.yaml
     grep -q "nova_flavor: mig.large" /etc/vmcache/vmcache.yaml && vmcache status >/dev/null'
   say "$name: $(in_container "$name" dpkg-query -W vmcache | tr '\t' ' '), libvirt $(in_container "$name" virsh -q version --daemon | awk '/daemon/ {print $NF}')"
@@ -152,6 +183,8 @@ ip link add "$PREFIX-va" type veth peer name "$PREFIX-vb"
 VETH=1
 configure a
 configure b
+delay_mount a
+delay_mount b
 boot_host a 1
 boot_host b 2
 for x in a b; do
@@ -161,7 +194,9 @@ for x in a b; do
 done
 say "both hosts up in $((SECONDS - started)) s"
 export VMCACHE_MIGRATE_HOSTS="$PREFIX-a:${LEADER[$PREFIX-a]}:$NET.1,$PREFIX-b:${LEADER[$PREFIX-b]}:$NET.2"
-export VMCACHE_MIGRATE_SHARED="$RUN/shared:$IMAGES" VMCACHE_MIGRATE_LOGS="$LOGS"
+export VMCACHE_MIGRATE_SHARED="$RUN/shared:$IMAGES" VMCACHE_MIGRATE_PLAIN="$RUN/plain:$PLAIN"
+export VMCACHE_MIGRATE_MOUNTS="$RUN/mnt-a,$RUN/mnt-b" VMCACHE_MIGRATE_DELAY_STATS="$RUN/delay-a.json,$RUN/delay-b.json"
+export VMCACHE_MIGRATE_LOGS="$LOGS"
 case "$cmd" in
   shell)
     say "VMCACHE_MIGRATE_HOSTS=$VMCACHE_MIGRATE_HOSTS VMCACHE_MIGRATE_SHARED=$VMCACHE_MIGRATE_SHARED"

@@ -10,10 +10,12 @@ Migration is what an operator (or Nova, with p2p) runs on the source:
 qemu+tcp://DEST/system`` (--unsafe: libvirt 9.0 does not know a bind mount
 for shared storage; docs/reliability.md).
 
-Both hosts run on this machine's one kernel: they share its page cache, so
-what is resident says nothing about which host read it. What each agent
-holds is read from its own log lines and its process (VmLck), what each
-QEMU read from its block statistics.
+Both hosts run on this machine's one kernel, but each reaches the image
+directory through its own delay device (migrate.sh): its own page cache, so
+what is resident through one host's mount is what that host cached, and a
+page one host cached is stale on the other after a write there. What each
+agent holds is read from its own log lines and its process (VmLck), what
+each QEMU read from its block statistics.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.host.twohosts import Host, hosts_from_env, shared_from_env
+from tests.host.twohosts import Host, hosts_from_env, mounts_from_env, plain_from_env, shared_from_env
 
 HOSTS = hosts_from_env()
 pytestmark = [pytest.mark.live, pytest.mark.skipif(HOSTS is None, reason="only on the hosts of make test-migrate")]
@@ -42,6 +45,7 @@ if HOSTS is not None:
     from tests.nova import nova_instance
     from tests.live.guestlib import guest_write, leftovers, qmp, read_until_pinned
     from tests.live.livelib import wait_for
+    from vmcache.host.cachestat import cachestat
     from vmcache.host.files import file_stem, short_name
     from vmcache.host.virtdomain import Affect, VirtDomain
     from vmcache.service.launcher import systemd_escape
@@ -109,25 +113,42 @@ def sides() -> Iterator[tuple[Side, Side]]:
 # -- domains and agents -----------------------------------------------------------------------
 
 
-def define_guest(side: Side, name: str, *, metadata: str = "") -> Any:
-    """The idle test guest on a 64 MiB image in the shared directory, defined (not started) on ``side``;
-    ``metadata``: elements for its ``<metadata>``."""
+def define_guest(side: Side, name: str, *, metadata: str = "", workload: str = "idle", **spec: Any) -> Any:
+    """The test guest (``workload``, idle by default) on a 64 MiB image in the shared directory, defined
+    (not started) on ``side``; ``metadata``: elements for its ``<metadata>``; ``spec``: more GuestSpec fields."""
     here, there = shared_from_env()
+    plain, plain_there = plain_from_env()
     with open(here / f"{name}.raw", "wb") as f:
         f.truncate(64 * MiB)
-    spec = GuestSpec(name=name, disk=f"{there}/{name}.raw", console_log=f"{there}/{name}.console",
-                     workload="idle", loops=0, guest_dir=f"{there}/guest")
-    xml = domain_xml(spec)
+    (plain / f"{name}.console").unlink(missing_ok=True)
+    xml = domain_xml(GuestSpec(name=name, disk=f"{there}/{name}.raw", console_log=f"{plain_there}/{name}.console",
+                               workload=workload, loops=0, guest_dir=f"{plain_there}/guest", **spec))
     if metadata:
         xml = xml.replace("</name>", f"</name>\n  <metadata>{metadata}</metadata>", 1)
     return side.conn.defineXML(xml)
 
 
+def console(name: str) -> str:
+    """What the guest printed on its serial console so far (on A, then on B: one file both append to)."""
+    plain, _ = plain_from_env()
+    try:
+        return (plain / f"{name}.console").read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def guest_ready(name: str) -> None:
-    here, _ = shared_from_env()
-    console = here / f"{name}.console"
-    wait_for(lambda: "VMCACHE-GUEST-READY" in console.read_text(errors="replace"), f"{name}'s guest to boot",
-             timeout=120, step=0.5)
+    wait_for(lambda: "VMCACHE-GUEST-READY" in console(name), f"{name}'s guest to boot", timeout=120, step=0.5)
+
+
+def resident(side: int, name: str, start: int, length: int) -> int:
+    """Bytes of ``[start, start + length)`` of the image in host ``side``'s page cache (0: A, 1: B), as its
+    own mount of the shared directory has them."""
+    fd = os.open(mounts_from_env()[side] / f"{name}.raw", os.O_RDONLY)
+    try:
+        return cachestat(fd, start, length).nr_cache * 4096
+    finally:
+        os.close(fd)
 
 
 def unit_of(name: str) -> str:
@@ -154,10 +175,11 @@ def lines(host: Host, name: str, event: str) -> list[tuple[float, str]]:
     return [(t, m) for t, m in host.journal(unit_of(name)) if f" {event} " in f"{m} "]
 
 
-def migrate(src: Side, dst: Side, name: str) -> float:
-    """Live-migrate ``name`` from ``src`` to ``dst`` as an operator does, on ``src``; the seconds it took."""
+def migrate(src: Side, dst: Side, name: str, options: str = "") -> float:
+    """Live-migrate ``name`` from ``src`` to ``dst`` as an operator does, on ``src`` (``options``: more virsh
+    migrate options); the seconds it took."""
     started = time.monotonic()
-    src.host.run("sh", "-c", f"{MIGRATE} {name} qemu+tcp://{dst.host.name}/system")
+    src.host.run("sh", "-c", f"{MIGRATE} {options} {name} qemu+tcp://{dst.host.name}/system")
     return time.monotonic() - started
 
 
@@ -258,6 +280,8 @@ def start_opted_in(a: Side, name: str, *, by_rule: bool = False) -> tuple[Any, s
                       "A's agent to pin the written regions", more=[(40 * MiB, 2 * MiB)], dev=DEV)
     carried = saved_set(a, name, 6 * MiB)
     assert carried.bytes <= BUDGET
+    # each host its own page cache: what A's agent locked through A's mount is not on B
+    assert resident(0, name, 8 * MiB, 4 * MiB) == 4 * MiB and resident(1, name, 0, 64 * MiB) == 0
     return dom, dom.UUIDString(), carried
 
 
@@ -268,16 +292,22 @@ def warm_on_b(b: Side, name: str, carried: DiskHotSet, resumed: float, *, by_rul
     since B's QEMU started; this guest is idle). When it was done."""
     assert agent_running(b.host, name)["managed_by"] == (RULE if by_rule else "metadata")
     done = wait_for(lambda: lines(b.host, name, "warm.done"), "B's agent to restore the carried set", timeout=60)
-    assert f"restored={carried.bytes} given_up=0 total={carried.bytes}" in done[0][1], done
     assert read_ops(b.conn.lookupByName(name)) == 0
+    # the live XML's set follows A's pins cycle by cycle: it may have grown since ``carried`` was read
     loaded = lines(b.host, name, "hotset.loaded")
-    assert loaded and f"definition=live bytes={carried.bytes}" in loaded[0][1], loaded
+    assert loaded and "definition=live" in loaded[0][1], loaded
+    size = re.search(r" bytes=(\d+)", loaded[0][1])
+    assert size, loaded
+    got = int(size.group(1))
+    assert got >= carried.bytes, (got, carried)
+    assert f"restored={got} given_up=0 total={got}" in done[0][1], done
     pinned = {(int(s), int(n)) for _t, m in lines(b.host, name, "pin.add")
               for s, n in re.findall(r"start=(\d+) length=(\d+)", m)}
     for region in carried.regions:
         assert any(s <= region.start and region.start + region.length <= s + n for s, n in pinned), (region, pinned)
     first = min(t for t, _m in lines(b.host, name, "pin.add"))
     assert first >= resumed - SLACK, (first, resumed)
+    assert resident(1, name, 8 * MiB, 4 * MiB) == 4 * MiB   # now in B's own page cache
     return done[0][0]
 
 
@@ -430,3 +460,81 @@ def _hook_time(host: Host, name: str, op: str) -> float:
         if f"domain={name} op={op}" in entry.get("MESSAGE", "") and "hook.start" in entry.get("MESSAGE", ""):
             return int(entry["__REALTIME_TIMESTAMP"]) / 1e6
     raise AssertionError(f"no hook.start of {name} on {op} in {host.name}'s journal")
+
+
+STAMP_AT = 8          # MiB: where the stamp guest's 64 blocks start (one every 64 KiB: 4 MiB in all)
+EARLY_DROPIN = "/etc/systemd/system/vmcache-agent@.service.d/test-pin-before-activation.conf"
+
+
+def stamp_rounds(name: str) -> int:
+    """Rounds of the stamp guest's check-then-write loop finished so far (on A, then on B)."""
+    return len(re.findall(r"VMCACHE-STAMP-ROUND \d+ ", console(name)))
+
+
+def stale_reads(name: str) -> list[str]:
+    return [ln.strip() for ln in console(name).splitlines() if "VMCACHE-STAMP-BAD" in ln]
+
+
+@contextmanager
+def pinning_before_activation(host: Host, on: bool) -> Iterator[None]:
+    """The test-only switch (vmcache.service.earlypin) for the agents ``host`` starts while inside."""
+    if not on:
+        yield
+        return
+    host.run("sh", "-c", f"mkdir -p $(dirname {EARLY_DROPIN}) && printf '[Service]\\n"
+                         f"Environment=VMCACHE_TEST_PIN_BEFORE_ACTIVATION=1\\n' > {EARLY_DROPIN} && systemctl daemon-reload")
+    try:
+        yield
+    finally:
+        host.run("sh", "-c", f"rm -f {EARLY_DROPIN} && systemctl daemon-reload")
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["pins-after-activation", "early-pin-switch"])
+def test_every_block_read_on_b_holds_the_last_write_made_on_a(sides: tuple[Side, Side], early: bool) -> None:
+    """The guest on A keeps rewriting 64 stamped blocks of its hot set, through the migration's whole RAM
+    copy, and after the switch reads each one back on B before it writes it again: every read must return
+    the stamp last written on A. B's agent locks the carried set only once the domain runs on B (after
+    QEMU dropped B's cache at activation), so B reads the new data. The same test with the test-only switch
+    that locks the set as the domain comes in (before activation) must see stale blocks: the locked pages
+    survive QEMU's drop and keep the bytes B read before A's last writes - proof the check can fail."""
+    a, b = sides
+    name = PREFIX + ("early" if early else "stamp")
+    define_guest(a, name, workload="stamp", stamp_at=STAMP_AT)
+    a.host.run("vmcache", "enable", name, "--budget", "16M", "--config")
+    with pinning_before_activation(b.host, early):
+        a.host.run("virsh", "start", name)
+        dom = a.conn.lookupByName(name)
+        uuid = dom.UUIDString()
+        agent_running(a.host, name)
+        wait_for(lambda: stamp_rounds(name) >= 1, "the guest's first round of stamps", timeout=180, step=0.5)
+        read_until_pinned(dom, STAMP_AT * MiB, 4 * MiB,
+                          lambda: (s := status(a.host, name)) and s["disks"][0]["pinned_bytes"] or 0,
+                          "A's agent to pin the stamped range", dev=DEV)
+        carried = saved_set(a, name, 4 * MiB)
+        assert resident(1, name, 0, 64 * MiB) == 0
+        # A RAM copy of several seconds at 16 MiB/s: rounds of stamps written on A while B waits for the domain.
+        before = stamp_rounds(name)
+        took = migrate(a, b, name, "--bandwidth 16")
+        resumed = resume_time(b, name)
+        during = stamp_rounds(name) - before
+        assert during >= 1, f"no round of stamps finished during the migration ({took:.1f} s)"
+        if early:
+            pinned = wait_for(lambda: lines(b.host, name, "test.pinned_before_activation"), "the early pins on B")
+            assert pinned[0][0] < resumed, (pinned, resumed)
+        else:
+            warmed = wait_for(lambda: lines(b.host, name, "warm.done"), "B's agent to restore the set", timeout=60)
+            first = min(t for t, _m in lines(b.host, name, "pin.add"))
+            assert first >= resumed - SLACK, (first, resumed)
+        switch = stamp_rounds(name)
+        wait_for(lambda: stamp_rounds(name) >= switch + 2, "two rounds of stamps on B", timeout=120, step=0.5)
+        bad = stale_reads(name)
+        if early:
+            assert bad, "no stale read after pins made before activation: the check cannot fail"
+        else:
+            assert bad == [], bad[:10]
+            assert resident(1, name, STAMP_AT * MiB, 4 * MiB) >= carried.bytes // 2
+            record(test="stamp", migrate_s=round(took, 3), rounds_during=during, set_bytes=carried.bytes,
+                   locked_after_resume_s=round(warmed[0][0] - resumed, 3))
+    if early:
+        record(test="stamp-early-pin", migrate_s=round(took, 3), rounds_during=during, stale_reads=len(bad))
+    stop_on_b(b, name, uuid)

@@ -8,7 +8,11 @@ that root, reads its files, journal and processes. The environment
 migrate.sh exports names the hosts: ``VMCACHE_MIGRATE_HOSTS`` is
 ``NAME:LEADER:ADDRESS,NAME:LEADER:ADDRESS``, ``VMCACHE_MIGRATE_SHARED`` is
 ``HERE:THERE`` (the shared image directory on this machine, and where both
-hosts mount it).
+hosts mount it, each through its own delay device: its own page cache),
+``VMCACHE_MIGRATE_MOUNTS`` is ``MOUNT_A,MOUNT_B`` (those two mounts as this
+machine reaches them: what is resident there is what each host caches),
+``VMCACHE_MIGRATE_PLAIN`` is ``HERE:THERE`` of the directory both bind-mount
+for the guest's kernel and the consoles.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Host", "hosts_from_env", "shared_from_env"]
+__all__ = ["Host", "hosts_from_env", "mounts_from_env", "plain_from_env", "shared_from_env"]
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIBVIRT_SOCKET = "/run/libvirt/libvirt-sock"
@@ -143,4 +147,16 @@ def hosts_from_env() -> tuple[Host, Host] | None:
 def shared_from_env() -> tuple[Path, str]:
     """(the shared image directory on this machine, its path on both hosts)."""
     here, there = os.environ["VMCACHE_MIGRATE_SHARED"].split(":")
+    return Path(here), there
+
+
+def mounts_from_env() -> tuple[Path, Path]:
+    """The shared image directory as host A and as host B see it (their delay devices), on this machine."""
+    a, b = os.environ["VMCACHE_MIGRATE_MOUNTS"].split(",")
+    return Path(a), Path(b)
+
+
+def plain_from_env() -> tuple[Path, str]:
+    """(the directory of the guest's kernel and the consoles on this machine, its path on both hosts)."""
+    here, there = os.environ["VMCACHE_MIGRATE_PLAIN"].split(":")
     return Path(here), there
