@@ -11,6 +11,7 @@ from system calls) are translated once, at the edge that met them, with
      |    +-- PinError          mlock / munlock
      +-- MonitorError           talking to QEMU's monitor
      |    +-- MonitorConnectionError   cannot reach it / it went away
+     |    +-- MonitorBusyError  libvirt is busy with a job of the domain: not sent
      |    +-- QMPCommandError   QEMU answered a command with an error
      |    +-- CommandNotAllowedError   vmcache refused to send a command
      |    +-- DiskNotFoundError a block node / image file is not in QEMU
@@ -31,6 +32,7 @@ __all__ = [
     "PinError",
     "MonitorError",
     "MonitorConnectionError",
+    "MonitorBusyError",
     "QMPCommandError",
     "CommandNotAllowedError",
     "DiskNotFoundError",
@@ -93,6 +95,12 @@ class MonitorError(VmcacheError):
 
 class MonitorConnectionError(MonitorError):
     """The monitor could not be reached, or the connection was lost."""
+
+
+class MonitorBusyError(MonitorError):
+    """libvirt runs a job of the domain (a snapshot revert, a save, another client's command): the command
+    was not sent, because it would wait for that job - and the job may be waiting for this agent (the
+    hook's fence of a new run)."""
 
 
 class QMPCommandError(MonitorError):

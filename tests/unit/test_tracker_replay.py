@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fakeqmp import FakeQMP, Normaliser
-from vmcache.errors import BitmapReadError, TrackerError
+from vmcache.errors import BitmapReadError, MonitorBusyError, TrackerError
 from vmcache.host.qmp import SocketMonitor
 from vmcache.host.tracker import DirtyTracker
 from vmcache.model.extents import BitmapRead, extents_to_blocks, merge_extents
@@ -228,3 +228,30 @@ def test_a_new_monitor_serves_the_whole_read(tmp_path: Path) -> None:
     assert len(old.commands) == before
     assert {"transaction", "nbd-server-start", "block-export-add", "block-export-del", "nbd-server-stop"} <= set(
         new.commands)
+
+
+class BusyOnce:
+    """The monitor, but ``command`` is held back once (MonitorBusyError, nothing sent), as the agent's link
+    holds a command back while libvirt runs a job of the domain."""
+
+    def __init__(self, inner: SocketMonitor, command: str) -> None:
+        self.inner, self.command, self.refused = inner, command, 0
+
+    def execute(self, command: str, arguments=None):
+        if command == self.command and not self.refused:
+            self.refused += 1
+            raise MonitorBusyError(f"{command}: busy")
+        return self.inner.execute(command, arguments)
+
+
+def test_a_command_held_back_by_a_libvirt_job_defers_the_read_and_loses_nothing(replay) -> None:
+    t = replay("tracker-cycles-raw")
+    t.start()
+    t.monitor = busy = BusyOnce(t.monitor, "transaction")
+    held = t.read()
+    assert busy.refused == 1 and held.status is BitmapRead.DEFERRED and "busy" in held.reason
+    first = t.read()   # the recorded conversation from its first read on: nothing was sent in between
+    assert first.status is BitmapRead.OK and first.extents.tolist() == [[0, G], [1 * MiB, 4 * G]]
+    assert t.read().extents.tolist() == []
+    assert t.read().extents.tolist() == [[63 * MiB, 1 * MiB]]
+    t.stop()

@@ -30,7 +30,7 @@ import logging
 import secrets
 from typing import Any, Final
 
-from ..errors import BitmapReadError, QMPCommandError, TrackerError
+from ..errors import BitmapReadError, MonitorBusyError, QMPCommandError, TrackerError
 from ..logfmt import event
 from ..model.extents import BitmapRead, DirtyRead, empty_extents, granularity_for
 from .blockdev import node_size
@@ -170,18 +170,18 @@ class DirtyTracker:
         """
         if self._active is None:
             raise TrackerError("tracker not started")
-        self._retry_removals()
         try:
-            self._rotate()
-        except QMPCommandError as err:
-            if not _is_missing_bitmap(err):
-                raise
-            self._replace_lost(err)
-        self._compact()
-        nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
-        try:
+            self._retry_removals()
+            try:
+                self._rotate()
+            except QMPCommandError as err:
+                if not _is_missing_bitmap(err):
+                    raise
+                self._replace_lost(err)
+            self._compact()
+            nodes = self.monitor.execute("query-named-block-nodes", {"flat": True})
             extents = self._export.read(self._pending, nodes) if self._dirty(nodes) else empty_extents()
-        except Deferred as why:
+        except (Deferred, MonitorBusyError) as why:  # the rotated bitmaps stay pending: no write is lost
             self._log.info(event("tracker.deferred", node=self.node_name, pending=len(self._pending), reason=why))
             return DirtyRead(BitmapRead.DEFERRED, empty_extents(), str(why))
         read, self._pending = self._pending, []
@@ -227,23 +227,27 @@ class DirtyTracker:
 
     def _rotate(self) -> None:
         old, new = self._active, self._next_name()
-        self.monitor.execute(
-            "transaction",
-            {
-                "actions": [
-                    {
-                        "type": "block-dirty-bitmap-add",
-                        "data": {
-                            "node": self.node_name,
-                            "name": new,
-                            "granularity": self.granularity,
-                            "persistent": False,
+        try:
+            self.monitor.execute(
+                "transaction",
+                {
+                    "actions": [
+                        {
+                            "type": "block-dirty-bitmap-add",
+                            "data": {
+                                "node": self.node_name,
+                                "name": new,
+                                "granularity": self.granularity,
+                                "persistent": False,
+                            },
                         },
-                    },
-                    {"type": "block-dirty-bitmap-disable", "data": {"node": self.node_name, "name": old}},
-                ]
-            },
-        )
+                        {"type": "block-dirty-bitmap-disable", "data": {"node": self.node_name, "name": old}},
+                    ]
+                },
+            )
+        except MonitorBusyError:
+            self._serial -= 1  # not sent: the name is free (one sent and lost might exist in QEMU: never reused)
+            raise
         self._active = new
         assert old is not None
         self._pending.append(old)

@@ -16,13 +16,14 @@ run's agent must not clean up, or do anything else, in the new QEMU.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import libvirt
 
-from ..errors import DomainError, MonitorConnectionError, RunEndedError
+from ..errors import DomainError, MonitorBusyError, MonitorConnectionError, RunEndedError
 from ..host.qmp import LibvirtMonitor
 from ..host.rungate import RunGate
 from ..host.virtdomain import VirtDomain
@@ -31,6 +32,9 @@ from ..settings.metadata import DomainInfo, parse_domain
 
 __all__ = ["DomainLink"]
 
+#: Seconds a QMP command waits for libvirt to end a job of the domain before it is not sent, and how often it looks.
+BUSY_WAIT = 2.0
+BUSY_POLL = 0.05
 #: (state, reason) of a domain on the destination of a migration until the migration ends.
 _INCOMING = (libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_PAUSED_MIGRATION)
 
@@ -151,10 +155,35 @@ class DomainLink:
 
     @contextmanager
     def sending(self) -> Iterator[None]:
-        """Around one QMP command: check the run, and hold its gate until the reply. Raises MonitorConnectionError."""
+        """Around one QMP command: check the run, wait (a little) for libvirt to be done with the domain's
+        job, and hold the run's gate until the reply.
+
+        A command sent while libvirt runs a job of the domain waits for the
+        job, up to libvirt's 30 s; a snapshot revert's job runs the hook
+        that fences this run, and that fence waits for this command: so a
+        command is sent only while the domain has no job, after up to
+        BUSY_WAIT seconds of waiting with no gate held. Raises
+        MonitorBusyError, MonitorConnectionError.
+        """
         self.check_run()  # before the gate: a lookup may wait for libvirtd, which may be running the fencing hook
+        deadline = time.monotonic() + BUSY_WAIT
+        while self._busy() and time.monotonic() < deadline:
+            time.sleep(BUSY_POLL)
         with self.gate.hold() if self.gate is not None else nullcontext():
+            state = self._busy()
+            if state:
+                raise MonitorBusyError(f"domain {self.domain!r}: libvirt is busy with a job of it (control state "
+                                       f"{state}); command not sent")
             yield
+
+    def _busy(self) -> int:
+        """The domain's control state (virDomainGetControlInfo, which waits for no job) when it is not OK:
+        a job is running; 0 when commands can go. Raises MonitorConnectionError when the domain stopped."""
+        try:
+            return int(self._dom.controlInfo()[0])
+        except libvirt.libvirtError as err:
+            raise MonitorConnectionError(f"domain {self.domain!r}: {err.get_error_message()}; "
+                                         "command not sent") from err
 
     def connected(self) -> bool:
         """True when libvirtd still answers on this connection."""
