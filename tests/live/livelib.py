@@ -338,7 +338,10 @@ class LiveEnv:
                     _signal(pid, signal.SIGKILL)
 
     def status(self, name: str) -> Any:
-        return read_status(self.agents, name)
+        """The status the domain's running agent wrote; None when none runs (a file a killed agent left is not
+        its successor's)."""
+        status = read_status(self.agents, name)
+        return status if status and status.get("pid") == self.agent_pid(name) else None
 
     def agent_pid(self, name: str) -> int | None:
         return lock_holder(str(self.agents / (file_stem(name) + ".pid")))
