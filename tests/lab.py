@@ -46,6 +46,8 @@ class GuestSpec:
     phase: int | None = None        # alternate: 0 busy first, 1 idle first
     initrd: str | None = None       # another initramfs (default: guest_dir's), e.g. with a trace appended
     stamp_at: int | None = None     # stamp: the MiB where its 64 stamped blocks start (default 8)
+    console_append: bool = False    # each QEMU of the domain appends to the console file (a migration's
+                                    # destination would empty it otherwise)
 
 
 def domain_xml(spec: GuestSpec) -> str:
@@ -78,6 +80,7 @@ def domain_xml(spec: GuestSpec) -> str:
             f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache={quoteattr(spec.cache)}/>"
             f"<source file={quoteattr(path)}/><target dev='{dev}' bus='virtio'/></disk>"
         )
+    append = " append='on'" if spec.console_append else ""
     return f"""<domain type='qemu'>
   <name>{escape(spec.name)}</name>
   {metadata}
@@ -94,8 +97,8 @@ def domain_xml(spec: GuestSpec) -> str:
   <on_crash>destroy</on_crash>
   <devices>
     {"".join(disks)}
-    <serial type='file'><source path={quoteattr(spec.console_log)}/><target port='0'/></serial>
-    <console type='file'><source path={quoteattr(spec.console_log)}/><target type='serial' port='0'/></console>
+    <serial type='file'><source path={quoteattr(spec.console_log)}{append}/><target port='0'/></serial>
+    <console type='file'><source path={quoteattr(spec.console_log)}{append}/><target type='serial' port='0'/></console>
     <memballoon model='none'/>
   </devices>
 </domain>

@@ -122,7 +122,8 @@ def define_guest(side: Side, name: str, *, metadata: str = "", workload: str = "
         f.truncate(64 * MiB)
     (plain / f"{name}.console").unlink(missing_ok=True)
     xml = domain_xml(GuestSpec(name=name, disk=f"{there}/{name}.raw", console_log=f"{plain_there}/{name}.console",
-                               workload=workload, loops=0, guest_dir=f"{plain_there}/guest", **spec))
+                               workload=workload, loops=0, guest_dir=f"{plain_there}/guest", console_append=True,
+                               **spec))
     if metadata:
         xml = xml.replace("</name>", f"</name>\n  <metadata>{metadata}</metadata>", 1)
     return side.conn.defineXML(xml)
