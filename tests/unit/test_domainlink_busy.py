@@ -66,3 +66,21 @@ def test_a_long_job_holds_the_command_back(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_domain_that_stopped_is_a_lost_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(MonitorConnectionError, match="command not sent"):
         sent(link(Dom(-1), monkeypatch))
+
+
+def test_once_a_command_was_held_back_the_next_ones_do_not_wait_until_one_goes(monkeypatch: pytest.MonkeyPatch) -> None:
+    dom = Dom(libvirt.VIR_DOMAIN_CONTROL_ERROR)
+    lnk = link(dom, monkeypatch)
+    with pytest.raises(MonitorBusyError):
+        sent(lnk)
+    waited = dom.asked
+    with pytest.raises(MonitorBusyError):
+        sent(lnk)
+    assert dom.asked - waited == 2          # looked once, then once holding the gate: no wait
+    dom.states = [libvirt.VIR_DOMAIN_CONTROL_OK]
+    assert sent(lnk)
+    dom.states = [libvirt.VIR_DOMAIN_CONTROL_ERROR]
+    asked = dom.asked
+    with pytest.raises(MonitorBusyError):
+        sent(lnk)
+    assert dom.asked - asked > 5            # a new job: waited for again

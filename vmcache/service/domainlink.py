@@ -59,6 +59,7 @@ class DomainLink:
         self._conn: Any = None
         self._dom: Any = None
         self._events: DomainEvents | None = None
+        self._held_back = False  # the last command was not sent: the domain's job was still running
         self.uuid = ""  # known once attached
         #: (uid, gid) QEMU runs as, from the DAC seclabel (known once attached; None: not said)
         self.qemu_user: tuple[int, int] | None = None
@@ -162,15 +163,17 @@ class DomainLink:
         job, up to libvirt's 30 s; a snapshot revert's job runs the hook
         that fences this run, and that fence waits for this command: so a
         command is sent only while the domain has no job, after up to
-        BUSY_WAIT seconds of waiting with no gate held. Raises
-        MonitorBusyError, MonitorConnectionError.
+        BUSY_WAIT seconds of waiting with no gate held (the first command
+        held back by a job waits; the next ones, until one goes, do not).
+        Raises MonitorBusyError, MonitorConnectionError.
         """
         self.check_run()  # before the gate: a lookup may wait for libvirtd, which may be running the fencing hook
-        deadline = time.monotonic() + BUSY_WAIT
+        deadline = time.monotonic() + (0.0 if self._held_back else BUSY_WAIT)  # one wait per job, not per command
         while self._busy() and time.monotonic() < deadline:
             time.sleep(BUSY_POLL)
         with self.gate.hold() if self.gate is not None else nullcontext():
             state = self._busy()
+            self._held_back = bool(state)
             if state:
                 raise MonitorBusyError(f"domain {self.domain!r}: libvirt is busy with a job of it (control state "
                                        f"{state}); command not sent")
