@@ -58,7 +58,7 @@ from .domainlink import DomainLink
 from .earlypin import EarlyPins
 from .hotsets import HotSetKeeper
 from .incoming import await_arrival
-from .launcher import remove_own_pidfile
+from .detached import remove_own_pidfile
 from .management import Management
 from .readsignal import ReadSignal
 from .signalsafe import SignalSafeEvent

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from ..settings.config import HostConfig
     from ..settings.rules import Rule
-    from .launcher import Launcher
+    from .launchresult import Launcher
 
 __all__ = ["Action", "Decision", "run", "main", "START_OPS", "STOP_OPS", "FILTER_OPS", "FENCE_OPS"]
 
