@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.sizes import SIZES, emit, load, run_sizes, status_bytes, table
 from vmcache.model.params import ModelParams
 from vmcache.service.engine import DiskEngine
+from vmcache.service.enginepolicy import EnginePolicy
 from vmcache.units import parse_size
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -64,7 +65,7 @@ def one(size_text: str, directory: str, cycles: int) -> None:
         fd = -1
         base_anon = status_bytes("RssAnon")
         costs, anon, pinned = [], 0, 0
-        with DiskEngine(path, params=params, budget=256 * MiB, floor_bytes=GiB, prefetch_rate=None,
+        with DiskEngine(path, params=params, budget=256 * MiB, policy=EnginePolicy(GiB),
                         clock=CpuClock(params.interval)) as engine:
             for _ in range(cycles):
                 started = time.process_time()

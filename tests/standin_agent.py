@@ -16,7 +16,7 @@ import sys
 import time
 
 from vmcache.host.configfile import load_host_config
-from vmcache.service.launcher import remove_own_pidfile, wait_for_pidfile
+from vmcache.service.detached import remove_own_pidfile, wait_for_pidfile
 from vmcache.host.files import file_stem
 from vmcache.observe.status import AgentStatus, status_path, write_status
 

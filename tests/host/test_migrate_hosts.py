@@ -48,7 +48,7 @@ if HOSTS is not None:
     from vmcache.host.cachestat import cachestat
     from vmcache.host.files import file_stem, short_name
     from vmcache.host.virtdomain import Affect, VirtDomain
-    from vmcache.service.launcher import systemd_escape
+    from vmcache.service.systemdunit import systemd_escape
     from vmcache.settings.hotset import DiskHotSet
     from vmcache.settings.metadata import NAMESPACE
 

@@ -42,7 +42,7 @@ if ON_CLEAN_HOST:
         wait_for,
     )
     from tests.live.guestlib import guest_write, leftovers, read_until_pinned, write_until_pinned
-    from vmcache.service.launcher import systemd_escape
+    from vmcache.service.systemdunit import systemd_escape
     from vmcache.host.files import file_stem
 
 PREFIX = "vmcache-host-"

@@ -17,6 +17,7 @@ from vmcache.model.blocks import BlockValues
 from vmcache.model.extents import DirtyRead
 from vmcache.model.reads import GuestReads
 from vmcache.service.engine import DiskEngine
+from vmcache.service.enginepolicy import EnginePolicy
 from vmcache.host.pagecache import scan_residency
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
@@ -85,9 +86,10 @@ def guest_spread(path: Path, offset: int, length: int, part: int, parts: int = 1
 
 
 def engine(path: Path, budget: int = 64 * MiB, **kw) -> DiskEngine:
+    """An engine under a 1 GiB floor; ``kw`` may hold EnginePolicy's fields besides DiskEngine's arguments."""
     kw.setdefault("meminfo", meminfo())
-    return DiskEngine(path, params=kw.pop("params", PARAMS), budget=budget, floor_bytes=GiB,
-                      clock=Clock(), **kw)
+    policy = EnginePolicy(floor_bytes=GiB, **{k: kw.pop(k) for k in list(kw) if k in EnginePolicy.__dataclass_fields__})
+    return DiskEngine(path, params=kw.pop("params", PARAMS), budget=budget, policy=policy, clock=Clock(), **kw)
 
 
 def pinned(e: DiskEngine) -> list[Region]:

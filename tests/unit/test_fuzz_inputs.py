@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from vmcache.settings.config import HostConfig, parse_host_config
 from vmcache.errors import ConfigError
 from vmcache.service.hook import FILTER_OPS, START_OPS, STOP_OPS, Action, run
-from vmcache.service.launcher import LaunchResult
+from vmcache.service.launchresult import LaunchResult
 from vmcache.settings.metadata import NAMESPACE, DiskInfo, parse_domain
 from vmcache.settings.policy import choose_disks, domain_budget, total_budget
 from vmcache.host.files import file_stem

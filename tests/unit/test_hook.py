@@ -16,7 +16,7 @@ import vmcache.service.hook as hook_module
 from vmcache.host.configfile import cache_path
 from vmcache.errors import HostError
 from vmcache.service.hook import Action, run
-from vmcache.service.launcher import LaunchResult
+from vmcache.service.launchresult import LaunchResult
 from vmcache.settings.metadata import NAMESPACE
 
 from tests.standin_agent import kill_agents

@@ -15,15 +15,10 @@ import pytest
 
 from vmcache.settings.config import HostConfig, parse_host_config
 from vmcache.errors import HostError
-from vmcache.service import launcher as launcher_mod
-from vmcache.service.launcher import (
-    DetachedLauncher,
-    SystemdLauncher,
-    default_agent_command,
-    make_launcher,
-    remove_own_pidfile,
-    systemd_escape,
-)
+from vmcache.service import detached as detached_mod
+from vmcache.service.detached import DetachedLauncher, remove_own_pidfile
+from vmcache.service.launcher import default_agent_command, make_launcher
+from vmcache.service.systemdunit import SystemdLauncher, systemd_escape
 from vmcache.host.files import file_stem
 
 from tests.procutil import open_files
@@ -220,16 +215,16 @@ def test_a_start_that_locked_a_removed_pidfile_opens_the_new_one(tmp_path, monke
     lock the orphaned inode (a second start would then create a new file and a second agent)."""
     agents = tmp_path / "agents"
     launcher = DetachedLauncher([sys.executable, "-c", "import time; time.sleep(30)"], str(agents))
-    real_flock = launcher_mod.fcntl.flock
+    real_flock = detached_mod.fcntl.flock
     replaced = []
 
     def flock(fd, op):
-        if not replaced and op & launcher_mod.fcntl.LOCK_EX:
+        if not replaced and op & detached_mod.fcntl.LOCK_EX:
             os.unlink(agents / "x.pid")  # what remove_own_pidfile does in the exiting agent
             replaced.append(fd)
         return real_flock(fd, op)
 
-    monkeypatch.setattr(launcher_mod.fcntl, "flock", flock)
+    monkeypatch.setattr(detached_mod.fcntl, "flock", flock)
     result = launcher.start("x")
     assert result.action == "started" and replaced
     try:
@@ -244,7 +239,7 @@ def test_remove_own_pidfile_only_removes_the_file_it_holds_locked(tmp_path):
     path = tmp_path / "a.pid"
     fd = os.open(path, os.O_RDWR | os.O_CREAT)
     try:
-        env = {launcher_mod.PIDFILE_ENV: str(path), launcher_mod.PIDFILE_FD_ENV: str(fd)}
+        env = {detached_mod.PIDFILE_ENV: str(path), detached_mod.PIDFILE_FD_ENV: str(fd)}
         assert remove_own_pidfile({}) is False  # not started by the launcher: a no-op
         os.rename(path, tmp_path / "moved.pid")
         path.write_text("1\n")  # another agent's pidfile now at the path

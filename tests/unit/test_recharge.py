@@ -16,6 +16,7 @@ import pytest
 
 from vmcache.host.pinner import Pinner
 from vmcache.service.engine import DiskEngine
+from vmcache.service.enginepolicy import EnginePolicy
 from vmcache.model.region import Region
 
 from tests.pagecache_util import fake_meminfo, random_image, vmlck
@@ -99,8 +100,8 @@ def test_the_engine_reads_its_pins_in_while_qemu_is_apart_and_reports_them(
 
     caplog.set_level("INFO")
     apart = {"now": False}
-    with DiskEngine(cached, params=PARAMS, budget=SIZE, floor_bytes=0, meminfo=plenty, clock=Clock(),
-                    apart=lambda: apart["now"]) as e:
+    with DiskEngine(cached, params=PARAMS, budget=SIZE, policy=EnginePolicy(0, apart=lambda: apart["now"]),
+                    meminfo=plenty, clock=Clock()) as e:
         for _ in range(4):
             guest_read(cached, 8 * MiB, 8 * MiB)
             stats = e.cycle()

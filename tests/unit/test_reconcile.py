@@ -20,7 +20,7 @@ import pytest
 from vmcache.cli import main
 from vmcache.host.files import try_lock
 from vmcache.observe.status import AgentStatus, DiskStatus, status_path, write_status
-from vmcache.service.launcher import LaunchResult
+from vmcache.service.launchresult import LaunchResult
 from vmcache.service.reconcile import Plan, RunningDomain, plan, reconcile_once, survey
 from vmcache.settings.config import parse_host_config
 from vmcache.settings.metadata import NAMESPACE

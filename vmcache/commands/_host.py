@@ -8,7 +8,8 @@ import os
 
 from ..host.configfile import load_host_config
 from ..settings.config import DEFAULT_PATH, HostConfig
-from ..service.launcher import LaunchResult, make_launcher
+from ..service.launcher import make_launcher
+from ..service.launchresult import LaunchResult
 
 __all__ = ["add_host_options", "host_config", "ensure_agent"]
 

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..service.app import build_agent
-    from ..service.launcher import wait_for_pidfile
+    from ..service.detached import wait_for_pidfile
 
     if not args.verbose:
         logging.getLogger().setLevel(logging.INFO)

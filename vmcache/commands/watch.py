@@ -78,6 +78,7 @@ def _line(cycle: int, stats: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..service.engine import DiskEngine  # numpy only once the arguments are good
+    from ..service.enginepolicy import EnginePolicy
 
     params = _params(args)
     if args.png_every < 1:
@@ -89,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with DiskEngine(args.image, params=params, budget=args.budget, floor_bytes=args.min_free,
-                        prefetch_rate=args.prefetch_rate) as engine:
+        with DiskEngine(args.image, params=params, budget=args.budget,
+                        policy=EnginePolicy(args.min_free, prefetch_rate=args.prefetch_rate)) as engine:
             cycle = 0
             while not stop.is_set():
                 started = time.monotonic()

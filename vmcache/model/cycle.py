@@ -234,18 +234,26 @@ class Cycle:
             self.model.step_blocks(read_input, wr, unread, now)  # a restored block not read yet: held
         if self.warm is not None:
             self.warm.seed(self.model, now)
+        regions, waiting = self._plan(res, pinned, pinned_blocks, size_bytes=size_bytes, budget=budget, now=now,
+                                      reads=reads, recharge=recharge)
+        return CycleResult(regions, read_miss, waiting)
+
+    def _plan(self, res: BlockValues, pinned: Sequence[Region], pinned_blocks: NDArray[np.int64], *,
+              size_bytes: int, budget: int, now: float, reads: GuestReads | None,
+              recharge: bool) -> tuple[list[Region], int]:
+        """Steps 4-6 (module docstring) on the stepped model: the regions to pin, and how many wait."""
         held = pinned if self.warm is None else [*pinned, *self.warm.held()]  # saved regions count as held
         regions = plan_active(self.model.active, params=self.params, size_bytes=size_bytes, budget=budget,
                               current=held)
         if reads is not None:
             regions = self._balanced(regions, reads, res, size_bytes, budget, held)
         waiting = 0
-        if self.fill and not self.restoring:  # steps 5 and 6 (module docstring): only where pins read
+        if self.fill and not self.restoring:  # steps 5 and 6: only where pins read
             regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
         if self.loads:
             paid = BlockValues.empty() if recharge else res  # what new pins read: their uncached bytes, or all
             regions, waiting = self._bucket.limit(regions, paid, pinned, budget, now, restoring=self.restoring)
-        return CycleResult(regions, read_miss, waiting)
+        return regions, waiting
 
     def pinned(self, regions: Iterable[Region]) -> None:
         """What the caller pinned after this step: its residency is ours from now on."""

@@ -122,10 +122,7 @@ def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, 
     budgets, policies, cell = _grid(results)
     if not budgets:
         raise ValueError("no results to plot")
-    top_value = max(r.reads_per_request for r in results)
-    scale = 10 ** math.ceil(math.log10(top_value)) if top_value > 0 else 1.0
-    if top_value <= scale / 2:
-        scale /= 2
+    scale = _axis_top(max(r.reads_per_request for r in results))
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
     font = ImageFont.load_default()
@@ -169,13 +166,24 @@ def plot_png(results: list[PolicyResult], *, title: str = "", width: int = 800, 
             draw.line(points, fill=colour, width=3)
         for x, y in points:
             draw.ellipse([x - 4, y - 4, x + 4, y + 4], fill=colour)
-    for n, p in enumerate(policies):
-        colour = COLOURS.get(p, _FALLBACK)
-        ly = top + 10 + 22 * n
-        draw.line([(right + 20, ly), (right + 50, ly)], fill=colour, width=3)
-        draw.ellipse([right + 31, ly - 4, right + 39, ly + 4], fill=colour)
-        draw.text((right + 58, ly), p, fill="black", font=font, anchor="lm")
+    _legend(draw, policies, right + 20, top + 10, font)
 
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
+
+
+def _axis_top(value: float) -> float:
+    """The y axis's top for a largest ``value``: the power of ten above it, or half that when it fits."""
+    scale = 10 ** math.ceil(math.log10(value)) if value > 0 else 1.0
+    return scale / 2 if value <= scale / 2 else scale
+
+
+def _legend(draw: ImageDraw.ImageDraw, policies: list[str], x: float, y: float, font: Any) -> None:
+    """Each policy's line, dot and name, one under the other from (``x``, ``y``)."""
+    for n, p in enumerate(policies):
+        colour = COLOURS.get(p, _FALLBACK)
+        ly = y + 22 * n
+        draw.line([(x, ly), (x + 30, ly)], fill=colour, width=3)
+        draw.ellipse([x + 11, ly - 4, x + 19, ly + 4], fill=colour)
+        draw.text((x + 38, ly), p, fill="black", font=font, anchor="lm")

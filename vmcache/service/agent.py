@@ -3,7 +3,8 @@
 Started by the libvirt hook (through :mod:`vmcache.service.launcher`) when an
 opted-in domain starts; built by :func:`vmcache.service.app.build_agent`.
 On a live migration's destination the hook starts it as the domain comes in:
-it waits until the migration has ended before it sends QEMU anything or pins.
+it waits until the migration has ended before it sends QEMU anything or pins
+(:func:`~vmcache.service.incoming.await_arrival`).
 Once per interval the loop
 
 1. picks up the domain's events (:class:`~vmcache.service.domainlink.DomainLink`):
@@ -39,27 +40,26 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from .. import __version__
 from ..errors import ConfigError, DomainError, RunClaimedError, RunEndedError, VmcacheError
 from ..host.files import nbd_dir
 from ..host.runlock import RunLock
-from ..host.virtdomain import Affect
 from ..logfmt import domain_logger, event
 from ..observe.status import AgentStatus, status_path, write_status
 from ..settings.config import HostConfig
-from ..settings.metadata import DomainInfo, DomainSettings
+from ..settings.metadata import DomainInfo
 from ..model.share import Curve
 from ..settings.policy import domain_budget, domain_minimum
-from ..settings.rules import decide
 from .configwatch import ConfigWatch
 from .budget import Budget
 from .diskset import DiskSet
 from .domainlink import DomainLink
 from .earlypin import EarlyPins
 from .hotsets import HotSetKeeper
-from .launcher import remove_own_pidfile
+from .incoming import await_arrival
+from .detached import remove_own_pidfile
+from .management import Management
 from .readsignal import ReadSignal
 from .signalsafe import SignalSafeEvent
 from .telemetry import Telemetry
@@ -69,7 +69,6 @@ __all__ = ["Agent", "EXIT_OK", "EXIT_FAILURE"]
 EXIT_OK = 0
 EXIT_FAILURE = 1
 RECONNECT_SECONDS = 2.0
-INCOMING_POLL_SECONDS = 1.0
 
 
 class Agent:
@@ -102,8 +101,7 @@ class Agent:
         self._run_lock = run_lock
         self._config_watch = config_watch
         self._request_reconcile = request_reconcile
-        self._rules = config.rules
-        self._facts: DomainInfo | None = None  # the XML as libvirt has it (the metadata as written)
+        self._management = Management(config.rules)
         self._reads = reads
         self._early_pins = early_pins
         self._log = domain_logger("vmcache.service.agent", domain)
@@ -135,7 +133,8 @@ class Agent:
                 self.status.state = "disabled"
                 return EXIT_OK
             self._start_telemetry()
-            if not self._wait_for_incoming_migration():
+            if not await_arrival(self._link, wake=self._wake, stopping=self._stop.is_set, clock=self._clock,
+                                 log=self._log, waiting=self._migrating, early_pins=self._early_pins):
                 return EXIT_OK
             if self._hotsets is not None:
                 self._hotsets.load()
@@ -162,35 +161,9 @@ class Agent:
         self.status.uuid = self._info.uuid
         self.status.domain_id = self._link.domain_id
 
-    def _wait_for_incoming_migration(self) -> bool:
-        """On a migration's destination: wait until the domain has come in; False if it went away meanwhile.
-
-        Until then libvirt holds the domain's job (a QMP command waits for it and fails after 30 s),
-        and the source still runs the guest: pages read now may change before the switch, and the
-        destination QEMU's drop of its page cache at the switch cannot drop pages an agent locked.
-        """
-        if not self._link.incoming():
-            return True
-        started = self._clock()
-        self._log.info(event("agent.migration_wait"))
+    def _migrating(self) -> None:
         self.status.state = "migrating"
         self._write_status()
-        if self._early_pins is not None:
-            try:
-                self._early_pins.pin(self._link.virt().hotset(Affect.LIVE))
-            except (OSError, VmcacheError) as err:
-                self._log.warning(event("test.pin_before_activation_failed", error=err))
-        try:
-            while self._link.incoming():
-                self._wake.wait(INCOMING_POLL_SECONDS)  # set by the domain's resume event
-                self._wake.clear()
-                if self._stop.is_set() or not self._link.alive():
-                    return False
-        finally:
-            if self._early_pins is not None:
-                self._early_pins.release()
-        self._log.info(event("agent.migration_done", waited=f"{self._clock() - started:.3f}s"))
-        return True
 
     def _enabled(self) -> bool:
         return self._info is not None and self._info.settings is not None and self._info.settings.enabled
@@ -205,7 +178,7 @@ class Agent:
                 return
             self._cycle()
             if self._hotsets is not None:
-                self._hotsets.follow(self._disks.workers(), managed=self._still_managed)
+                self._hotsets.follow(self._disks.workers(), managed=self._management.still_managed)
                 self.status.hotset_saved_at = self._hotsets.saved_at
             self._wake.wait(max(0.0, self.config.interval - (self._clock() - started)))
 
@@ -253,15 +226,9 @@ class Agent:
         self._write_status()
 
     def _effective(self, info: DomainInfo) -> DomainInfo:
-        """``info`` with the settings the agent goes by: its metadata's, or the host rule's that opts it in."""
-        self._facts = info
-        opt_in = decide(info, self._rules)
-        self.status.managed_by = opt_in.why
-        return replace(info, settings=opt_in.settings)
-
-    def _still_managed(self, settings: DomainSettings | None) -> bool:
-        """Whether the domain is managed with metadata ``settings`` (a hot set is saved only then)."""
-        return self._facts is not None and decide(replace(self._facts, settings=settings), self._rules).enabled
+        effective = self._management.effective(info)
+        self.status.managed_by = self._management.why
+        return effective
 
     def _apply_config(self, config: HostConfig) -> bool:
         """A changed, valid host config: ask for a reconcile, apply its rules. False when no longer managed.
@@ -270,9 +237,8 @@ class Agent:
         """
         if self._request_reconcile is not None:
             self._request_reconcile()
-        if config.rules == self._rules:
+        if not self._management.take_rules(config.rules):
             return True
-        self._rules = config.rules
         self._resync = True  # budgets, minimum: applied by the disks' sync
         return self._reload(what="agent.rules_changed")
 
@@ -365,7 +331,7 @@ class Agent:
 
     def _save_hotset(self, *, live: bool) -> None:
         assert self._hotsets is not None
-        self._hotsets.save(self._disks.workers(), live=live, managed=self._still_managed)
+        self._hotsets.save(self._disks.workers(), live=live, managed=self._management.still_managed)
         self.status.hotset_saved_at = self._hotsets.saved_at
 
     def _shutdown(self) -> None:

@@ -35,6 +35,7 @@ from .diskset import DiskSet, WorkerFactory
 from .diskworker import DiskWorker
 from .domainlink import DomainLink
 from .earlypin import ENV as EARLY_PIN_ENV, EarlyPins
+from .enginepolicy import EnginePolicy
 from .hotsets import HotSetKeeper
 from .layers import Layers
 from .readsignal import ReadSignal
@@ -89,17 +90,17 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
     runtime_dir = nbd_dir(config.runtime_dir, domain)
     # pins are charged to QEMU's cgroup (the guest read them) or the agent's (it loaded them)
     memcg = MemcgRoom(lambda: (qemu_pid(domain), os.getpid()))
+    policy = EnginePolicy(floor_bytes=config.min_free, room=memcg.room, apart=memcg.apart,
+                          prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate, fill=config.fill == "whole",
+                          decide_on_reads=config.read_model == "counted")
 
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams,
              layer_of: str | None) -> DiskWorker:
-        return DiskWorker(choice, node=node, monitor=monitor, params=params, floor_bytes=config.min_free,
-                          room=memcg.room, apart=memcg.apart, prefetch_rate=config.prefetch_rate,
-                          warm_rate=config.warm_rate,
-                          fill=config.fill == "whole", refs=refs, runtime_dir=runtime_dir,
-                          socket_owner=qemu_user(),
-                          granularity=granularity, metrics=telemetry.metrics(uuid()), logger=logger,
+        return DiskWorker(choice, node=node, monitor=monitor, params=params, policy=policy, refs=refs,
+                          runtime_dir=runtime_dir, socket_owner=qemu_user(), granularity=granularity,
+                          metrics=telemetry.metrics(uuid()), logger=logger,
                           heatmap=None if layer_of else _heatmap_writer(domain, choice.disk.target, config),
-                          layer_of=layer_of, reads=reads, decide_on_reads=config.read_model == "counted")
+                          layer_of=layer_of, reads=reads)
 
     return make
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 
 from .engine import DiskEngine, ReadSource
+from .enginepolicy import EnginePolicy
 from ..model.share import Curve
 from ..errors import MonitorError, TrackerError, VmcacheError
 from ..host.pagerefs import PageRefs
@@ -50,12 +50,7 @@ class DiskWorker:
         node: str | None,
         monitor: Monitor,
         params: ModelParams,
-        floor_bytes: int,
-        room: Callable[..., int | None] | None = None,
-        apart: Callable[[], bool] | None = None,
-        prefetch_rate: int | None = None,
-        warm_rate: int | None = None,
-        fill: bool = True,
+        policy: EnginePolicy,
         refs: PageRefs | None = None,
         runtime_dir: str,
         socket_owner: tuple[int, int] | None = None,
@@ -66,14 +61,11 @@ class DiskWorker:
         engine_factory: type[DiskEngine] = DiskEngine,
         layer_of: str | None = None,
         reads: ReadSignal | None = None,
-        decide_on_reads: bool = False,
     ) -> None:
         """Start tracking; raises VmcacheError when the image cannot be opened.
 
+        ``policy``: the engine's memory limits and fill, as the host config says;
         ``reads``: the agent's read counter (None: the guest's reads are inferred);
-        ``decide_on_reads``: its counts replace the inference in the model (host config ``read_model``);
-        ``room``: what the limited memory cgroups of QEMU and the agent can still take (host/memcg.py);
-        ``apart``: whether QEMU is under a memory limit the agent is not (host/memcg.py);
         ``heatmap`` writes the disk's heat-map files after its cycles;
         ``layer_of``: the image is a read-only backing layer of that target's
         top image (no tracker: give ``node`` None).
@@ -89,25 +81,16 @@ class DiskWorker:
         self.status = DiskStatus(target=disk.target, source=disk.source, cache=disk.cache_mode, eligible=True,
                                  budget_bytes=choice.budget, dirty_granule_bytes=granularity if node else None,
                                  layer_of=layer_of)
-        self.tracker: DirtyTracker | None = None
-        if node is not None:
-            tracker = DirtyTracker(monitor, node, granularity=granularity, runtime_dir=runtime_dir,
-                                   socket_owner=socket_owner, logger=logger)
-            try:
-                tracker.start()
-                self.tracker = tracker
-                self.status.dirty_granule_bytes = tracker.granularity  # coarser on a huge disk
-            except VmcacheError as err:
-                self._record_error(err, "tracker.start_failed")
+        self.tracker = (self._start_tracker(DirtyTracker(monitor, node, granularity=granularity,
+                                                         runtime_dir=runtime_dir, socket_owner=socket_owner,
+                                                         logger=logger))
+                        if node is not None else None)
         self._file_reads: FileReads | None = reads.watch(self.image, params.block_size) if reads else None
         self._dropped = 0
         try:
-            self.engine = engine_factory(self.image, params=params, budget=choice.budget, floor_bytes=floor_bytes,
-                                         room=room, apart=apart, prefetch_rate=prefetch_rate, warm_rate=warm_rate,
-                                         fill=fill,
-                                         refs=refs, clear_refs=False, writes=self._writes if self.tracker else None,
-                                         reads=self._read_source(), decide_on_reads=decide_on_reads,
-                                         logger=logger)
+            self.engine = engine_factory(self.image, params=params, budget=choice.budget, policy=policy, refs=refs,
+                                         clear_refs=False, writes=self._writes if self.tracker else None,
+                                         reads=self._read_source(), logger=logger)
         except BaseException:
             self._close_reads()
             raise
@@ -116,6 +99,16 @@ class DiskWorker:
         self.failing = False  # the last cycle failed or could not read the writes
         self._inode = _open_inode(self.image)  # tells, whatever its path, whether a path still names the file
         self._qemu_writes = True  # the last cycle saw guest writes (a deleted image is kept while it does)
+
+    def _start_tracker(self, tracker: DirtyTracker) -> DirtyTracker | None:
+        """``tracker`` started, or None when it could not be (recorded: the disk is managed without writes)."""
+        try:
+            tracker.start()
+        except VmcacheError as err:
+            self._record_error(err, "tracker.start_failed")
+            return None
+        self.status.dirty_granule_bytes = tracker.granularity  # coarser on a huge disk
+        return tracker
 
     def _writes(self) -> DirtyRead:
         assert self.tracker is not None

@@ -1,7 +1,7 @@
 """A test-only switch: lock a migration's carried hot set on the destination *before* QEMU activates it.
 
 vmcache never does this. On a live migration's destination the agent
-waits until the domain has come in (vmcache.service.agent): at activation
+waits until the domain has come in (vmcache.service.incoming): at activation
 QEMU drops its image's page cache (file-posix ``drop-cache``, fadvise
 DONTNEED), which cannot drop a page a process maps, and on shared storage
 the source went on writing after any page was read here - so a page

@@ -40,6 +40,7 @@ from ..model.region import Region
 from ..model.share import Curve, demand_of
 from ..model.stats import CycleStats
 from ..model.warm import WarmStart, heat_of
+from .enginepolicy import EnginePolicy
 
 PICTURE_BLOCKS = 1 << 20
 """Most blocks a heat-map picture of one disk is given (1 TiB of 1 MiB blocks); see heatmap_data."""
@@ -60,15 +61,9 @@ class DiskEngine:
         *,
         params: ModelParams,
         budget: int,
-        floor_bytes: int,
-        room: Callable[..., int | None] | None = None,
-        apart: Callable[[], bool] | None = None,
-        prefetch_rate: int | None = None,
-        warm_rate: int | None = None,
-        fill: bool = True,
+        policy: EnginePolicy,
         writes: WriteSource | None = None,
         reads: ReadSource | None = None,
-        decide_on_reads: bool = False,
         pinner: Pinner | None = None,
         refs: PageRefs | None = None,
         clear_refs: bool = True,
@@ -78,32 +73,21 @@ class DiskEngine:
     ) -> None:
         """Open ``image``; nothing is pinned until the first cycle.
 
-        ``room``: the bytes the limited memory cgroups the pins are charged
-        to can still take (the pinner holds to it as to the floor; None: no
-        limit looked at); ``apart``: whether QEMU is under a memory limit the
-        agent is not (then pins are read in, and charged, by the agent:
-        host/pinner.py). ``prefetch_rate``: bytes per second vmcache may read from the device
-        to fill regions it starts pinning (their pages not yet in the page
-        cache); None for no limit. ``warm_rate``: the rate instead while a
-        saved hot set is restored (the higher of the two; None: the same).
-        ``fill`` False: pins lock only the pages cached (the guest's), and
-        read nothing from the device but to restore a saved hot set.
-        ``refs`` reads the referenced bits of
-        pinned pages (the guest's reads of them); ``reads`` counts every read
-        the guest made (host/readcount.py; None: inferred from residency
-        growth and referenced bits); ``decide_on_reads``: the counted reads
-        replace the inference in the model (False: they are only reported);
-        ``clear_refs``: clear them
-        at the end of each cycle - an agent running several engines clears
-        once, after all of them. Raises PageCacheError when the image cannot
-        be opened.
+        ``policy``: the memory the pins may take and how they are filled
+        (:class:`~vmcache.service.enginepolicy.EnginePolicy`). ``refs`` reads
+        the referenced bits of pinned pages (the guest's reads of them);
+        ``reads`` counts every read the guest made (host/readcount.py; None:
+        inferred from residency growth and referenced bits);
+        ``clear_refs``: clear them at the end of each cycle - an agent
+        running several engines clears once, after all of them. Raises
+        PageCacheError when the image cannot be opened.
         """
         self.image = os.fspath(image)
         self.params = params
         self.budget = budget
         self._writes = writes
         self._reads = reads
-        self._decide_on_reads = decide_on_reads
+        self._decide_on_reads = policy.decide_on_reads
         self._meminfo = meminfo
         self._clock = clock
         self._log = logger or logging.getLogger(__name__)
@@ -114,9 +98,10 @@ class DiskEngine:
                                  errno=err.errno) from err
         self._refs = refs if refs is not None else PageRefs()
         self._clear_refs = clear_refs
-        self._pinner = pinner or Pinner(self.image, floor_bytes=floor_bytes, meminfo=meminfo, room=room,
-                                        apart=apart, logger=self._log)
-        self._cycle = Cycle(params, prefetch_rate=prefetch_rate, warm_rate=warm_rate, fill=fill)
+        self._pinner = pinner or Pinner(self.image, floor_bytes=policy.floor_bytes, meminfo=meminfo,
+                                        room=policy.room, apart=policy.apart, logger=self._log)
+        self._cycle = Cycle(params, prefetch_rate=policy.prefetch_rate, warm_rate=policy.warm_rate,
+                            fill=policy.fill)
         self._written = BlockValues.empty()
         self.last_reads: GuestReads | None = None
         """The guest's reads counted in the last cycle (None: not counted)."""

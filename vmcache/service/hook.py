@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from ..settings.config import HostConfig
     from ..settings.rules import Rule
-    from .launcher import Launcher
+    from .launchresult import Launcher
 
 __all__ = ["Action", "Decision", "run", "main", "START_OPS", "STOP_OPS", "FILTER_OPS", "FENCE_OPS"]
 
@@ -245,25 +245,32 @@ def run(
             return Decision(Action.IGNORE, decision.domain, decision.op, f"host config: {config_error}")
         log.warning(event("hook.config_error", **fields, error=str(config_error), using="defaults"))
     if decision.action is Action.START or decision.action is Action.STOP:
-        if launcher_for is None:
-            from .launcher import make_launcher  # fcntl, signal, status: only to act
-
-            launcher_for = make_launcher
-        launcher = launcher_for(config, config_path=config_path)
-        try:
-            if decision.action is Action.START:
-                result = launcher.start(decision.domain, decision.domain_id)
-            else:
-                result = launcher.stop(decision.domain)
-        except VmcacheError as err:
-            log.error(event("hook.failed", **fields, action=decision.action.value, error=str(err)))
-        else:
-            log.info(event("hook." + decision.action.value, **fields, result=str(result)))
+        _launch(decision, config, config_path, launcher_for)
         if decision.op == "release":
             (sweep or _sweep)(config, decision.domain, data)
     elif decision.action is Action.IGNORE and decision.op in START_OPS:
         log.info(event("hook.ignore", **fields, reason=decision.reason))
     return decision
+
+
+def _launch(decision: Decision, config: HostConfig, config_path: str,
+            launcher_for: Callable[..., Launcher] | None) -> None:
+    """Start or stop the domain's agent as decided, and log what came of it; a failure is logged, not raised."""
+    if launcher_for is None:
+        from .launcher import make_launcher  # fcntl, signal, status: only to act
+
+        launcher_for = make_launcher
+    launcher = launcher_for(config, config_path=config_path)
+    fields = {"domain": decision.domain, "op": decision.op}
+    try:
+        if decision.action is Action.START:
+            result = launcher.start(decision.domain, decision.domain_id)
+        else:
+            result = launcher.stop(decision.domain)
+    except VmcacheError as err:
+        log.error(event("hook.failed", **fields, action=decision.action.value, error=str(err)))
+    else:
+        log.info(event("hook." + decision.action.value, **fields, result=str(result)))
 
 
 def _sweep(config: HostConfig, domain: str, xml: bytes) -> None:

@@ -23,7 +23,7 @@ from ..host.runlock import RUN_LOCK_DIR
 from ..observe.filesd import targets_path
 from ..observe.status import status_path
 from ..settings.config import HostConfig
-from .launcher import pidfile_path
+from .detached import pidfile_path
 
 __all__ = ["sweep"]
 

@@ -46,7 +46,8 @@ from ..logfmt import event
 from ..settings.config import DEFAULT_PATH, HostConfig
 from ..settings.metadata import parse_domain
 from ..settings.rules import OptIn, Rule, decide
-from .launcher import SYSTEMD_RUN_DIR, Launcher, LaunchResult
+from .launchresult import Launcher, LaunchResult
+from .systemdunit import SYSTEMD_RUN_DIR
 
 __all__ = ["RunningDomain", "Plan", "Outcome", "ReconcileRequest", "plan", "survey", "reconcile", "reconcile_once",
            "UNIT"]
