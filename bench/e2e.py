@@ -10,10 +10,15 @@ the cache (evicted, kernel, vmcache, oracle). How one run is set up (memory
 cgroup, limit, delay device) is in bench/e2e_run.py; docs/benchmarks.md
 says why.
 
-Rounds: every selected arm runs once per round, in the same order, for
-``--rounds`` rounds (kernel, vmcache, oracle, kernel, vmcache, ...), so
-the host's noise hits every arm alike. The report gives per arm the median
-and min-max over rounds, and ratios taken within each round.
+Rounds: every selected arm runs once per round, for ``--rounds`` rounds,
+in an order rotated from round to round (bench/order.py: round r starts at
+arm (r-1) mod n of the selection, so no arm always runs first and, over n
+rounds, every arm takes every place once), so the host's noise and the
+order's own effects hit every arm alike. Each run's row records its
+``slot`` (its place in its round) and the log prints every round's order.
+A set that warm-starts learns its hot set once, before the first round.
+The report gives per arm the median and min-max over rounds, and ratios
+taken within each round.
 
 Run as root with the repository's venv, after scripts/bench.sh set things
 up::
@@ -47,6 +52,7 @@ from bench.e2e_plan import Settings, TraceFiles, guest_seconds
 from bench.e2e_report import (arm_table, boot_table, device_check_line, figures, goal_table, miss_figures,
                               time_to_steady)
 from bench.e2e_run import HOST_CONFIG, destroy_ours, ensure_hook, host_config, hook_lock, learn_hotset, run_arm
+from bench.order import round_order
 
 
 def parse_args() -> argparse.Namespace:
@@ -242,7 +248,8 @@ def prepare_trace(name: str, s: Settings, limit: int) -> TraceFiles:
 
 
 def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> None:
-    """Every arm once per round, in order; each run's row appended to ``runs`` as it ends."""
+    """Every arm once per round, the order rotated from round to round (``round_order``); each run's row,
+    with its ``slot`` in the round, appended to ``runs`` as it ends. A warm set is learnt before round 1."""
     warm_devices = sorted({a.device for a in arms if a.mode == "warm"})
     if len(warm_devices) > 1:
         raise SystemExit("warm arms on more than one device: the saved hot set names one image path")
@@ -252,7 +259,9 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
         with hook_lock():
             s.hotset = learn_hotset(warm_devices[0], s)
     for round_ in range(1, rounds + 1):
-        for arm in arms:
+        order = round_order(arms, round_)
+        log(f"round {round_}/{rounds}, in this order: {', '.join(a.name for a in order)}")
+        for slot, arm in enumerate(order, 1):
             log(f"round {round_}/{rounds}: {arm.name}")
             if arm.mode in AGENT_MODES:
                 with hook_lock():   # no live test swaps the hook under this arm
@@ -261,7 +270,7 @@ def run_rounds(arms: list[Arm], s: Settings, rounds: int, runs: list[dict]) -> N
                         ensure_hook(HOST_CONFIG)   # the installed hook back, before another user's turn
             else:
                 res = run_arm(arm, s, round_)
-            row = {**asdict(res), "figures": figures(res.fio), "pinned_end": None}
+            row = {**asdict(res), "slot": slot, "figures": figures(res.fio), "pinned_end": None}
             if res.steady_fio is not None:
                 row["figures"]["steady_iops"] = figures([res.steady_fio])["iops"]
                 row["figures"]["t90_seconds"] = time_to_steady(res.cgroup_samples, row["figures"]["steady_iops"])

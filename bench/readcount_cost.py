@@ -3,7 +3,8 @@
     .venv/bin/python bench/readcount_cost.py [--rounds 3] [--runtime 8] [--file /var/tmp/rd-cost.bin]
 
 fio 4 KiB random reads (psync, one job as a thread) of a cached 64 MiB
-file, arms interleaved in each round:
+file, arms interleaved, their order rotated from round to round
+(bench/order.py):
 
 - ``off``: no read-counting program loaded;
 - ``shared``: vmcache's programs loaded, as 100 agents use them (100
@@ -34,11 +35,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.order import round_order
 from vmcache.host import bpf
 from vmcache.host.readcount import ReadCounter
 from vmcache.host.tracefs import read_tracepoints
 
 MiB = 1 << 20
+ARMS = ("off", "shared", "counted", "per-agent")
 
 
 def fio(path: str, runtime: int, register: bool = False) -> float:
@@ -108,7 +111,7 @@ def main() -> int:
     results: dict[str, list[float]] = {}
     try:
         for rnd in range(args.rounds):
-            for arm in ("off", "shared", "counted", "per-agent"):
+            for arm in round_order(ARMS, rnd + 1):
                 held: list[int] = []
                 counters: list[ReadCounter] = []
                 if arm in ("shared", "counted"):

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from bench.order import round_order
+
 SIZES = "64G,1T,16T,64T"
 
 
@@ -38,8 +40,7 @@ def run_sizes(script: str, sizes: Sequence[str], rounds: int, child_args: Sequen
     """Run ``script --one SIZE *child_args`` for every size, ``rounds`` times, rotating the order."""
     results: dict[str, list[dict]] = {s: [] for s in sizes}
     for r in range(rounds):
-        order = list(sizes[r % len(sizes):]) + list(sizes[: r % len(sizes)])
-        for size in order:
+        for size in round_order(sizes, r + 1):
             out = subprocess.run([sys.executable, script, "--one", size, *child_args], check=True,
                                  stdout=subprocess.PIPE, text=True).stdout
             line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
