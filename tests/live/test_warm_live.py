@@ -40,7 +40,7 @@ BUDGET = 16 * MiB
 
 @pytest.fixture(scope="module")
 def env(live_tmp: Path, hooked) -> Iterator[LiveEnv]:
-    # 2 MiB a cycle: a set > 2 MiB takes steps
+    # 2 MiB a cycle of each disk's prefetch and 2 MiB of the host's warm-up budget: a set > 4 MiB takes steps
     yield from agents_env(live_tmp, hooked, PREFIX, hotset_interval="2s", prefetch_rate="2M", warm_rate="2M",
                           model={"block_size": "1M"})
 
@@ -167,7 +167,7 @@ START = 48 * MiB
 
 
 def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEnv) -> None:
-    """14 MiB saved, 2 MiB a cycle (prefetch_rate = warm_rate = 2M, 1 s cycles): the new agent locks it
+    """14 MiB saved, 4 MiB a cycle (prefetch_rate 2M and the host's warm_rate 2M, 1 s cycles): the new agent locks it
     in steps from its first cycle, one pin grown from the start, the status shows it partly restored."""
     name = PREFIX + "chunked"
     dom, image, record = first_run(env, name)
@@ -189,11 +189,12 @@ def test_a_large_saved_region_is_restored_in_steps_never_over_budget(env: LiveEn
     # the last step is logged just after it is locked: read the log once the restore says it is done
     log = wait_for(lambda: "warm.done" in (text := env.agent_log(name)[before:]) and text, "warm.done in the log")
     grown = [int(m) for m in re.findall(rf"pin\.add start={START} length=(\d+)", log)]
-    assert len(grown) >= 7 and grown == sorted(grown) and grown[-1] == 14 * MiB, grown
+    assert len(grown) >= 4 and grown == sorted(grown) and grown[-1] == 14 * MiB, grown
     steps = [b - a for a, b in zip([0, *grown], grown)]
-    assert max(steps) <= 2 * MiB, steps  # never more than one cycle's tokens at once
+    # never more than one cycle's tokens at once: its own prefetch_rate's and the host's warm-up budget's
+    assert max(steps) <= 4 * MiB, steps
     partial = [int(m) for m in re.findall(r"warm\.progress image=\S+ restored=(\d+) total=14680064", log)]
-    assert partial and 0 < partial[0] <= 2 * MiB and partial == sorted(partial), partial
+    assert partial and 0 < partial[0] <= 4 * MiB and partial == sorted(partial), partial
     assert re.search(r"warm\.done image=\S+ restored=14680064 ", log), log[-2000:]
     status = wait_for(lambda: (s := env.status(name)) and s["disks"][0]["warm_restored_bytes"] == 14 * MiB and s,
                       "the status to show the set restored")

@@ -1,5 +1,5 @@
-"""Files vmcache writes: one atomic writer, one lock file taker and one reader of its holder, one name for a
-domain (or path) as a file name, one short name.
+"""Files vmcache writes: one atomic writer, one lock file taker and one reader of its holder, one waiting
+lock for the files agents share, one name for a domain (or path) as a file name, one short name.
 
 Cheap to import (os and re only): the libvirt hook uses it on its fast path.
 """
@@ -9,10 +9,13 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import HostError
 
-__all__ = ["file_stem", "lock_holder", "names_fd", "nbd_dir", "pid_in", "short_name", "try_lock", "write_atomic"]
+__all__ = ["exclusive", "file_stem", "lock_holder", "names_fd", "nbd_dir", "pid_in", "short_name", "try_lock",
+           "write_atomic"]
 
 _SAFE = re.compile(r"[A-Za-z0-9_.+-]")
 _MAX_STEM = 200
@@ -105,6 +108,22 @@ def names_fd(path: str, fd: int) -> bool:
     except OSError:
         return False
     return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+@contextmanager
+def exclusive(path: str, what: str = "lock") -> Iterator[None]:
+    """Hold the exclusive ``flock`` of ``path + ".lock"`` (made, with its directory, if absent) while inside,
+    waiting for it: how agents change a file they share (the ledger, the warm-up budget). Raises HostError."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise HostError(f"cannot open {what} lock: {err.strerror}", path=path, errno=err.errno) from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def try_lock(path: str, owner: bytes, *, mode: int = 0o644) -> tuple[int | None, bytes]:

@@ -31,7 +31,6 @@ rounded to a whole number).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import HostError
 from ..model.share import DEFAULT_KEEP, Curve, Demand, Split, split
-from .files import write_atomic
+from .files import exclusive, write_atomic
 from .procs import is_alive, start_time
 
 __all__ = ["Ledger", "LedgerEntry", "HostShare", "SHARE_VERSION"]
@@ -267,21 +266,12 @@ class Ledger:
 
     @contextmanager
     def _locked(self) -> Iterator[dict[str, LedgerEntry]]:
-        directory = os.path.dirname(self.path) or "."
-        try:
-            os.makedirs(directory, mode=0o755, exist_ok=True)
-            lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as err:
-            raise HostError(f"cannot open ledger lock: {err.strerror}", path=self.path, errno=err.errno) from err
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        with exclusive(self.path, "ledger"):
             entries = self._load()
             before = dict(entries)
             yield entries
             if entries != before:
                 self._save(entries)
-        finally:
-            os.close(lock_fd)  # releases the flock
 
     @staticmethod
     def _read_json(path: str) -> object:

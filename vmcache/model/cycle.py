@@ -118,7 +118,7 @@ class Cycle:
     def __init__(self, params: ModelParams, nblocks: int = 0, *, prefetch_rate: int | None = None,
                  warm_rate: int | None = None, residency_unit: int = PAGE_SIZE, fill: bool = True) -> None:
         self.params = params
-        self._bucket = PrefetchBucket(params, prefetch_rate, warm_rate)
+        self.bucket = PrefetchBucket(params, prefetch_rate, warm_rate)
         self.fill = fill
         self.model = HeatModel(params, nblocks)
         self._ours = np.zeros(0, dtype=np.int64)  # sorted blocks
@@ -132,14 +132,8 @@ class Cycle:
         """The blocks new pins may fill: cached whole, or spread through by the guest."""
         self.warm: WarmStart | None = None
         """A saved hot set being restored (set before the first step), None without one."""
-
-    @property
-    def prefetch_rate(self) -> int | None:
-        return self._bucket.prefetch_rate
-
-    @property
-    def warm_rate(self) -> int | None:
-        return self._bucket.warm_rate
+        self.warm_allowance: int | None = None
+        """Bytes the host's warm-up budget granted the next step's restore (None: filled at warm_rate)."""
 
     @property
     def restoring(self) -> bool:
@@ -252,7 +246,8 @@ class Cycle:
             regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
         if self.loads:
             paid = BlockValues.empty() if recharge else res  # what new pins read: their uncached bytes, or all
-            regions, waiting = self._bucket.limit(regions, paid, pinned, budget, now, restoring=self.restoring)
+            regions, waiting = self.bucket.limit(regions, paid, pinned, budget, now, restoring=self.restoring,
+                                                 allowance=self.warm_allowance)
         return regions, waiting
 
     def pinned(self, regions: Iterable[Region]) -> None:

@@ -3,8 +3,9 @@
 mlock reads every page of a new region that is not cached yet. The cycle
 (:mod:`vmcache.model.cycle`) passes its plan through :meth:`PrefetchBucket.limit`,
 which pays for the uncached bytes of new regions from a token bucket filled
-at ``prefetch_rate`` (``warm_rate`` while a saved hot set is restored) and
-cuts a region it cannot pay for whole to the chunk from its start it can.
+at ``prefetch_rate`` (``warm_rate`` while a saved hot set is restored, or,
+in an agent, ``prefetch_rate`` plus what the host's warm-up budget grants)
+and cuts a region it cannot pay for whole to the chunk from its start it can.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class PrefetchBucket:
         self.warm_rate = warm_rate
         self._tokens = 0.0
         self._last_plan: float | None = None
+        self.unspent = 0
+        """Of the last :meth:`limit`'s ``allowance``, the bytes not spent (whole)."""
 
     def _rate(self, restoring: bool) -> float | None:
         """Bytes per second the bucket fills at now: ``warm_rate`` while a saved set is restored; None: no limit."""
@@ -39,7 +42,7 @@ class PrefetchBucket:
         return float(self.prefetch_rate)
 
     def limit(self, regions: list[Region], resident: BlockValues, pinned: Sequence[Region], budget: int, now: float,
-              *, restoring: bool = False) -> tuple[list[Region], int]:
+              *, restoring: bool = False, allowance: int | None = None) -> tuple[list[Region], int]:
         """Keep the device reads that pinning new regions causes under the prefetch rate.
 
         mlock reads every page of a new region that is not cached yet: the
@@ -55,14 +58,25 @@ class PrefetchBucket:
         large region with small ones). The pinned regions a waiting region
         overlaps and its chunk does not replace stay, so a region that grows
         never loses what it had.
+
+        ``allowance``: while restoring, the bytes the host's warm-up budget
+        granted this cycle (vmcache.host.warmpool), paid on top of the
+        tokens filled at ``prefetch_rate`` instead of filling at
+        ``warm_rate``; what of it the regions did not need is left in
+        :attr:`unspent`, for the caller to give back.
         """
-        rate = self._rate(restoring)
+        shared = restoring and allowance is not None
+        rate = self._rate(restoring and not shared)
+        self.unspent = 0
         if rate is None:
+            self.unspent = allowance or 0
             return regions, 0
         elapsed = self.params.interval if self._last_plan is None else max(0.0, now - self._last_plan)
         self._last_plan = now
         cap = max(float(self.params.block_size), min(float(budget), rate * self.params.interval))
         self._tokens = min(cap, self._tokens + rate * elapsed)
+        extra = float(allowance) if shared and allowance else 0.0
+        self._tokens += extra
         current = {r.span: r for r in pinned}
         kept: dict[tuple[int, int], Region] = {}
         waiting = 0
@@ -78,6 +92,8 @@ class PrefetchBucket:
                 for old in current.values():
                     if old.overlap(region) and (part is None or not old.overlap(part)):
                         kept.setdefault(old.span, old)
+        self.unspent = int(min(extra, self._tokens))
+        self._tokens -= self.unspent
         return sorted(kept.values(), key=lambda r: -r.priority), waiting
 
     def _chunk(self, region: Region, resident: BlockValues, pins: Iterable[Region]) -> Region | None:

@@ -14,6 +14,7 @@ from typing import Any
 from ..host.hotstore import HotStore
 from ..host.rungate import RunGate
 from ..host.runlock import RUN_LOCK_DIR, RunLock
+from ..host.warmpool import WarmPool
 from ..host.ledger import Ledger
 from ..host.memcg import MemcgRoom
 from ..host.meminfo import MemoryPressure, read_meminfo, read_pressure
@@ -92,7 +93,9 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
     memcg = MemcgRoom(lambda: (qemu_pid(domain), os.getpid()))
     policy = EnginePolicy(floor_bytes=config.min_free, room=memcg.room, apart=memcg.apart,
                           prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate, fill=config.fill == "whole",
-                          decide_on_reads=config.read_model == "counted")
+                          decide_on_reads=config.read_model == "counted",
+                          warm_pool=WarmPool(os.path.join(config.runtime_dir, "warmup.json"), config.warm_rate,
+                                             burst=config.interval))
 
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams,
              layer_of: str | None) -> DiskWorker:

@@ -41,6 +41,7 @@ from ..model.share import Curve, demand_of
 from ..model.stats import CycleStats
 from ..model.warm import WarmStart, heat_of
 from .enginepolicy import EnginePolicy
+from .warmbudget import WarmBudget
 
 PICTURE_BLOCKS = 1 << 20
 """Most blocks a heat-map picture of one disk is given (1 TiB of 1 MiB blocks); see heatmap_data."""
@@ -102,6 +103,8 @@ class DiskEngine:
                                         room=policy.room, apart=policy.apart, logger=self._log)
         self._cycle = Cycle(params, prefetch_rate=policy.prefetch_rate, warm_rate=policy.warm_rate,
                             fill=policy.fill)
+        self._warm_budget = (WarmBudget(policy.warm_pool, self._fd, self.image, params, self._log)
+                             if policy.warm_pool is not None and policy.prefetch_rate is not None else None)
         self._written = BlockValues.empty()
         self.last_reads: GuestReads | None = None
         """The guest's reads counted in the last cycle (None: not counted)."""
@@ -213,14 +216,18 @@ class DiskEngine:
         if recharge != self._recharge:
             self._log.info(event("pin.charged_to", who="agent" if recharge else "first reader"))
             self._recharge = recharge
+        if self._warm_budget is not None:  # a restore is paid from the host's warm-up budget
+            self._cycle.warm_allowance = self._warm_budget.grant(self._cycle.warm)
         decided = self._cycle.step(res.blocks, written, current, size_bytes=res.size_bytes,
                                    budget=self.budget, now=now, seen=seen, seen_sample=per_block,
                                    reads=exact, counted=counted, recharge=recharge)
+        if self._warm_budget is not None:
+            self._warm_budget.settle(self._cycle.bucket.unspent)
         if decided.waiting:
             self._log.debug(event("prefetch.wait", regions=decided.waiting))
         report = self._pinner.apply(decided.regions, self.budget, fill=self._cycle.loads, recharge=recharge)
         if recharge:  # pins made before QEMU came under its limit: at the pace new pins may load
-            rate = self._cycle.prefetch_rate
+            rate = self._cycle.bucket.prefetch_rate
             self._pinner.recharge(None if rate is None else int(rate * self.params.interval))
         self._settle(report.regions)
         if self._clear_refs:
@@ -275,8 +282,10 @@ class DiskEngine:
                                  total=warm.total_bytes))
 
     def close(self) -> None:
-        """Unpin everything and close the image."""
+        """Unpin everything, give up any ask of the warm-up budget, close the image."""
         try:
+            if self._warm_budget is not None:
+                self._warm_budget.close()
             self._pinner.close()
         finally:
             if self._fd >= 0:

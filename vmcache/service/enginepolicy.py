@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..host.warmpool import WarmPool
+
 __all__ = ["EnginePolicy"]
 
 
@@ -30,6 +32,9 @@ class EnginePolicy:
     """Bytes per second new pins may read from the device (their pages not yet cached); None: no limit."""
     warm_rate: int | None = None
     """The rate instead while a saved hot set is restored (the higher of the two applies); None: the same."""
+    warm_pool: WarmPool | None = None
+    """The host's warm-up budget, shared with the other agents: restores are paid from it instead of at
+    ``warm_rate`` each (None: each disk restores at ``warm_rate``)."""
     fill: bool = True
     """False: pins lock only the pages cached (the guest's) and read nothing but to restore a saved hot set."""
     decide_on_reads: bool = False

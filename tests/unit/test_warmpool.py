@@ -1,0 +1,70 @@
+"""The host's warm-up budget: who goes first (model/warmshare.py) and the shared bucket (host/warmpool.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from vmcache.host.warmpool import WarmPool
+from vmcache.model.blocks import BlockValues
+from vmcache.model.params import ModelParams
+from vmcache.model.prefetch import PrefetchBucket
+from vmcache.model.region import Region
+from vmcache.model.warmshare import WarmAsk, warm_grant
+
+MiB = 1 << 20
+
+
+def test_the_densest_ask_goes_first_ties_by_name_and_stale_asks_hold_nothing_back() -> None:
+    asks = {"a": WarmAsk(100, 0.5, 10.0), "b": WarmAsk(100, 0.9, 10.0), "c": WarmAsk(100, 0.5, 10.0)}
+    assert warm_grant(150, asks, "b", 10.0, fresh=20) == 100          # densest: all it wants
+    assert warm_grant(150, asks, "a", 10.0, fresh=20) == 50           # after b
+    assert warm_grant(150, asks, "c", 10.0, fresh=20) == 0            # after b and a (same density, name)
+    asks["b"] = WarmAsk(100, 0.9, -15.0)                              # b's agent stopped asking 25 s ago
+    assert warm_grant(150, asks, "a", 10.0, fresh=20) == 100
+
+
+def pool(tmp_path: Path, now: list[float]) -> WarmPool:
+    return WarmPool(str(tmp_path / "run" / "warmup.json"), 10 * MiB, burst=10.0, clock=lambda: now[0])
+
+
+def test_agents_share_one_bucket_per_device_filled_at_the_rate_and_holding_one_burst(tmp_path: Path) -> None:
+    now = [1000.0]
+    a, b = pool(tmp_path, now), pool(tmp_path, now)                  # two agents, one file
+    assert a.take("254:0", "/img/a", 80 * MiB, 0.5) == 80 * MiB       # a full bucket: 100 MiB
+    assert b.take("254:0", "/img/b", 80 * MiB, 0.6) == 20 * MiB       # what is left
+    assert b.take("8:16", "/img/c", 80 * MiB, 0.5) == 80 * MiB        # another device, another budget
+    now[0] += 3.0
+    assert a.take("254:0", "/img/a", 80 * MiB, 0.5) == 0              # 30 MiB back, but b (denser, waiting) first
+    assert b.take("254:0", "/img/b", 60 * MiB, 0.6) == 30 * MiB
+    now[0] += 1000.0                                                  # never more than one burst saved up
+    assert a.take("254:0", "/img/a", 500 * MiB, 0.9) == 100 * MiB
+    a.give_back("254:0", "/img/a", 40 * MiB)                          # not read: back, a waits no more
+    assert b.take("254:0", "/img/b", 60 * MiB, 0.1) == 40 * MiB
+
+
+def test_a_disk_done_restoring_is_forgotten_and_a_damaged_file_starts_full(tmp_path: Path) -> None:
+    now = [0.0]
+    p = pool(tmp_path, now)
+    p.take("254:0", "/img/a", 200 * MiB, 0.9)                         # waits for 100 MiB more
+    assert p.take("254:0", "/img/b", 10 * MiB, 0.1) == 0
+    p.forget("/img/a")
+    now[0] += 1.0
+    assert p.take("254:0", "/img/b", 10 * MiB, 0.1) == 10 * MiB
+    Path(p.path).write_text("{not json")
+    assert p.take("254:0", "/img/b", 10 * MiB, 0.1) == 10 * MiB
+    assert json.loads(Path(p.path).read_text())["version"] == 1
+
+
+def test_the_bucket_pays_a_restore_from_the_allowance_and_leaves_what_it_did_not_need() -> None:
+    params = ModelParams(block_size=MiB, interval=8.0)
+    bucket = PrefetchBucket(params, prefetch_rate=MiB // 8, warm_rate=32 * MiB)   # 1 MiB a cycle of its own
+    cold = BlockValues(np.zeros(0, np.int64), np.zeros(0, np.float32))
+    regions = [Region(0, 8 * MiB, 9.0)]
+    kept, waiting = bucket.limit(regions, cold, [], 64 * MiB, 0.0, restoring=True, allowance=3 * MiB)
+    assert kept == [Region(0, 4 * MiB, 9.0)] and waiting == 1 and bucket.unspent == 0     # 1 + 3 MiB
+    kept, waiting = bucket.limit([Region(0, 2 * MiB, 9.0)], cold, [], 64 * MiB, 8.0, restoring=True,
+                                 allowance=8 * MiB)
+    assert kept == [Region(0, 2 * MiB, 9.0)] and bucket.unspent == 7 * MiB                # its own MiB first

@@ -1,0 +1,126 @@
+"""The host's warm-up budget: one token bucket per backing device, shared by every agent (a flock'd file).
+
+``<runtime_dir>/warmup.json`` holds, per backing device (the ``st_dev`` of
+the image file: the file system or block device the reads go to), the
+tokens left, when they were last filled, and the ask of every disk
+waiting to restore a saved hot set::
+
+    {"version": 1, "devices": {"254:0": {"tokens": 335544320.0, "at": 1796170571.3,
+      "asks": {"/var/lib/libvirt/images/web-1.qcow2": {"want": 33554432, "priority": 0.91, "at": 1796170570.1}}}}}
+
+The bucket fills at ``rate`` bytes per second and holds at most ``burst``
+seconds' worth. Every change happens under the file's flock
+(vmcache.host.files.exclusive) and the file is replaced atomically. Who
+gets the tokens is vmcache.model.warmshare's: the densest saved region
+first. A disk asks again every cycle while it restores; an ask not renewed
+for two of its cycles (its agent stopped or died) holds nothing back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import HostError
+from ..model.warmshare import WarmAsk, warm_grant
+from .files import exclusive, write_atomic
+
+__all__ = ["WarmPool", "device_of"]
+
+VERSION = 1
+
+
+def device_of(fd: int) -> str:
+    """The backing device of the open file ``fd`` as the pool names it, ``MAJOR:MINOR``. Raises OSError."""
+    st = os.fstat(fd)
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+class WarmPool:
+    """The warm-up budget of this host's agents: :meth:`take` before a cycle loads, :meth:`give_back` after."""
+
+    def __init__(self, path: str, rate: float, *, burst: float, clock: Callable[[], float] = time.time) -> None:
+        """``rate``: bytes per second per device; ``burst``: seconds of ``rate`` the bucket holds (and how
+        long an ask stays fresh, twice over)."""
+        self.path = path
+        self.rate = float(rate)
+        self.burst = burst
+        self._clock = clock
+
+    def take(self, device: str, who: str, want: int, priority: float) -> int:
+        """Ask for ``want`` bytes of ``device``'s budget for disk ``who``; the bytes granted (taken now).
+
+        Raises HostError when the file cannot be read or written.
+        """
+        with exclusive(self.path, "warm-up budget"):
+            state = self._load()
+            now = self._clock()
+            dev = state.setdefault(device, {"tokens": self.rate * self.burst, "at": now, "asks": {}})
+            dev["tokens"] = min(self.rate * self.burst, dev["tokens"] + self.rate * max(0.0, now - dev["at"]))
+            dev["at"] = now
+            asks = {k: WarmAsk(int(a["want"]), float(a["priority"]), float(a["at"])) for k, a in dev["asks"].items()
+                    if now - float(a["at"]) <= 2 * self.burst}
+            asks[who] = WarmAsk(max(0, want), priority, now)
+            granted = warm_grant(dev["tokens"], asks, who, now, fresh=2 * self.burst)
+            dev["tokens"] -= granted
+            left = asks[who].want - granted
+            dev["asks"] = {k: {"want": a.want, "priority": a.priority, "at": a.at} for k, a in asks.items()
+                           if k != who or left > 0}
+            if who in dev["asks"]:
+                dev["asks"][who]["want"] = left
+            self._save(state)
+        return granted
+
+    def give_back(self, device: str, who: str, unused: int) -> None:
+        """Return bytes ``who`` took but did not read (a cycle pays only for what it loads): it wanted less
+        than it asked, so its ask waits no more this cycle. Raises HostError."""
+        if unused <= 0:
+            return
+        with exclusive(self.path, "warm-up budget"):
+            state = self._load()
+            if device in state:
+                dev = state[device]
+                dev["tokens"] = min(self.rate * self.burst, dev["tokens"] + unused)
+                dev["asks"].pop(who, None)
+                self._save(state)
+
+    def forget(self, who: str) -> None:
+        """Drop ``who``'s asks (its disk stopped restoring, or its agent stops). Raises HostError."""
+        with exclusive(self.path, "warm-up budget"):
+            state = self._load()
+            if any(who in dev["asks"] for dev in state.values()):
+                for dev in state.values():
+                    dev["asks"].pop(who, None)
+                self._save(state)
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except ValueError:  # a damaged file is rebuilt: every budget starts full again
+            return {}
+        except OSError as err:
+            raise HostError(f"cannot read the warm-up budget: {err.strerror}", path=self.path,
+                            errno=err.errno) from err
+        devices = raw.get("devices") if isinstance(raw, dict) and raw.get("version") == VERSION else None
+        if not isinstance(devices, dict):
+            return {}
+        return {k: v for k, v in devices.items() if isinstance(v, dict) and _valid(v)}
+
+    def _save(self, devices: dict[str, dict[str, Any]]) -> None:
+        write_atomic(self.path, json.dumps({"version": VERSION, "devices": devices}, separators=(",", ":")),
+                     fsync=False, what="warm-up budget")
+
+
+def _valid(dev: dict[str, Any]) -> bool:
+    """A device's entry as :meth:`WarmPool._save` writes it (anything else is dropped)."""
+    asks = dev.get("asks")
+    return (isinstance(dev.get("tokens"), (int, float)) and isinstance(dev.get("at"), (int, float))
+            and isinstance(asks, dict)
+            and all(isinstance(a, dict) and all(isinstance(a.get(k), (int, float)) for k in ("want", "priority", "at"))
+                    for a in asks.values()))
