@@ -15,11 +15,18 @@ from vmcache.service.domainlink import DomainLink  # noqa: E402
 
 
 class Dom:
-    """Answers controlInfo with the states given, one per call, the last one for good."""
+    """Answers controlInfo with the states given, one per call, the last one for good; jobInfo with ``job``."""
 
-    def __init__(self, *states: int) -> None:
+    def __init__(self, *states: int, job: int = libvirt.VIR_DOMAIN_JOB_NONE) -> None:
         self.states = list(states)
+        self.job = job
         self.asked = 0
+
+    def name(self) -> str:
+        return "d"
+
+    def jobInfo(self) -> list[int]:
+        return [self.job] + [0] * 11
 
     def controlInfo(self) -> list[int]:
         self.asked += 1
@@ -61,6 +68,13 @@ def test_a_long_job_holds_the_command_back(monkeypatch: pytest.MonkeyPatch) -> N
         with link(dom, monkeypatch).sending():
             body.append(1)
     assert body == [] and dom.asked > 5
+
+
+def test_a_background_job_between_its_steps_holds_the_command_back_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an outgoing migration: the domain looks free between its steps, but a command would wait for the job
+    dom = Dom(libvirt.VIR_DOMAIN_CONTROL_OK, job=libvirt.VIR_DOMAIN_JOB_UNBOUNDED)
+    with pytest.raises(MonitorBusyError, match="job type"):
+        sent(link(dom, monkeypatch))
 
 
 def test_a_domain_that_stopped_is_a_lost_connection(monkeypatch: pytest.MonkeyPatch) -> None:

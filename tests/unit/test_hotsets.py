@@ -54,6 +54,11 @@ class FakeDomain:
     def is_persistent(self) -> bool:
         return self.persistent
 
+    def job(self) -> str | None:
+        return self.busy
+
+    busy: str | None = None
+
 
 @dataclass
 class FakeResidency:
@@ -418,3 +423,27 @@ def test_follow_survives_libvirt_refusing_the_write(image, caplog):
     dom.fail = None
     keeper.follow(disks)                                    # and written at the next cycle
     assert int(Affect.LIVE) in dom.saved
+
+
+def test_a_stopped_domains_set_goes_to_the_hosts_copy_alone_where_there_is_one(image, tmp_path):
+    """What stopped the domain (a snapshot revert) may hold its job: a persistent-XML write would wait for it."""
+    dom, store = CountingDomain(), HotStore(tmp_path / "hotsets")
+    disks = [Disk("vda", image, FakeEngine([Region(8 * MiB, 4 * MiB, 4.0)], 64 * MiB))]
+    assert _stored(dom, store).save(disks, live=False)
+    assert dom.writes == [] and store.load(UUID) is not None
+    assert _keeper(dom).save(disks, live=False) and dom.writes == [Affect.CONFIG]   # no host copy: the XML
+
+
+def test_a_running_domain_busy_with_a_job_gets_its_set_when_the_job_is_over(image, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    dom, store = CountingDomain(), HotStore(tmp_path / "hotsets")
+    dom.busy = "job type 2"                                   # a migration or a save running
+    disks = [Disk("vda", image, FakeEngine([Region(8 * MiB, 4 * MiB, 4.0)], 64 * MiB))]
+    keeper = _stored(dom, store)
+    assert keeper.save(disks, live=True) and dom.writes == [] and store.load(UUID) is not None
+    assert "hotset.xml_later" in caplog.text
+    keeper.follow(disks)
+    assert dom.writes == []
+    dom.busy = None
+    keeper.follow(disks)
+    assert dom.writes == [Affect.LIVE]

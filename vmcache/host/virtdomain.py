@@ -104,6 +104,24 @@ class VirtDomain:
         except libvirt.libvirtError as err:
             raise _error(f"{self.name}: cannot get its uuid", err) from err
 
+    def job(self) -> str | None:
+        """The libvirt job running on the domain now, if any (a call that needs the domain's job - a QMP
+        command, a metadata change - would wait for it, up to 30 s); None when there is none.
+
+        ``virDomainGetControlInfo`` (which waits for nothing) tells a job that holds the domain (a snapshot
+        revert, another client's command); ``virDomainGetJobInfo`` then a background one (a migration, a
+        save, a backup), between whose steps the domain looks free. Raises DomainError (the domain is not
+        running, libvirtd gone).
+        """
+        try:
+            state = int(self._dom.controlInfo()[0])
+            if state != libvirt.VIR_DOMAIN_CONTROL_OK:
+                return f"control state {state}"
+            kind = int(self._dom.jobInfo()[0])
+        except libvirt.libvirtError as err:
+            raise _error(f"{self.name}: cannot ask for its job", err) from err
+        return None if kind == libvirt.VIR_DOMAIN_JOB_NONE else f"job type {kind}"
+
     def is_active(self) -> bool:
         try:
             return bool(self._dom.isActive())

@@ -172,21 +172,20 @@ class DomainLink:
         while self._busy() and time.monotonic() < deadline:
             time.sleep(BUSY_POLL)
         with self.gate.hold() if self.gate is not None else nullcontext():
-            state = self._busy()
-            self._held_back = bool(state)
-            if state:
-                raise MonitorBusyError(f"domain {self.domain!r}: libvirt is busy with a job of it (control state "
-                                       f"{state}); command not sent")
+            job = self._busy()
+            self._held_back = job is not None
+            if job is not None:
+                raise MonitorBusyError(f"domain {self.domain!r}: libvirt is busy with a job of it ({job}); "
+                                       "command not sent")
             yield
 
-    def _busy(self) -> int:
-        """The domain's control state (virDomainGetControlInfo, which waits for no job) when it is not OK:
-        a job is running; 0 when commands can go. Raises MonitorConnectionError when the domain stopped."""
+    def _busy(self) -> str | None:
+        """The libvirt job running on the domain (VirtDomain.job), None when commands can go. Raises
+        MonitorConnectionError when the domain stopped."""
         try:
-            return int(self._dom.controlInfo()[0])
-        except libvirt.libvirtError as err:
-            raise MonitorConnectionError(f"domain {self.domain!r}: {err.get_error_message()}; "
-                                         "command not sent") from err
+            return VirtDomain.of(self._dom).job()
+        except DomainError as err:
+            raise MonitorConnectionError(f"{err}; command not sent") from err
 
     def connected(self) -> bool:
         """True when libvirtd still answers on this connection."""

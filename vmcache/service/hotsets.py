@@ -54,6 +54,7 @@ class HotSetDomain(Protocol):
     def set_hotset(self, hotset: HotSet | None, affect: Affect = Affect.CURRENT) -> None: ...
     def settings(self, affect: Affect = Affect.CURRENT) -> DomainSettings | None: ...
     def is_persistent(self) -> bool: ...
+    def job(self) -> str | None: ...
 
 
 class ManagedDisk(Protocol):
@@ -206,7 +207,7 @@ class HotSetKeeper:
             return
         dom = self._dom()
         try:
-            if not managed(dom.settings(Affect.LIVE)):
+            if dom.job() is not None or not managed(dom.settings(Affect.LIVE)):  # a job: written next cycle
                 return
             dom.set_hotset(hotset if hotset.disks else None, Affect.LIVE)
         except VmcacheError as err:
@@ -242,12 +243,10 @@ class HotSetKeeper:
         dom = self._dom()
         flags: Affect | None = None
         try:
-            persistent = dom.is_persistent()
-            if live or persistent:
-                if not managed(dom.settings(Affect.LIVE if live else Affect.CONFIG)):
-                    self._log.info(event("hotset.not_saved", reason="vmcache no longer manages the domain"))
-                    return False
-                flags = (Affect.LIVE if live else Affect(0)) | (Affect.CONFIG if persistent else Affect(0))
+            flags = self._xml_flags(dom, live, managed)
+        except _Unmanaged:
+            self._log.info(event("hotset.not_saved", reason="vmcache no longer manages the domain"))
+            return False
         except DomainGoneError:
             self._log.info(event("hotset.not_in_xml", reason="the domain is gone (a transient domain that stopped)"))
         except VmcacheError as err:
@@ -276,6 +275,29 @@ class HotSetKeeper:
                              live=live, config=bool(flags and flags & Affect.CONFIG), to="+".join(wrote),
                              cpu_ms=f"{(time.process_time() - started) * 1e3:.2f}"))
         return True
+
+    def _xml_flags(self, dom: HotSetDomain, live: bool,
+                   managed: Callable[[DomainSettings | None], bool]) -> Affect | None:
+        """The definitions a save writes into now, None for none (the host's copy only).
+
+        A stopped domain's set goes to the host's copy alone where there is
+        one (the newest wins at the next start): the persistent XML would
+        need the domain's job, which whatever stopped it may still hold (a
+        snapshot revert). A running domain busy with a job (a migration, a
+        save) is written next time: a metadata change would wait for the
+        job, 30 s a try. Raises _Unmanaged, VmcacheError.
+        """
+        persistent = dom.is_persistent()
+        if not (live or persistent):
+            return None
+        if not managed(dom.settings(Affect.LIVE if live else Affect.CONFIG)):
+            raise _Unmanaged
+        if not live and self._store is not None:
+            return None
+        if live and (job := dom.job()) is not None:
+            self._log.info(event("hotset.xml_later", reason=f"libvirt is busy with a job of the domain ({job})"))
+            return None
+        return (Affect.LIVE if live else Affect(0)) | (Affect.CONFIG if persistent else Affect(0))
 
     def _save_host(self, hotset: HotSet) -> bool:
         assert self._store is not None
@@ -320,3 +342,7 @@ def _spans(hotset: HotSet) -> tuple[tuple[str, str, tuple[tuple[int, int], ...]]
     """What a live save changes: each disk's image and the byte ranges of its regions (not their heat,
     which moves every cycle)."""
     return tuple((d.dev, d.image, tuple((r.start, r.length) for r in d.regions)) for d in hotset.disks)
+
+
+class _Unmanaged(Exception):
+    """vmcache no longer manages the domain: nothing is saved."""
