@@ -17,16 +17,18 @@ from vmcache.service.domainlink import DomainLink  # noqa: E402
 class Dom:
     """Answers controlInfo with the states given, one per call, the last one for good; jobInfo with ``job``."""
 
-    def __init__(self, *states: int, job: int = libvirt.VIR_DOMAIN_JOB_NONE) -> None:
+    def __init__(self, *states: int, job: int = libvirt.VIR_DOMAIN_JOB_NONE,
+                 operation: int = libvirt.VIR_DOMAIN_JOB_OPERATION_UNKNOWN) -> None:
         self.states = list(states)
-        self.job = job
+        self.job, self.operation = job, operation
         self.asked = 0
 
     def name(self) -> str:
         return "d"
 
-    def jobInfo(self) -> list[int]:
-        return [self.job] + [0] * 11
+    def jobStats(self) -> dict[str, int]:
+        return {"type": self.job} if self.job == libvirt.VIR_DOMAIN_JOB_NONE else {
+            "type": self.job, "operation": self.operation}
 
     def controlInfo(self) -> list[int]:
         self.asked += 1
@@ -72,9 +74,13 @@ def test_a_long_job_holds_the_command_back(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_a_background_job_between_its_steps_holds_the_command_back_too(monkeypatch: pytest.MonkeyPatch) -> None:
     # an outgoing migration: the domain looks free between its steps, but a command would wait for the job
-    dom = Dom(libvirt.VIR_DOMAIN_CONTROL_OK, job=libvirt.VIR_DOMAIN_JOB_UNBOUNDED)
-    with pytest.raises(MonitorBusyError, match="job type"):
+    dom = Dom(libvirt.VIR_DOMAIN_CONTROL_OK, job=libvirt.VIR_DOMAIN_JOB_UNBOUNDED,
+              operation=libvirt.VIR_DOMAIN_JOB_OPERATION_MIGRATION_OUT)
+    with pytest.raises(MonitorBusyError, match="job operation"):
         sent(link(dom, monkeypatch))
+    # a backup's job lets commands through (libvirt's job mask): the agent goes on beside it
+    assert sent(link(Dom(libvirt.VIR_DOMAIN_CONTROL_OK, job=libvirt.VIR_DOMAIN_JOB_UNBOUNDED,
+                         operation=libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP), monkeypatch))
 
 
 def test_a_domain_that_stopped_is_a_lost_connection(monkeypatch: pytest.MonkeyPatch) -> None:

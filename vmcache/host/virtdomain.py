@@ -109,18 +109,23 @@ class VirtDomain:
         command, a metadata change - would wait for it, up to 30 s); None when there is none.
 
         ``virDomainGetControlInfo`` (which waits for nothing) tells a job that holds the domain (a snapshot
-        revert, another client's command); ``virDomainGetJobInfo`` then a background one (a migration, a
-        save, a backup), between whose steps the domain looks free. Raises DomainError (the domain is not
+        revert, another client's command); ``virDomainGetJobStats`` then a background one (a migration, a
+        save, a dump), between whose steps the domain looks free. A backup's job is not one: libvirt lets
+        commands and metadata changes through while a backup runs. Raises DomainError (the domain is not
         running, libvirtd gone).
         """
         try:
             state = int(self._dom.controlInfo()[0])
             if state != libvirt.VIR_DOMAIN_CONTROL_OK:
                 return f"control state {state}"
-            kind = int(self._dom.jobInfo()[0])
+            stats = self._dom.jobStats()
         except libvirt.libvirtError as err:
             raise _error(f"{self.name}: cannot ask for its job", err) from err
-        return None if kind == libvirt.VIR_DOMAIN_JOB_NONE else f"job type {kind}"
+        kind = int(stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE))
+        operation = int(stats.get("operation", libvirt.VIR_DOMAIN_JOB_OPERATION_UNKNOWN))
+        if kind == libvirt.VIR_DOMAIN_JOB_NONE or operation == libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP:
+            return None
+        return f"job operation {operation}"
 
     def is_active(self) -> bool:
         try:
