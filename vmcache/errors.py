@@ -11,6 +11,7 @@ from system calls) are translated once, at the edge that met them, with
      |    +-- PinError          mlock / munlock
      +-- MonitorError           talking to QEMU's monitor
      |    +-- MonitorConnectionError   cannot reach it / it went away
+     |    |    +-- MonitorRunOverError   the agent's run of the domain is over: not sent
      |    +-- MonitorBusyError  libvirt is busy with a job of the domain: not sent
      |    +-- QMPCommandError   QEMU answered a command with an error
      |    +-- CommandNotAllowedError   vmcache refused to send a command
@@ -32,6 +33,7 @@ __all__ = [
     "PinError",
     "MonitorError",
     "MonitorConnectionError",
+    "MonitorRunOverError",
     "MonitorBusyError",
     "QMPCommandError",
     "CommandNotAllowedError",
@@ -95,6 +97,11 @@ class MonitorError(VmcacheError):
 
 class MonitorConnectionError(MonitorError):
     """The monitor could not be reached, or the connection was lost."""
+
+
+class MonitorRunOverError(MonitorConnectionError):
+    """The run of the domain an agent was started for is not running any more (the domain stopped, or runs as
+    a new QEMU): the command was not sent. The agent stops at its next look at the domain's events."""
 
 
 class MonitorBusyError(MonitorError):

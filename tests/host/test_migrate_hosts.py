@@ -539,3 +539,54 @@ def test_every_block_read_on_b_holds_the_last_write_made_on_a(sides: tuple[Side,
     if early:
         record(test="stamp-early-pin", migrate_s=round(took, 3), rounds_during=during, stale_reads=len(bad))
     stop_on_b(b, name, uuid)
+
+
+def vmcache_mappings(host: Host, name: str) -> list[str]:
+    """Lines of /proc/PID/maps of the host's vmcache processes that map the domain's image."""
+    _, there = shared_from_env()
+    image = f"{there}/{name}.raw"
+    found = []
+    for pid in host.pids().values():
+        if "vmcache" not in _cmdline(pid):
+            continue
+        try:
+            found += [f"{pid}: {ln}" for ln in Path(f"/proc/{pid}/maps").read_text().splitlines() if image in ln]
+        except OSError:
+            continue   # gone meanwhile
+    return found
+
+
+def test_a_cancelled_migration_leaves_nothing_of_the_image_mapped_on_b(sides: tuple[Side, Side]) -> None:
+    """Cancelled while the domain comes in on B: B's agent, which waited without mapping anything of the
+    image, ends with the incoming domain and leaves nothing behind; the guest runs on on A, its agent too."""
+    a, b = sides
+    name = PREFIX + "cancel"
+    _dom_a, uuid, _carried = start_opted_in(a, name)
+    errors: list[BaseException] = []
+
+    def slow_migration() -> None:
+        try:
+            a.host.run("sh", "-c", f"{MIGRATE} --bandwidth 1 {name} qemu+tcp://{b.host.name}/system", timeout=600)
+        except BaseException as err:  # noqa: BLE001 - the cancelled migration fails: expected
+            errors.append(err)
+
+    mover = threading.Thread(target=slow_migration)
+    mover.start()
+    try:
+        wait_for(lambda: lines(b.host, name, "agent.migration_wait"), "B's agent to wait for the incoming domain")
+        assert vmcache_mappings(b.host, name) == []
+    finally:
+        a.host.run("virsh", "domjobabort", name, check=False)
+        mover.join()
+    assert errors and "cancel" in str(getattr(errors[0], "stderr", errors[0])).lower(), errors
+    wait_for(lambda: b.host.unit(unit_of(name))["ActiveState"] == "inactive", "B's agent to end")
+    assert b.host.unit(unit_of(name))["Result"] == "success"
+    assert lines(b.host, name, "pin.add") == [] and vmcache_mappings(b.host, name) == []
+    assert runtime_leftovers(b.host, name, uuid) == []
+    dom = a.conn.lookupByName(name)
+    assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+    assert (s := status(a.host, name)) and s["state"] == "running" and s["disks"][0]["pinned_bytes"] > 0, s
+    dom.destroy()
+    wait_for(lambda: a.host.unit(unit_of(name))["ActiveState"] == "inactive", "A's agent to stop")
+    assert runtime_leftovers(a.host, name, uuid) == []
+    dom.undefine()

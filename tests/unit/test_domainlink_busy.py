@@ -9,7 +9,7 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
-from vmcache.errors import MonitorBusyError, MonitorConnectionError  # noqa: E402
+from vmcache.errors import MonitorBusyError, MonitorRunOverError  # noqa: E402
 from vmcache.service import domainlink  # noqa: E402
 from vmcache.service.domainlink import DomainLink  # noqa: E402
 
@@ -83,8 +83,8 @@ def test_a_background_job_between_its_steps_holds_the_command_back_too(monkeypat
                          operation=libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP), monkeypatch))
 
 
-def test_a_domain_that_stopped_is_a_lost_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(MonitorConnectionError, match="command not sent"):
+def test_a_domain_that_stopped_ends_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(MonitorRunOverError, match="command not sent"):
         sent(link(Dom(-1), monkeypatch))
 
 

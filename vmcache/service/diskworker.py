@@ -16,7 +16,7 @@ import time
 from .engine import DiskEngine, ReadSource
 from .enginepolicy import EnginePolicy
 from ..model.share import Curve
-from ..errors import MonitorError, TrackerError, VmcacheError
+from ..errors import MonitorError, MonitorRunOverError, TrackerError, VmcacheError
 from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
 from ..host.readcount import FileReads
@@ -114,6 +114,9 @@ class DiskWorker:
         assert self.tracker is not None
         try:
             read = self.tracker.read()
+        except MonitorRunOverError as err:  # the domain stopped mid-cycle: the agent ends at its next look
+            self._log.info(event("tracker.run_over", disk=self.target, error=err))
+            return DirtyRead(BitmapRead.DEFERRED, reason=str(err))
         except (TrackerError, MonitorError) as err:  # BitmapReadError among them: bitmaps kept for later
             self._record_error(err, "tracker.read_failed")
             return DirtyRead(BitmapRead.FAILED, reason=str(err))

@@ -23,7 +23,7 @@ from typing import Any
 
 import libvirt
 
-from ..errors import DomainError, MonitorBusyError, MonitorConnectionError, RunEndedError
+from ..errors import DomainError, MonitorBusyError, MonitorConnectionError, MonitorRunOverError, RunEndedError
 from ..host.qmp import LibvirtMonitor
 from ..host.rungate import RunGate
 from ..host.virtdomain import VirtDomain
@@ -136,10 +136,10 @@ class DomainLink:
         return self.domain_id is not None and self._current_run() == self.domain_id
 
     def check_run(self) -> None:
-        """Raise MonitorConnectionError unless the domain still runs as the link's run (before each QMP command)."""
+        """Raise MonitorRunOverError unless the domain still runs as the link's run (before each QMP command)."""
         if not self.alive():
-            raise MonitorConnectionError(f"domain {self.domain!r}: run {self.domain_id} is not running;"
-                                         " command not sent")
+            raise MonitorRunOverError(f"domain {self.domain!r}: run {self.domain_id} is not running;"
+                                      " command not sent")
 
     def open_gate(self) -> None:
         """Make the run's gate (once the run is claimed: only its agent has one), then check the run again.
@@ -185,6 +185,8 @@ class DomainLink:
         try:
             return VirtDomain.of(self._dom).job()
         except DomainError as err:
+            if not self.alive():
+                raise MonitorRunOverError(f"{err}; command not sent") from err
             raise MonitorConnectionError(f"{err}; command not sent") from err
 
     def connected(self) -> bool:
