@@ -203,10 +203,10 @@ def runtime_leftovers(host: Host, name: str, uuid: str) -> list[str]:
             if "--domain" in (cmd := _cmdline(pid)) and name in cmd]
     left += [f"pid {pid} locks {n} bytes" for pid, n in host.locked().items()]
     left += [p for p in host.files("/run/vmcache", "/run/lock/vmcache")
-             if not host.path(p).is_dir() and not re.fullmatch(r"/run/vmcache/(ledger\.json(\.lock)?|share\.json|"
-                                                                 r"reconciled\.json|reconcile\.lock|config-cache/.*)|"
-                                                                 r"/run/lock/vmcache/reads\.lock", p)]
-    left += [p for p in ("/run/vmcache/ledger.json", "/run/vmcache/share.json")
+             if not host.path(p).is_dir() and not re.fullmatch(r"/run/vmcache/((ledger|warmup)\.json(\.lock)?|"
+                                                                 r"share\.json|reconciled\.json|reconcile\.lock|"
+                                                                 r"config-cache/.*)|/run/lock/vmcache/reads\.lock", p)]
+    left += [p for p in ("/run/vmcache/ledger.json", "/run/vmcache/share.json", "/run/vmcache/warmup.json")
              if host.path(p).exists() and (uuid in (text := host.path(p).read_text()) or name in text)]
     if host.path(f"/run/vmcache/nbd/{short_name(name, 12)}").exists():
         left.append("its NBD socket directory")

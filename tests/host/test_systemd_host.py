@@ -138,8 +138,8 @@ def assert_nothing_left(dom: Any | None, name: str) -> None:
     assert read_status(AGENTS, name) is None
     assert not nbd_dir(RUN, name).exists()
     assert not (AGENTS / f"{file_stem(name)}.pid").exists()
-    ledger = RUN / "ledger.json"
-    assert not ledger.exists() or name not in ledger.read_text()
+    for shared in (RUN / "ledger.json", RUN / "warmup.json"):
+        assert not shared.exists() or name not in shared.read_text(), shared
 
 
 # -- names ------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from vmcache.host.warmpool import WarmPool
+
 libvirt = pytest.importorskip("libvirt")
 
 from vmcache.host.files import file_stem  # noqa: E402
@@ -38,6 +40,9 @@ def test_a_killed_agents_files_are_removed_when_its_domain_is_destroyed(env: Liv
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: env.agent_pid(name) is None, "the killed agent to be gone")
     assert _files_of(env, name, uuid) == made  # nobody cleaned up: its files are all there
+    # what it would leave had it died restoring a saved set: its disk's ask of the host's warm-up budget
+    WarmPool(str(env.run / "warmup.json"), 1 << 20, burst=1.0).take("0:0", f"/images/{name}.raw", 1 << 30, 0.5,
+                                                                   owner=name)
     dom.destroy()
     try:
         wait_for(lambda: not _files_of(env, name, uuid), "the release hook to remove the dead agent's files",
@@ -47,6 +52,7 @@ def test_a_killed_agents_files_are_removed_when_its_domain_is_destroyed(env: Liv
     assert "hook.swept domain=vmcache-test-left-kill9" in env.hook_log()
     for ledger in (env.run / "ledger.json", env.run / "share.json"):  # its reservation and demand too
         assert not ledger.exists() or f'"{name}"' not in ledger.read_text(), ledger.read_text()
+    assert name not in (env.run / "warmup.json").read_text()
 
 
 def test_a_live_agents_files_are_its_own_to_remove(env: LiveEnv, cleanup) -> None:

@@ -68,3 +68,16 @@ def test_the_bucket_pays_a_restore_from_the_allowance_and_leaves_what_it_did_not
     kept, waiting = bucket.limit([Region(0, 2 * MiB, 9.0)], cold, [], 64 * MiB, 8.0, restoring=True,
                                  allowance=8 * MiB)
     assert kept == [Region(0, 2 * MiB, 9.0)] and bucket.unspent == 7 * MiB                # its own MiB first
+
+
+def test_a_killed_agents_asks_go_with_its_domain_and_no_one_elses(tmp_path: Path) -> None:
+    now = [0.0]
+    p = pool(tmp_path, now)
+    p.take("254:0", "/img/a", 200 * MiB, 0.9, owner="web-1")
+    p.take("254:0", "/img/b", 200 * MiB, 0.1, owner="web-2")
+    assert p.forget_owner("web-1") == ["/img/a"]
+    assert p.forget_owner("web-1") == []
+    doc = json.loads(Path(p.path).read_text())["devices"]["254:0"]["asks"]
+    assert set(doc) == {"/img/b"} and doc["/img/b"]["owner"] == "web-2"
+    assert WarmPool(str(tmp_path / "none.json"), MiB, burst=1.0).forget_owner("web-1") == []   # nothing made
+    assert not (tmp_path / "none.json").exists()

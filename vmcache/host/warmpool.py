@@ -6,7 +6,8 @@ tokens left, when they were last filled, and the ask of every disk
 waiting to restore a saved hot set::
 
     {"version": 1, "devices": {"254:0": {"tokens": 335544320.0, "at": 1796170571.3,
-      "asks": {"/var/lib/libvirt/images/web-1.qcow2": {"want": 33554432, "priority": 0.91, "at": 1796170570.1}}}}}
+      "asks": {"/var/lib/libvirt/images/web-1.qcow2": {"want": 33554432, "priority": 0.91, "at": 1796170570.1,
+                                                        "owner": "web-1"}}}}}
 
 The bucket fills at ``rate`` bytes per second and holds at most ``burst``
 seconds' worth. Every change happens under the file's flock
@@ -50,10 +51,9 @@ class WarmPool:
         self.burst = burst
         self._clock = clock
 
-    def take(self, device: str, who: str, want: int, priority: float) -> int:
-        """Ask for ``want`` bytes of ``device``'s budget for disk ``who``; the bytes granted (taken now).
-
-        Raises HostError when the file cannot be read or written.
+    def take(self, device: str, who: str, want: int, priority: float, owner: str = "") -> int:
+        """Ask for ``want`` bytes of ``device``'s budget for disk ``who`` of domain ``owner``; the bytes granted
+        (taken now). Raises HostError when the file cannot be read or written.
         """
         with exclusive(self.path, "warm-up budget"):
             state = self._load()
@@ -67,8 +67,9 @@ class WarmPool:
             granted = warm_grant(dev["tokens"], asks, who, now, fresh=2 * self.burst)
             dev["tokens"] -= granted
             left = asks[who].want - granted
-            dev["asks"] = {k: {"want": a.want, "priority": a.priority, "at": a.at} for k, a in asks.items()
-                           if k != who or left > 0}
+            owners = {k: str(a.get("owner", "")) for k, a in dev["asks"].items()} | {who: owner}
+            dev["asks"] = {k: {"want": a.want, "priority": a.priority, "at": a.at, "owner": owners[k]}
+                           for k, a in asks.items() if k != who or left > 0}
             if who in dev["asks"]:
                 dev["asks"][who]["want"] = left
             self._save(state)
@@ -89,12 +90,24 @@ class WarmPool:
 
     def forget(self, who: str) -> None:
         """Drop ``who``'s asks (its disk stopped restoring, or its agent stops). Raises HostError."""
+        self._drop(lambda key, _ask: key == who)
+
+    def forget_owner(self, owner: str) -> list[str]:
+        """Drop every ask of domain ``owner`` (a killed agent's, at its domain's release); the disks dropped.
+        Raises HostError."""
+        return self._drop(lambda _key, ask: ask.get("owner") == owner)
+
+    def _drop(self, which: Callable[[str, dict[str, Any]], bool]) -> list[str]:
+        if not os.path.exists(self.path):
+            return []
         with exclusive(self.path, "warm-up budget"):
             state = self._load()
-            if any(who in dev["asks"] for dev in state.values()):
+            dropped = [k for dev in state.values() for k, a in dev["asks"].items() if which(k, a)]
+            if dropped:
                 for dev in state.values():
-                    dev["asks"].pop(who, None)
+                    dev["asks"] = {k: a for k, a in dev["asks"].items() if not which(k, a)}
                 self._save(state)
+        return dropped
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:

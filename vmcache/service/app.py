@@ -94,8 +94,8 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
     policy = EnginePolicy(floor_bytes=config.min_free, room=memcg.room, apart=memcg.apart,
                           prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate, fill=config.fill == "whole",
                           decide_on_reads=config.read_model == "counted",
-                          warm_pool=WarmPool(os.path.join(config.runtime_dir, "warmup.json"), config.warm_rate,
-                                             burst=config.interval))
+                          warm_pool=WarmPool(config.warmup_path, config.warm_rate, burst=config.interval),
+                          domain=domain)
 
     def make(choice: DiskChoice, node: str | None, monitor: Monitor, params: ModelParams,
              layer_of: str | None) -> DiskWorker:

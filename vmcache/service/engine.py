@@ -103,7 +103,7 @@ class DiskEngine:
                                         room=policy.room, apart=policy.apart, logger=self._log)
         self._cycle = Cycle(params, prefetch_rate=policy.prefetch_rate, warm_rate=policy.warm_rate,
                             fill=policy.fill)
-        self._warm_budget = (WarmBudget(policy.warm_pool, self._fd, self.image, params, self._log)
+        self._warm_budget = (WarmBudget(policy.warm_pool, self._fd, self.image, params, self._log, policy.domain)
                              if policy.warm_pool is not None and policy.prefetch_rate is not None else None)
         self._written = BlockValues.empty()
         self.last_reads: GuestReads | None = None

@@ -35,6 +35,8 @@ class EnginePolicy:
     warm_pool: WarmPool | None = None
     """The host's warm-up budget, shared with the other agents: restores are paid from it instead of at
     ``warm_rate`` each (None: each disk restores at ``warm_rate``)."""
+    domain: str = ""
+    """The domain whose disks these are (the owner of their asks of the warm-up budget)."""
     fill: bool = True
     """False: pins lock only the pages cached (the guest's) and read nothing but to restore a saved hot set."""
     decide_on_reads: bool = False

@@ -20,6 +20,7 @@ from ..errors import VmcacheError
 from ..host.files import nbd_dir, try_lock
 from ..host.ledger import Ledger
 from ..host.runlock import RUN_LOCK_DIR
+from ..host.warmpool import WarmPool
 from ..observe.filesd import targets_path
 from ..observe.status import status_path
 from ..settings.config import HostConfig
@@ -94,12 +95,15 @@ def _sweep_nbd(directory: str, removed: list[str]) -> None:
 
 
 def _sweep_ledger(config: HostConfig, domain: str, removed: list[str]) -> None:
-    """The domain's reservation and demand in the host ledger (an unreadable ledger: left to the agents)."""
+    """The domain's reservation and demand in the host ledger, and its disks' asks of the warm-up budget (a
+    file that cannot be read: left to the agents)."""
     try:
         named = Ledger(config.ledger_path, None).forget(domain)
+        asks = WarmPool(config.warmup_path, config.warm_rate, burst=config.interval).forget_owner(domain)
     except VmcacheError:
         return
     removed.extend(f"{path}:{domain}" for path in named)
+    removed.extend(f"{config.warmup_path}:{disk}" for disk in asks)
 
 
 def sweep(config: HostConfig, domain: str, uuid: str | None, *, lock_dir: str = RUN_LOCK_DIR) -> list[str]:

@@ -24,9 +24,12 @@ __all__ = ["WarmBudget"]
 class WarmBudget:
     """The warm-up budget of the disk whose image is open as ``fd`` (its device's pool), asked as ``image``."""
 
-    def __init__(self, pool: WarmPool, fd: int, image: str, params: ModelParams, logger: logging.Logger) -> None:
-        """Raises OSError when ``fd`` cannot be looked at."""
+    def __init__(self, pool: WarmPool, fd: int, image: str, params: ModelParams, logger: logging.Logger,
+                 owner: str = "") -> None:
+        """``owner``: the domain (its release drops what a killed agent left). Raises OSError when ``fd`` cannot
+        be looked at."""
         self._pool = pool
+        self._owner = owner
         self._device = device_of(fd)
         self._image = image
         self._params = params
@@ -49,7 +52,7 @@ class WarmBudget:
         density = first.priority / blocks / (self._params.read_amplitude or self._params.write_amplitude or 1.0)
         want = min(int(self._pool.rate * self._params.interval), max(0, warm.total_bytes - warm.restored_bytes))
         try:
-            granted = self._pool.take(self._device, self._image, want, density)
+            granted = self._pool.take(self._device, self._image, want, density, self._owner)
         except HostError as err:
             self._fail(err)
             return None

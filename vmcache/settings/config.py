@@ -146,6 +146,11 @@ class HostConfig:
         """The shared ledger of pinned bytes (see vmcache.host.ledger)."""
         return os.path.join(self.runtime_dir, "ledger.json")
 
+    @property
+    def warmup_path(self) -> str:
+        """The host's warm-up budget shared by the agents (see vmcache.host.warmpool)."""
+        return os.path.join(self.runtime_dir, "warmup.json")
+
 
 # --- the JSON form of a validated config (what vmcache.host.configfile caches) ---
 
