@@ -40,6 +40,14 @@
 #
 # VMCACHE_MIGRATE_PREFIX (default vmcache-mig): hostnames PREFIX-a, PREFIX-b,
 # veths PREFIX-va, PREFIX-vb, run directory /var/tmp/PREFIX.XXXXXX.
+# VMCACHE_MIGRATE_CONFIG (default test): "test" edits both hosts' conffile for
+# the checks (interval 1s, min_free 256M, a host rule for Nova's flavor
+# mig.large); "default" leaves the installed conffile as the package ships it
+# (the product's defaults: what bench/migrate_bench.py measures).
+# VMCACHE_MIGRATE_LOG_READS=1: each delay device also logs every read it
+# serves (unix time, file, offset, bytes) to a file of its own, named in
+# VMCACHE_MIGRATE_READ_LOGS (A's,B's); VMCACHE_MIGRATE_READ_MS is exported
+# with the delay in force.
 set -euo pipefail
 SAY=migrate
 # shellcheck source=tests/host/nspawn.sh
@@ -50,6 +58,8 @@ NET=10.231.0
 IMAGES=/var/lib/libvirt/images/migrate
 PLAIN=/var/lib/libvirt/images/plain
 READ_MS=${VMCACHE_MIGRATE_READ_MS:-0.3}
+CONFIG=${VMCACHE_MIGRATE_CONFIG:-test}
+LOG_READS=${VMCACHE_MIGRATE_LOG_READS:-}
 HOSTS=(a b)
 declare -A DELAY_PID=()
 
@@ -131,9 +141,11 @@ configure() {
 # Host X's own mount of the shared image directory: a delay device (its page cache is X's alone).
 delay_mount() {
   local x=$1 mnt=$RUN/mnt-$1 i
+  local reads=()
   mkdir -p "$mnt"
+  if [ -n "$LOG_READS" ]; then reads=(--log-reads "$RUN/delay-$x-reads.log"); fi
   "$REPO/.venv/bin/python" "$REPO/bench/delaydev.py" "$RUN/shared" "$mnt" --read-ms "$READ_MS" \
-    --stats "$RUN/delay-$x.json" </dev/null >"$RUN/delay-$x.log" 2>&1 &
+    --stats "$RUN/delay-$x.json" "${reads[@]}" </dev/null >"$RUN/delay-$x.log" 2>&1 &
   DELAY_PID[$x]=$!
   for i in $(seq 1 100); do
     mountpoint -q "$mnt" && [ -f "$RUN/delay-$x.json" ] && return 0
@@ -156,12 +168,15 @@ boot_host() {
   in_container "$name" ip link set "$PREFIX-v$x" up
   in_container "$name" systemctl start virtlogd.socket libvirtd.socket libvirtd-tcp.socket libvirtd.service
   in_unit "$name" --setenv=DEBIAN_FRONTEND=noninteractive sh -c 'apt-get install -y -q /root/vmcache_*_all.deb | tail -2'
-  # An operator's edit of the conffile: short cycles, so the checks take seconds (hot-set saves at
-  # their default: the live definition's set follows the pins cycle by cycle), and a host rule (the same on both hosts) for domains defined as Nova defines them.
-  in_container "$name" sh -c 'sed -i "s/^interval: .*/interval: 1s/; s/^min_free: .*/min_free: 256M/" /etc/vmcache/vmcache.yaml
-    sed -i "s/^domains: \[\]$/domains:\n  - match: {nova_flavor: mig.large}\n    budget: 16M/" /etc/vmcache/vmcache.yaml
-    grep -q "nova_flavor: mig.large" /etc/vmcache/vmcache.yaml && vmcache status >/dev/null'
-  say "$name: $(in_container "$name" dpkg-query -W vmcache | tr '\t' ' '), libvirt $(in_container "$name" virsh -q version --daemon | awk '/daemon/ {print $NF}')"
+  if [ "$CONFIG" = test ]; then
+    # An operator's edit of the conffile: short cycles, so the checks take seconds (hot-set saves at
+    # their default: the live definition's set follows the pins cycle by cycle), and a host rule (the same on both hosts) for domains defined as Nova defines them.
+    in_container "$name" sh -c 'sed -i "s/^interval: .*/interval: 1s/; s/^min_free: .*/min_free: 256M/" /etc/vmcache/vmcache.yaml
+      sed -i "s/^domains: \[\]$/domains:\n  - match: {nova_flavor: mig.large}\n    budget: 16M/" /etc/vmcache/vmcache.yaml
+      grep -q "nova_flavor: mig.large" /etc/vmcache/vmcache.yaml'
+  fi
+  in_container "$name" vmcache status >/dev/null
+  say "$name: $(in_container "$name" dpkg-query -W vmcache | tr '\t' ' '), libvirt $(in_container "$name" virsh -q version --daemon | awk '/daemon/ {print $NF}'), config: $CONFIG"
 }
 
 case "${1:-}" in
@@ -170,6 +185,7 @@ case "${1:-}" in
 esac
 cmd=$1
 shift
+case "$CONFIG" in test|default) ;; *) die "VMCACHE_MIGRATE_CONFIG must be test or default, not '$CONFIG'" ;; esac
 host_tools
 [ -x "$REPO/.venv/bin/python" ] || die "no .venv: run make setup first"
 host_lock
@@ -196,7 +212,8 @@ say "both hosts up in $((SECONDS - started)) s"
 export VMCACHE_MIGRATE_HOSTS="$PREFIX-a:${LEADER[$PREFIX-a]}:$NET.1,$PREFIX-b:${LEADER[$PREFIX-b]}:$NET.2"
 export VMCACHE_MIGRATE_SHARED="$RUN/shared:$IMAGES" VMCACHE_MIGRATE_PLAIN="$RUN/plain:$PLAIN"
 export VMCACHE_MIGRATE_MOUNTS="$RUN/mnt-a,$RUN/mnt-b" VMCACHE_MIGRATE_DELAY_STATS="$RUN/delay-a.json,$RUN/delay-b.json"
-export VMCACHE_MIGRATE_LOGS="$LOGS"
+export VMCACHE_MIGRATE_LOGS="$LOGS" VMCACHE_MIGRATE_READ_MS="$READ_MS" VMCACHE_MIGRATE_CONFIG="$CONFIG"
+if [ -n "$LOG_READS" ]; then export VMCACHE_MIGRATE_READ_LOGS="$RUN/delay-a-reads.log,$RUN/delay-b-reads.log"; fi
 case "$cmd" in
   shell)
     say "VMCACHE_MIGRATE_HOSTS=$VMCACHE_MIGRATE_HOSTS VMCACHE_MIGRATE_SHARED=$VMCACHE_MIGRATE_SHARED"
