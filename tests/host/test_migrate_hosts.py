@@ -15,7 +15,8 @@ directory through its own delay device (migrate.sh): its own page cache, so
 what is resident through one host's mount is what that host cached, and a
 page one host cached is stale on the other after a write there. What each
 agent holds is read from its own log lines and its process (VmLck), what
-each QEMU read from its block statistics.
+each QEMU read from its block statistics. What the checks share with the
+benchmark (bench/migrate_bench.py) is in tests/host/migration.py.
 """
 
 from __future__ import annotations
@@ -27,13 +28,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.host.twohosts import Host, hosts_from_env, mounts_from_env, plain_from_env, shared_from_env
+from tests.host.twohosts import Host, hosts_from_env
 
 HOSTS = hosts_from_env()
 pytestmark = [pytest.mark.live, pytest.mark.skipif(HOSTS is None, reason="only on the hosts of make test-migrate")]
@@ -41,27 +41,15 @@ pytestmark = [pytest.mark.live, pytest.mark.skipif(HOSTS is None, reason="only o
 if HOSTS is not None:
     import libvirt
 
-    from tests.lab import GuestSpec, domain_xml
+    from tests.host.migration import (Side, agent_running, close_sides, console, define_guest, guest_ready, lines,
+                                      migrate, open_sides, resident, resume_time, status, unit_of)
     from tests.nova import nova_instance
     from tests.live.guestlib import guest_write, leftovers, qmp, read_until_pinned
     from tests.live.livelib import wait_for
-    from vmcache.host.cachestat import cachestat
-    from vmcache.host.files import file_stem, short_name
+    from vmcache.host.files import short_name
     from vmcache.host.virtdomain import Affect, VirtDomain
-    from vmcache.service.systemdunit import systemd_escape
     from vmcache.settings.hotset import DiskHotSet
     from vmcache.settings.metadata import NAMESPACE
-
-    # Lifecycle events (the moment a migration ends on each side) need an event loop from before the
-    # first connection; it also runs the connections' keepalive.
-    libvirt.virEventRegisterDefaultImpl()
-    libvirt.registerErrorHandler(lambda _c, _e: None, None)
-
-    def _run_events() -> None:
-        while True:
-            libvirt.virEventRunDefaultImpl()
-
-    threading.Thread(target=_run_events, daemon=True).start()
 
 PREFIX = "mig-"
 FLAVOR = "mig.large"   # the rule migrate.sh writes into both hosts' config: domains: [{match: {nova_flavor: ...}}]
@@ -69,119 +57,23 @@ RULE = f"rule 1: nova_flavor={FLAVOR}"
 MiB = 1 << 20
 DEV = "virtio-disk0"   # the lab guest's disk, as QEMU names the device
 BUDGET = 16 * MiB
-MIGRATE = "virsh migrate --live --p2p --persistent --undefinesource --unsafe"
 # Between B's resume event as this machine's client gets it and the journal's time of B's agent's log line
 # (the agent pins only after libvirt ends the migration job, which it does after emitting the event).
 SLACK = 0.25
 TIMINGS = Path(os.environ.get("VMCACHE_MIGRATE_LOGS", "build/migrate")) / "timings.jsonl"
 
 
-@dataclass
-class Side:
-    """One host as the tests use it: the host, a libvirt connection, the lifecycle events seen on it."""
-
-    host: Host
-    conn: Any
-    events: list[tuple[float, str, int, int]] = field(default_factory=list)
-
-    def event_time(self, name: str, kind: int, detail: int) -> float | None:
-        return next((t for t, n, k, d in self.events if (n, k, d) == (name, kind, detail)), None)
-
-
 @pytest.fixture(scope="module")
 def sides() -> Iterator[tuple[Side, Side]]:
     assert HOSTS is not None
-    pair = tuple(Side(host, host.connect()) for host in HOSTS)
-    for side in pair:
-        side.conn.domainEventRegisterAny(
-            None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-            lambda _c, dom, kind, detail, s: s.events.append((time.time(), dom.name(), kind, detail)), side)
+    pair = open_sides(HOSTS)
     try:
-        yield pair[0], pair[1]
+        yield pair
     finally:
-        for side in pair:
-            for dom in side.conn.listAllDomains():
-                if dom.name().startswith(PREFIX):
-                    for undo in (dom.destroy, dom.undefine):
-                        try:
-                            undo()
-                        except libvirt.libvirtError:
-                            pass
-            side.conn.close()
+        close_sides(pair, PREFIX)
 
 
 # -- domains and agents -----------------------------------------------------------------------
-
-
-def define_guest(side: Side, name: str, *, metadata: str = "", workload: str = "idle", **spec: Any) -> Any:
-    """The test guest (``workload``, idle by default) on a 64 MiB image in the shared directory, defined
-    (not started) on ``side``; ``metadata``: elements for its ``<metadata>``; ``spec``: more GuestSpec fields."""
-    here, there = shared_from_env()
-    plain, plain_there = plain_from_env()
-    with open(here / f"{name}.raw", "wb") as f:
-        f.truncate(64 * MiB)
-    (plain / f"{name}.console").unlink(missing_ok=True)
-    xml = domain_xml(GuestSpec(name=name, disk=f"{there}/{name}.raw", console_log=f"{plain_there}/{name}.console",
-                               workload=workload, loops=0, guest_dir=f"{plain_there}/guest", console_append=True,
-                               **spec))
-    if metadata:
-        xml = xml.replace("</name>", f"</name>\n  <metadata>{metadata}</metadata>", 1)
-    return side.conn.defineXML(xml)
-
-
-def console(name: str) -> str:
-    """What the guest printed on its serial console so far (on A, then on B: one file both append to)."""
-    plain, _ = plain_from_env()
-    try:
-        return (plain / f"{name}.console").read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def guest_ready(name: str) -> None:
-    wait_for(lambda: "VMCACHE-GUEST-READY" in console(name), f"{name}'s guest to boot", timeout=120, step=0.5)
-
-
-def resident(side: int, name: str, start: int, length: int) -> int:
-    """Bytes of ``[start, start + length)`` of the image in host ``side``'s page cache (0: A, 1: B), as its
-    own mount of the shared directory has them."""
-    fd = os.open(mounts_from_env()[side] / f"{name}.raw", os.O_RDONLY)
-    try:
-        return cachestat(fd, start, length).nr_cache * 4096
-    finally:
-        os.close(fd)
-
-
-def unit_of(name: str) -> str:
-    return f"vmcache-agent@{systemd_escape(name)}.service"
-
-
-def status(host: Host, name: str) -> Any:
-    try:
-        return json.loads(host.path(f"/run/vmcache/agents/{file_stem(name)}.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def agent_running(host: Host, name: str) -> Any:
-    """Waits for the hook's unit to run the agent and its first cycle; its status."""
-    unit = unit_of(name)
-    wait_for(lambda: host.unit(unit)["ActiveState"] == "active", f"the hook on {host.name} to start {unit}")
-    return wait_for(lambda: (s := status(host, name)) and s["state"] == "running" and s["disks"] and s,
-                    f"the first cycle of {unit} on {host.name}")
-
-
-def lines(host: Host, name: str, event: str) -> list[tuple[float, str]]:
-    """(time, message) of the agent's log lines of ``event`` on ``host``."""
-    return [(t, m) for t, m in host.journal(unit_of(name)) if f" {event} " in f"{m} "]
-
-
-def migrate(src: Side, dst: Side, name: str, options: str = "") -> float:
-    """Live-migrate ``name`` from ``src`` to ``dst`` as an operator does, on ``src`` (``options``: more virsh
-    migrate options); the seconds it took."""
-    started = time.monotonic()
-    src.host.run("sh", "-c", f"{MIGRATE} {options} {name} qemu+tcp://{dst.host.name}/system")
-    return time.monotonic() - started
 
 
 def read_ops(dom: Any) -> int:
@@ -368,11 +260,6 @@ def stop_on_b(b: Side, name: str, uuid: str) -> None:
     dom.undefine()
 
 
-def resume_time(b: Side, name: str) -> float:
-    return wait_for(lambda: b.event_time(name, libvirt.VIR_DOMAIN_EVENT_RESUMED, libvirt.VIR_DOMAIN_EVENT_RESUMED_MIGRATED),
-                    "B's resume event")
-
-
 def test_an_opted_in_domain_moves_warm_exact_and_clean(sides: tuple[Side, Side]) -> None:
     """Opted in by its metadata (vmcache enable): B's agent locks the carried hot set before the guest
     reads on B, counts exactly the writes made on B, and A's agent leaves nothing behind."""
@@ -422,7 +309,7 @@ def test_a_long_incoming_migration_is_waited_for_then_the_set_is_locked(sides: t
 
     def slow_migration() -> None:
         try:
-            a.host.run("sh", "-c", f"{MIGRATE} --bandwidth 1 {name} qemu+tcp://{b.host.name}/system", timeout=600)
+            migrate(a, b, name, "--bandwidth 1", timeout=600)
         except BaseException as err:  # noqa: BLE001 - reported by the test's thread
             errors.append(err)
 
