@@ -68,3 +68,9 @@ def loaded_bytes(reads: Iterable[Read], pins: list[Pin], image: str, since: floa
                 total += hi - lo
                 end = hi
     return total
+
+
+def value_of(message: str, key: str) -> str | None:
+    """The value of ``key=`` in an agent's log line (``event key=value ...``); None without one."""
+    m = re.search(rf"(?:^|\s){re.escape(key)}=(\S+)", message)
+    return m.group(1) if m else None

@@ -32,7 +32,7 @@ from vmcache.host.files import file_stem
 from vmcache.service.systemdunit import systemd_escape
 
 __all__ = ["MIGRATE", "Side", "agent_running", "close_sides", "console", "define_guest", "guest_ready", "lines",
-           "migrate", "open_sides", "resident", "resume_time", "start_events", "status", "unit_of"]
+           "migrate", "open_sides", "remove_domains", "resident", "resume_time", "start_events", "status", "unit_of"]
 
 MiB = 1 << 20
 MIGRATE = "virsh migrate --live --p2p --persistent --undefinesource --unsafe"
@@ -81,8 +81,8 @@ def open_sides(hosts: tuple[Host, Host]) -> tuple[Side, Side]:
     return pair[0], pair[1]
 
 
-def close_sides(sides: tuple[Side, Side], prefix: str) -> None:
-    """Destroy and undefine every domain named ``prefix``... on both hosts, then close the connections."""
+def remove_domains(sides: tuple[Side, Side], prefix: str) -> None:
+    """Destroy and undefine every domain named ``prefix``... on both hosts (libvirt errors: it is gone)."""
     for side in sides:
         for dom in side.conn.listAllDomains():
             if dom.name().startswith(prefix):
@@ -91,6 +91,12 @@ def close_sides(sides: tuple[Side, Side], prefix: str) -> None:
                         undo()
                     except libvirt.libvirtError:
                         pass
+
+
+def close_sides(sides: tuple[Side, Side], prefix: str) -> None:
+    """Remove the domains named ``prefix``... (:func:`remove_domains`), then close both connections."""
+    remove_domains(sides, prefix)
+    for side in sides:
         side.conn.close()
 
 

@@ -12,7 +12,10 @@ hosts mount it, each through its own delay device: its own page cache),
 ``VMCACHE_MIGRATE_MOUNTS`` is ``MOUNT_A,MOUNT_B`` (those two mounts as this
 machine reaches them: what is resident there is what each host caches),
 ``VMCACHE_MIGRATE_PLAIN`` is ``HERE:THERE`` of the directory both bind-mount
-for the guest's kernel and the consoles.
+for the guest's kernel and the consoles, ``VMCACHE_MIGRATE_DELAY_STATS`` is
+``STATS_A,STATS_B`` (each delay device's counters, rewritten every 0.5 s),
+``VMCACHE_MIGRATE_READ_LOGS`` is ``LOG_A,LOG_B`` (every read each one served;
+only with ``VMCACHE_MIGRATE_LOG_READS=1``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Host", "hosts_from_env", "mounts_from_env", "plain_from_env", "shared_from_env"]
+__all__ = ["Host", "delay_stats_from_env", "hosts_from_env", "mounts_from_env", "plain_from_env", "read_logs_from_env",
+           "shared_from_env"]
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIBVIRT_SOCKET = "/run/libvirt/libvirt-sock"
@@ -160,3 +164,18 @@ def plain_from_env() -> tuple[Path, str]:
     """(the directory of the guest's kernel and the consoles on this machine, its path on both hosts)."""
     here, there = os.environ["VMCACHE_MIGRATE_PLAIN"].split(":")
     return Path(here), there
+
+
+def delay_stats_from_env() -> tuple[Path, Path]:
+    """The counter files of A's and B's delay devices (JSON: reads, read_bytes, ...), on this machine."""
+    a, b = os.environ["VMCACHE_MIGRATE_DELAY_STATS"].split(",")
+    return Path(a), Path(b)
+
+
+def read_logs_from_env() -> tuple[Path, Path] | None:
+    """The read logs of A's and B's delay devices, or None when migrate.sh was not asked for them."""
+    spec = os.environ.get("VMCACHE_MIGRATE_READ_LOGS")
+    if not spec:
+        return None
+    a, b = spec.split(",")
+    return Path(a), Path(b)

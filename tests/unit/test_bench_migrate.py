@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.migrate_loads import Pin, Read, loaded_bytes, parse_pins, parse_reads
+from bench.migrate_loads import Pin, Read, loaded_bytes, parse_pins, parse_reads, value_of
 from bench.migrate_report import GOALS, goal_table, iops_table, paired, partial_note, reads_table, set_table
 from bench.migrate_windows import MIB, Timeline, at, clip, run_figures, span, window_figures
 
@@ -85,6 +85,8 @@ def test_the_agents_loads_are_the_reads_inside_its_pins_before_they_were_made() 
     # the first read inside both pins (counted once), the one at 1 MiB outside them, the one after the pins, on
     # another image and before the switch not at all
     assert loaded_bytes(reads, pins, "img.raw", since=9.5) == 131072
+    line = "warm.done image=/x/img.raw restored=215 given_up=0 total=215"
+    assert value_of(line, "restored") == "215" and value_of(line, "total") == "215" and value_of(line, "up") is None
 
 
 def run(arm: str, round_: int, windows: dict[str, float], ref: float = 1000.0, ok: bool = True, **fig: object) -> dict:
