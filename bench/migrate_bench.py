@@ -135,7 +135,7 @@ def estimate(args: argparse.Namespace, arms: list[tuple[str, str]], trace: Trace
 
 def report(runs: list[dict], meta: dict, out: Path) -> str:
     head = (f"`{meta['command']}`, {meta['started']} - {meta['finished']} UTC, commit {meta['machine']['commit']}, "
-            f"device {meta['device']} ({meta['read_ms']} ms a miss in the delay device), {meta['rounds']} rounds, "
+            f"device {meta['device']} ({meta['read_ms']} ms a miss in the delay device), rounds: {meta['rounds']}, "
             f"product defaults on both hosts")
     parts = [head, goal_table(runs), iops_table(runs), reads_table(runs), set_table(runs), partial_note(runs)]
     text = "\n\n".join(p for p in parts if p)

@@ -178,7 +178,7 @@ def set_table(runs: list[dict]) -> str:
     """Per arm: the migration, the set on B (resident, the agent's restore, its loads), A's pins, the load."""
     lines = ["| arm | migrate s | set 90% resident on B, s after the switch | B's warm.done, s | loaded on B MiB "
              "| carried set MiB | pinned on A at the start MiB | s on A | reads signal A/B | load 1-min |",
-             "|" + "---|" * 11]
+             "|" + "---|" * 10]
     for arm in _arms(runs):
         ok = [r for r in runs if r["ok"] and (r["workload"], r["device"], r["mode"]) == arm]
         col = lambda key, digits=1: _cell(own(runs, *arm, _figure(key)), digits)  # noqa: E731

@@ -43,6 +43,7 @@ PAGE = 4096
 PREFIX = "vmb-"
 BOOT = 180.0          # seconds for the guest to come up and start its first fio run
 TRACE_WARMUP = 3600.0  # most seconds the trace's warm-up part may take on A
+WARM_CHUNK = 64 << 10  # what one WILLNEED asks for while the zone is warmed (under the readahead window)
 
 
 @dataclass(frozen=True)
@@ -143,15 +144,17 @@ def cold_caches(st: Setup) -> None:
 
 
 def warm_zone(st: Setup) -> None:
-    """The zone read into A's cache through A's mount (WILLNEED asks for exactly the range; asked again until it
-    is all there, since FUSE's readahead may skip pages while its queue is full)."""
+    """The zone read into A's cache through A's mount: WILLNEED asks for exactly a range, but reads at most the
+    readahead window (128 KiB by default) a call, and FUSE may skip some while its queue is full; so every
+    ``WARM_CHUNK`` not all cached yet is asked for again until the zone is."""
     fd = os.open(mounts_from_env()[0] / st.image, os.O_RDONLY)
     try:
         def cached() -> bool:
-            if cachestat(fd, 0, st.zone).nr_cache * PAGE >= st.zone:
-                return True
-            os.posix_fadvise(fd, 0, st.zone, os.POSIX_FADV_WILLNEED)
-            return False
+            missing = [off for off in range(0, st.zone, WARM_CHUNK)
+                       if cachestat(fd, off, min(WARM_CHUNK, st.zone - off)).nr_cache * PAGE < min(WARM_CHUNK, st.zone - off)]
+            for off in missing:
+                os.posix_fadvise(fd, off, min(WARM_CHUNK, st.zone - off), os.POSIX_FADV_WILLNEED)
+            return not missing
 
         wait_for(cached, "the zone to be in A's cache", timeout=300, step=0.5)
     finally:
