@@ -253,6 +253,8 @@ async def serve(fs: DelayFS, mountpoint: Path, depth: int, stats: Path | None) -
                 tmp = stats.with_suffix(".tmp")
                 tmp.write_text(json.dumps(fs.stats))
                 tmp.replace(stats)
+            if fs.read_log is not None:
+                fs.read_log.flush()   # a reader of the log sees what was served up to half a second ago
             await trio.sleep(0.5)
 
     async def fuse_main() -> None:
@@ -280,7 +282,8 @@ def main() -> int:
     p.add_argument("--queue-depth", type=int, default=64, help="requests in flight at once (default 64)")
     p.add_argument("--stats", type=Path, help="JSON counters written here every 0.5 s")
     p.add_argument("--log-reads", type=Path,
-                   help="append one line per read served to this file: unix time, file name, offset, bytes (diagnosis)")
+                   help="append one line per read served to this file: unix time, file name, offset, bytes "
+                        "(flushed every 0.5 s)")
     p.add_argument("--nice", type=int, default=-10, help="the daemon's nice value (default -10: ahead of the guest)")
     args = p.parse_args()
     # A device needs no host CPU: on a host whose cores the TCG guest keeps busy the daemon's

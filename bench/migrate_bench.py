@@ -63,7 +63,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--on-a-cap", type=float, default=300.0,
                    help="zoned, vmcache arm: most seconds on A waiting for A's agent to pin --pin-share of the zone "
                         "(default 300)")
-    p.add_argument("--pin-share", type=float, default=0.9, help="share of the zone A's agent pins first (default 0.9)")
+    p.add_argument("--pin-share", type=float, default=0.9,
+                   help="zoned, vmcache arm: share of the zone A's agent pins before the migration (default 0.9)")
+    p.add_argument("--settle", type=float, default=30.0,
+                   help="zoned, vmcache arm: or A's agent's pins unchanged this many seconds (default 30: three "
+                        "cycles at the default interval)")
     p.add_argument("--budget-mib", type=int, default=256, help="the vmcache arm's budget (default 256)")
     p.add_argument("--disk-gib", type=int, default=2, help="image size (default 2 GiB, fully allocated)")
     p.add_argument("--memory-mib", type=int, default=384, help="guest RAM (default 384)")
@@ -179,7 +183,7 @@ def main() -> int:
                  if "web" in args.workloads else None)
         st = Setup(sides, IMAGE, disk_bytes, device, out, delay_stats_from_env(), read_logs[1],
                    budget_mib=args.budget_mib, memory_mib=args.memory_mib, measure=args.measure, on_a=args.on_a,
-                   on_a_cap=args.on_a_cap, pin_share=args.pin_share, trace=trace)
+                   on_a_cap=args.on_a_cap, pin_share=args.pin_share, settle=args.settle, trace=trace)
         log(f"{len(arms)} arms x {args.rounds} rounds on {device}, about {estimate(args, arms, trace)} min; "
             f"raw results in {out}")
         for round_ in range(1, args.rounds + 1):

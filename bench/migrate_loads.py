@@ -2,7 +2,8 @@
 
 Pure: unit tested in tests/unit/test_bench_migrate.py. The delay device of
 B's mount logs every read it serves (migrate.sh with
-``VMCACHE_MIGRATE_LOG_READS=1``: unix time, file, offset, bytes); B's agent
+``VMCACHE_MIGRATE_LOG_READS=1``: unix time, file, offset, bytes; flushed
+every 0.5 s); B's agent
 logs ``pin.add start=S length=N`` once a new region is read in and locked.
 A read of the image on B after the switch counts as the agent's load for
 the bytes of it inside a region pinned at or after the read's time: the
@@ -52,12 +53,12 @@ def parse_pins(lines: Iterable[tuple[float, str]]) -> list[Pin]:
     return [Pin(t, int(m.group(1)), int(m.group(2))) for t, text in lines if (m := _PIN.search(text))]
 
 
-def loaded_bytes(reads: Iterable[Read], pins: list[Pin], image: str, since: float) -> int:
-    """Bytes of ``image`` read from ``since`` on inside a region of ``pins`` pinned at or after the read
+def loaded_bytes(reads: Iterable[Read], pins: list[Pin], image: str, since: float, until: float) -> int:
+    """Bytes of ``image`` read in ``[since, until]`` inside a region of ``pins`` pinned at or after the read
     (a byte inside two such regions, one replacing the other, counts once)."""
     total = 0
     for r in reads:
-        if r.file != image or r.time < since:
+        if r.file != image or not since <= r.time <= until:
             continue
         parts = sorted((max(r.offset, p.start), min(r.offset + r.length, p.start + p.length))
                        for p in pins if p.time >= r.time)

@@ -13,6 +13,7 @@ its own warm reference).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -152,16 +153,17 @@ def iops_table(runs: list[dict]) -> str:
 
 
 def reads_table(runs: list[dict]) -> str:
-    """Per arm: the device's read requests (and MiB) in each window after the switch, both mounts together."""
+    """Per arm: the device's read requests (median, min-max) and MiB (median) in each window after the switch,
+    both mounts together."""
     head = " | ".join(f"{w} s" for w in WINDOW_NAMES)
-    lines = [f"| arm | device reads, requests (MiB): {head} | pages per guest I/O, whole run after the switch |",
+    lines = [f"| arm | device reads: requests (min-max); MiB, {head} | 4 KiB pages per guest I/O after the switch |",
              "|" + "---|" * (len(WINDOW_NAMES) + 2)]
     for arm in _arms(runs):
         cells = []
         for w in WINDOW_NAMES:
             req = _cell(own(runs, *arm, lambda r, w=w: _window(r, w, "device_reads")))
-            mib = _cell(own(runs, *arm, lambda r, w=w: _window(r, w, "device_mib")), 1)
-            cells.append("-" if req == "-" else f"{req} ({mib})")
+            mib = Spread.of(own(runs, *arm, lambda r, w=w: _window(r, w, "device_mib")))
+            cells.append("-" if mib is None else f"{req}; {mib.median:.1f} MiB")
         per_io = _cell(own(runs, *arm, lambda r: _window(r, "all", "device_pages_per_io")), 2)
         lines.append(f"| {arm_name(*arm)} | {' | '.join(cells)} | {per_io} |")
     return "\n".join(lines)
@@ -176,19 +178,21 @@ def _figure(key: str, scale: float = 1.0) -> Callable[[dict], float | None]:
 
 def set_table(runs: list[dict]) -> str:
     """Per arm: the migration, the set on B (resident, the agent's restore, its loads), A's pins, the load."""
-    lines = ["| arm | migrate s | set 90% resident on B, s after the switch | B's warm.done, s | loaded on B MiB "
-             "| carried set MiB | pinned on A at the start MiB | s on A | reads signal A/B | load 1-min |",
-             "|" + "---|" * 10]
+    lines = ["| arm | migrate s | set 90% resident on B, s after the switch | share resident at the end "
+             "| B's warm.done, s | loaded on B MiB | carried set MiB | pinned on A as the migration began MiB "
+             "| s on A (moved when) | reads signal A/B | load 1-min |",
+             "|" + "---|" * 11]
     for arm in _arms(runs):
         ok = [r for r in runs if r["ok"] and (r["workload"], r["device"], r["mode"]) == arm]
         col = lambda key, digits=1: _cell(own(runs, *arm, _figure(key)), digits)  # noqa: E731
         never = sum(1 for r in ok if r["figures"].get("resident_s") is None)
         resident = col("resident_s") + (f" ({never} not in the run)" if never else "")
+        moved = ", ".join(f"{why} {n}" for why, n in sorted(Counter(r.get("why_moved") or "?" for r in ok).items()))
         signals = sorted({f"{r['figures'].get('read_signal_a') or '-'}/{r['figures'].get('read_signal_b') or '-'}"
                           for r in ok})
-        lines.append(f"| {arm_name(*arm)} | {col('migrate_s', 2)} | {resident} | {col('warm_done_s')} "
-                     f"| {col('loaded_mib')} | {col('carried_mib')} | {col('a_pinned_mib')} | {col('on_a_s', 0)} "
-                     f"| {', '.join(signals) or '-'} | {col('load_end')} |")
+        lines.append(f"| {arm_name(*arm)} | {col('migrate_s', 2)} | {resident} | {col('share_at_end', 2)} "
+                     f"| {col('warm_done_s')} | {col('loaded_mib')} | {col('carried_mib')} | {col('a_pinned_mib')} "
+                     f"| {col('on_a_s', 0)} ({moved or '-'}) | {', '.join(signals) or '-'} | {col('load_end')} |")
     return "\n".join(lines)
 
 

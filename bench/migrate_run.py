@@ -9,9 +9,11 @@
 3. zoned: A's cache is warmed the same way in both arms, the hot zone (the
    first 10% of the image) read through A's mount before the guest starts
    (docs/benchmarks.md says why); web: the trace's warm-up part on A.
-4. The guest starts on A and runs: zoned at least ``on_a`` s and, in the
-   vmcache arm, until A's agent pins ``pin_share`` of the zone (at most
-   ``on_a_cap`` s); web until its measured part begins (VMCACHE-FIO-BEGIN 2).
+4. The guest starts on A and runs: zoned at least ``on_a`` s from its
+   first requests and, in the vmcache arm, until A's agent pins
+   ``pin_share`` of the zone or its pins stay the same for ``settle`` s (at
+   most ``on_a_cap`` s); web until its measured part begins
+   (VMCACHE-FIO-BEGIN 2).
 5. ``virsh migrate --live --p2p --persistent --undefinesource --unsafe`` to
    B; ``measure`` s are watched after the switch (B's resume event, or the
    command's end), or until the trace's measured part ends.
@@ -44,6 +46,7 @@ PREFIX = "vmb-"
 BOOT = 180.0          # seconds for the guest to come up and start its first fio run
 TRACE_WARMUP = 3600.0  # most seconds the trace's warm-up part may take on A
 WARM_CHUNK = 64 << 10  # what one WILLNEED asks for while the zone is warmed (under the readahead window)
+IO_START = 100         # requests on A after which the guest's fio runs
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Setup:
     on_a: float = 60.0
     on_a_cap: float = 300.0
     pin_share: float = 0.9
+    settle: float = 30.0
     trace: Trace | None = None
 
     @property
@@ -183,6 +187,8 @@ def start_on_a(st: Setup, name: str, mode: str, sampler: Sampler, row: dict[str,
     if mode == "vmcache":
         agent_running(a.host, name)
     wait_for(lambda: "VMCACHE-FIO-BEGIN 1" in console(name), "the guest's first fio run", timeout=BOOT, step=0.2)
+    # fio takes seconds to start under TCG: time on A counts from its first requests
+    wait_for(lambda: (block_ios(a, name) or 0) >= IO_START, "the guest's first requests", timeout=BOOT, step=0.2)
     row["times"]["fio_begin"] = time.time()
 
 
@@ -199,22 +205,34 @@ def run_on_a(st: Setup, name: str, workload: str, mode: str, row: dict[str, Any]
                  "the trace's measured part to begin", timeout=TRACE_WARMUP, step=0.2)
         why = "trace"
     else:
-        begin = row["times"]["fio_begin"]
-        while True:
-            now = time.time()
-            if now >= begin + st.on_a and (mode == "kernel" or _pinned(a, name) >= st.pin_share * st.zone):
-                why = "time" if mode == "kernel" else "pinned"
-                break
-            if now >= begin + st.on_a_cap:
-                why = "cap"
-                break
-            time.sleep(0.5)
+        why = wait_on_a(st, name, mode, row["times"]["fio_begin"])
     if block_ios(a, name) is None:
         raise RuntimeError(f"the guest no longer runs on A: {console(name)[-300:]!r}")
     a_status = status(a.host, name)
     row["a_status"] = a_status
     row["figures"]["a_pinned_mib"] = _pinned(a, name) / MIB if a_status else None
     return why
+
+
+def wait_on_a(st: Setup, name: str, mode: str, begin: float) -> str:
+    """zoned: ``on_a`` s from ``begin``; in the vmcache arm also until A's agent pins ``pin_share`` of the zone
+    or its pins have not changed for ``settle`` s, at most ``on_a_cap`` s. Why it ended: time, pinned, settled, cap."""
+    a = st.sides[0]
+    last, since = -1, time.time()
+    while True:
+        now, pinned = time.time(), _pinned(a, name)
+        if pinned != last:
+            last, since = pinned, now
+        if now >= begin + st.on_a:
+            if mode == "kernel":
+                return "time"
+            if pinned >= st.pin_share * st.zone:
+                return "pinned"
+            if pinned and now - since >= st.settle:
+                return "settled"
+        if now >= begin + st.on_a_cap:
+            return "cap"
+        time.sleep(0.5)
 
 
 def move_and_measure(st: Setup, name: str, workload: str, sampler: Sampler, row: dict[str, Any]) -> None:
@@ -264,7 +282,7 @@ def collect(st: Setup, name: str, workload: str, mode: str, samples: list[dict[s
         f.seek(log_offset)
         reads = parse_reads(f.read().decode(errors="replace"))
     pins = parse_pins(lines(b.host, name, "pin.add"))
-    fig["loaded_mib"] = loaded_bytes(reads, pins, st.image, t["switch"]) / MIB
+    fig["loaded_mib"] = loaded_bytes(reads, pins, st.image, t["switch"], t["switch"] + fig["end_s"]) / MIB
     # the log is written in blocks: pins after its last line may have loads it does not show yet
     fig["read_log_until_s"] = round(reads[-1].time - t["switch"], 1) if reads else None
     fig["last_pin_s"] = round(max(p.time for p in pins) - t["switch"], 1) if pins else None

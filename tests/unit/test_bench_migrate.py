@@ -84,7 +84,8 @@ def test_the_agents_loads_are_the_reads_inside_its_pins_before_they_were_made() 
     assert pins == [Pin(12.0, 0, 65536), Pin(12.1, 0, 1048576)]
     # the first read inside both pins (counted once), the one at 1 MiB outside them, the one after the pins, on
     # another image and before the switch not at all
-    assert loaded_bytes(reads, pins, "img.raw", since=9.5) == 131072
+    assert loaded_bytes(reads, pins, "img.raw", since=9.5, until=20) == 131072
+    assert loaded_bytes(reads, pins, "img.raw", since=9.5, until=9.9) == 0   # after the run's end: not its
     line = "warm.done image=/x/img.raw restored=215 given_up=0 total=215"
     assert value_of(line, "restored") == "215" and value_of(line, "total") == "215" and value_of(line, "up") is None
 
@@ -127,7 +128,7 @@ def test_the_web_goals_want_no_window_below_the_kernel_and_no_more_device_reads(
     assert "| web trace, 0-10 s after the switch: vmcache vs the kernel alone (no window below) | ssd | 0.92 (0.90-0.93) | 2 | >= 0.97 | missed |" in table
     assert "| web trace, 10-30 s after the switch: vmcache vs the kernel alone (no window below) | ssd | 1.02 (1.00-1.03) | 2 | >= 0.97 | met (no difference) |" in table
     assert "| web trace, device reads per guest I/O after the switch: vmcache vs the kernel alone (no more) | ssd | 0.83 (0.83-0.83) | 2 | <= 1.0 | met |" in table
-    assert "| web-ssd-vmcache | 28 (27-28) (0.3 (0.3-0.3)) |" in reads_table(runs)
+    assert "| web-ssd-vmcache | 28 (27-28); 0.3 MiB | 30 (30-31); 0.3 MiB |" in reads_table(runs)
     assert len([g for g in GOALS if g.workload == "web"]) == 6
 
 
@@ -143,8 +144,9 @@ def test_partial_windows_are_marked_and_named() -> None:
 
 def test_the_set_table_shows_the_agents_figures_and_the_runs_that_never_had_the_set_resident() -> None:
     runs = [run("zoned-hdd-vmcache", r, windows(800), resident_s=s, warm_done_s=4.0, loaded_mib=205.0,
-                carried_mib=205.0, a_pinned_mib=205.0, migrate_s=2.5, on_a_s=70, load_end=3.1,
+                carried_mib=205.0, a_pinned_mib=205.0, migrate_s=2.5, on_a_s=70, load_end=3.1, share_at_end=0.95,
                 read_signal_a="inferred", read_signal_b="inferred") for r, s in ((1, 5.0), (2, None))]
+    runs[0]["why_moved"], runs[1]["why_moved"] = "pinned", "cap"
     table = set_table(runs)
-    assert "| zoned-hdd-vmcache | 2.50 (2.50-2.50) | 5.0 (5.0-5.0) (1 not in the run) | 4.0 (4.0-4.0) |" in table
-    assert "| inferred/inferred | 3.1 (3.1-3.1) |" in table
+    assert "| zoned-hdd-vmcache | 2.50 (2.50-2.50) | 5.0 (5.0-5.0) (1 not in the run) | 0.95 (0.95-0.95) | 4.0 (4.0-4.0) |" in table
+    assert "| 70 (70-70) (cap 1, pinned 1) | inferred/inferred | 3.1 (3.1-3.1) |" in table
