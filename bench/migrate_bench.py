@@ -65,9 +65,9 @@ def parse_args() -> argparse.Namespace:
                         "(default 300)")
     p.add_argument("--pin-share", type=float, default=0.9,
                    help="zoned, vmcache arm: share of the zone A's agent pins before the migration (default 0.9)")
-    p.add_argument("--settle", type=float, default=30.0,
-                   help="zoned, vmcache arm: or A's agent's pins unchanged this many seconds (default 30: three "
-                        "cycles at the default interval)")
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="zoned, vmcache arm: or once A's agent's pins stay the same this many seconds (default 0: "
+                        "off; pins that pause for three cycles may still grow)")
     p.add_argument("--budget-mib", type=int, default=256, help="the vmcache arm's budget (default 256)")
     p.add_argument("--disk-gib", type=int, default=2, help="image size (default 2 GiB, fully allocated)")
     p.add_argument("--memory-mib", type=int, default=384, help="guest RAM (default 384)")

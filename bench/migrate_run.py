@@ -11,8 +11,8 @@
    (docs/benchmarks.md says why); web: the trace's warm-up part on A.
 4. The guest starts on A and runs: zoned at least ``on_a`` s from its
    first requests and, in the vmcache arm, until A's agent pins
-   ``pin_share`` of the zone or its pins stay the same for ``settle`` s (at
-   most ``on_a_cap`` s); web until its measured part begins
+   ``pin_share`` of the zone (or, with ``settle``, its pins stay the same
+   that long), at most ``on_a_cap`` s; web until its measured part begins
    (VMCACHE-FIO-BEGIN 2).
 5. ``virsh migrate --live --p2p --persistent --undefinesource --unsafe`` to
    B; ``measure`` s are watched after the switch (B's resume event, or the
@@ -76,7 +76,7 @@ class Setup:
     on_a: float = 60.0
     on_a_cap: float = 300.0
     pin_share: float = 0.9
-    settle: float = 30.0
+    settle: float = 0.0      # 0: off
     trace: Trace | None = None
 
     @property
@@ -118,7 +118,7 @@ def run(st: Setup, workload: str, mode: str, round_: int, slot: int) -> dict[str
         row["why_moved"] = run_on_a(st, name, workload, mode, row)
         move_and_measure(st, name, workload, sampler, row)
         samples = sampler.stop()
-        collect(st, name, workload, mode, samples, log_offset, row)
+        collect(st, name, workload, mode, samples, log_offset, sampler.statuses[1], row)
         row["ok"] = True
         log(f"{arm}: {describe(row)}")
     except Exception as err:  # noqa: BLE001 - one run's failure must not stop the others
@@ -228,7 +228,7 @@ def wait_on_a(st: Setup, name: str, mode: str, begin: float) -> str:
                 return "time"
             if pinned >= st.pin_share * st.zone:
                 return "pinned"
-            if pinned and now - since >= st.settle:
+            if st.settle and pinned and now - since >= st.settle:
                 return "settled"
         if now >= begin + st.on_a_cap:
             return "cap"
@@ -258,8 +258,9 @@ def move_and_measure(st: Setup, name: str, workload: str, sampler: Sampler, row:
 
 
 def collect(st: Setup, name: str, workload: str, mode: str, samples: list[dict[str, Any]], log_offset: int,
-            row: dict[str, Any]) -> None:
-    """The run's figures: its windows (bench/migrate_windows.py), and in the vmcache arm B's agent's."""
+            b_status: Any, row: dict[str, Any]) -> None:
+    """The run's figures: its windows (bench/migrate_windows.py), and in the vmcache arm B's agent's
+    (``b_status``: its last status the sampler saw)."""
     t = row["times"]
     tl = Timeline(t["migrate_start"], t["migrate_end"], t["switch"], st.measure, t.get("work_end"), t["resumed"])
     fig = row["figures"]
@@ -269,7 +270,6 @@ def collect(st: Setup, name: str, workload: str, mode: str, samples: list[dict[s
     if mode != "vmcache":
         return
     b = st.sides[1]
-    b_status = status(b.host, name)
     row["b_status"] = b_status
     fig["read_signal_b"] = (b_status or {}).get("read_signal")
     fig["read_signal_reason_b"] = (b_status or {}).get("read_signal_reason")
@@ -277,7 +277,8 @@ def collect(st: Setup, name: str, workload: str, mode: str, samples: list[dict[s
     fig["warm_done_s"] = round(done[0][0] - t["switch"], 2) if done else None
     fig["restored_mib"] = int(value_of(done[0][1], "restored") or 0) / MIB if done else None
     loaded = lines(b.host, name, "hotset.loaded")
-    fig["carried_mib"] = int(value_of(loaded[0][1], "bytes") or 0) / MIB if loaded else None
+    # no hotset.loaded line from an agent that ran: it found no set to warm from (hotset.none)
+    fig["carried_mib"] = int(value_of(loaded[0][1], "bytes") or 0) / MIB if loaded else 0.0 if b_status else None
     with open(st.read_log, "rb") as f:
         f.seek(log_offset)
         reads = parse_reads(f.read().decode(errors="replace"))

@@ -44,6 +44,7 @@ class Sampler:
                  stats: tuple[Path, Path]) -> None:
         self.sides, self.name, self.ranges, self.stats = sides, name, ranges, stats
         self.samples: list[dict[str, Any]] = []
+        self.statuses: list[Any] = [None, None]   # each agent's last status seen (it goes with its domain)
         self._fds = [os.open(mount / image, os.O_RDONLY) for mount in mounts_from_env()]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
@@ -62,6 +63,7 @@ class Sampler:
         ios = block_ios(self.sides[0 if where == "a" else 1], self.name)
         counters = [delay_stats(p) for p in self.stats]
         pins = [status(side.host, self.name) for side in self.sides]
+        self.statuses = [new or old for new, old in zip(pins, self.statuses)]
         return {"t": round(time.time(), 3), "where": where, "ios": ios,
                 "reads": [c.get("reads", 0) for c in counters], "read_bytes": [c.get("read_bytes", 0) for c in counters],
                 "set": [sum(cachestat(fd, start, length).nr_cache for start, length in self.ranges) * PAGE
