@@ -107,6 +107,7 @@ def run(st: Setup, workload: str, mode: str, round_: int, slot: int) -> dict[str
     sampler: Sampler | None = None
     samples: list[dict[str, Any]] = []
     started = time.monotonic()
+    row["times"]["start"] = time.time()
     try:
         cold_caches(st)
         row["uuid"] = define(st, name, workload, mode).UUIDString()
@@ -127,7 +128,7 @@ def run(st: Setup, workload: str, mode: str, round_: int, slot: int) -> dict[str
     finally:
         if sampler is not None:
             samples = sampler.stop()
-        cleanup(st, name, row.get("uuid"), rdir)
+        cleanup(st, name, row.get("uuid"), rdir, row["times"]["start"])
         row["wall_seconds"] = round(time.monotonic() - started, 1)
         (rdir / "result.json").write_text(json.dumps({**row, "samples": samples}, indent=1))
     return row
@@ -273,18 +274,23 @@ def collect(st: Setup, name: str, workload: str, mode: str, samples: list[dict[s
     row["b_status"] = b_status
     fig["read_signal_b"] = (b_status or {}).get("read_signal")
     fig["read_signal_reason_b"] = (b_status or {}).get("read_signal_reason")
-    done = lines(b.host, name, "warm.done")
+    since = t["start"]   # a domain of this name in an earlier bench on these hosts logged in the same unit
+
+    def agent_lines(event: str) -> list[tuple[float, str]]:
+        return [(when, m) for when, m in lines(b.host, name, event) if when >= since]
+
+    done = agent_lines("warm.done")
     fig["warm_done_s"] = round(done[0][0] - t["switch"], 2) if done else None
     fig["restored_mib"] = int(value_of(done[0][1], "restored") or 0) / MIB if done else None
-    loaded = lines(b.host, name, "hotset.loaded")
+    loaded = agent_lines("hotset.loaded")
     # no hotset.loaded line from an agent that ran: it found no set to warm from (hotset.none)
     fig["carried_mib"] = int(value_of(loaded[0][1], "bytes") or 0) / MIB if loaded else 0.0 if b_status else None
     with open(st.read_log, "rb") as f:
         f.seek(log_offset)
         reads = parse_reads(f.read().decode(errors="replace"))
-    pins = parse_pins(lines(b.host, name, "pin.add"))
+    pins = parse_pins(agent_lines("pin.add"))
     fig["loaded_mib"] = loaded_bytes(reads, pins, st.image, t["switch"], t["switch"] + fig["end_s"]) / MIB
-    # the log is written in blocks: pins after its last line may have loads it does not show yet
+    # the log is flushed every 0.5 s: a load after its last line is not in it
     fig["read_log_until_s"] = round(reads[-1].time - t["switch"], 1) if reads else None
     fig["last_pin_s"] = round(max(p.time for p in pins) - t["switch"], 1) if pins else None
 
@@ -300,16 +306,16 @@ def describe(row: dict[str, Any]) -> str:
             f"{f.get('resident_s')} s, warm.done {f.get('warm_done_s')} s, loaded {f.get('loaded_mib')} MiB")
 
 
-def cleanup(st: Setup, name: str, uuid: str | None, rdir: Path) -> None:
+def cleanup(st: Setup, name: str, uuid: str | None, rdir: Path, since: float) -> None:
     """The domain gone from both hosts, their agents stopped, the hot sets they saved on each host removed; the
-    agents' journals and the console kept in ``rdir``."""
+    agents' journals since ``since`` and the console kept in ``rdir``."""
     remove_domains(st.sides, name)
     plain, _ = plain_from_env()
     for side, x in zip(st.sides, "ab"):
         try:
             wait_for(lambda: side.host.unit(unit_of(name))["ActiveState"] in ("inactive", "failed"),
                      f"{name}'s agent on {side.host.name} to stop", timeout=60, step=0.5)
-            journal = side.host.journal(unit_of(name))
+            journal = [(t, m) for t, m in side.host.journal(unit_of(name)) if t >= since]
             if journal:
                 (rdir / f"agent-{x}.log").write_text("".join(f"{t:.3f} {m}\n" for t, m in journal))
             if uuid:
