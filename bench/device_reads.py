@@ -42,6 +42,26 @@ class PinAdd:
     length: int
 
 
+@dataclass(frozen=True)
+class Read:
+    """One read the delay device served (its ``--log-reads`` line)."""
+
+    time: float
+    file: str
+    offset: int
+    length: int
+
+
+def parse_reads(text: str) -> list[Read]:
+    """The delay device's read log (``unix_time file offset bytes`` lines; a torn last line is left out)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+            out.append(Read(float(parts[0]), parts[1], int(parts[2]), int(parts[3])))
+    return out
+
+
 def pin_adds(log_text: str) -> list[PinAdd]:
     """The ``pin.add`` events of an agent log (local-time timestamps, as the agent's logging writes them)."""
     out = []
@@ -73,10 +93,7 @@ def classify(reads: list[tuple[float, int, int]], pins: list[PinAdd], window: tu
 def report(arm_dir: Path) -> str:
     res = json.loads((arm_dir / "result.json").read_text())
     window = (res["load"]["start_unix"], res["load"]["end_unix"])
-    reads = []
-    for line in (arm_dir / "device-reads.log").read_text().splitlines():
-        t, _name, off, n = line.split()
-        reads.append((float(t), int(off), int(n)))
+    reads = [(r.time, r.offset, r.length) for r in parse_reads((arm_dir / "device-reads.log").read_text())]
     pins = [p for log in arm_dir.glob("agent-*.log") for p in pin_adds(log.read_text())]
     guest_reads = sum(j["read"]["total_ios"] for j in res["fio"])
     hot_end = (2 << 30) // 10 // PAGE * PAGE   # the bench's hot range: the first 10% of the 2 GiB image

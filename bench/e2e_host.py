@@ -253,6 +253,14 @@ def read_bytes(pid: int | None) -> int:
     return 0
 
 
+def file_size(path: Path) -> int:
+    """``path``'s size; 0 where there is no such file."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def alive(pid: int | None) -> bool:
     return pid is not None and Path(f"/proc/{pid}").exists()
 

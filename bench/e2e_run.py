@@ -32,8 +32,8 @@ from typing import Callable, Iterator
 import libvirt
 
 from bench.e2e_arms import AGENT_MODES, MODE_HOST_SETTINGS, SCENARIOS, Arm
-from bench.e2e_host import (DEVICES, MIB, Cgroup, Reclaimer, alive, evict, kib, log, mount_delay, proc_status, run,
-                            start_locker, start_range_locker, start_reuse, start_stream, stop, unmount_delay, warm)
+from bench.e2e_host import (DEVICES, MIB, Cgroup, Reclaimer, alive, evict, file_size, kib, log, mount_delay, proc_status,
+                            run, start_locker, start_range_locker, start_reuse, start_stream, stop, unmount_delay, warm)
 from bench.e2e_layout import ROOT, Layout, layout, limits
 from bench.e2e_plan import ArmResult, Settings, Vm, busy_runs, hot_range, plan, warmup
 from bench.e2e_sample import AGENTS_DIR, sample
@@ -201,7 +201,7 @@ def boot(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm]) -> None:
             (vm.console.parent / f"{vm.console.stem.replace('console', 'domain')}.xml").write_text(xml)
             vm.console.write_text("")
             if agent:
-                vm.agent_log_offset = _size(agent_log(vm.name))
+                vm.agent_log_offset = file_size(agent_log(vm.name))
             doms.append(conn.createXML(xml, libvirt.VIR_DOMAIN_START_PAUSED))
             vm.uuid = doms[-1].UUIDString()
             vm.qpid = _qemu_pid(vm.name)
@@ -213,12 +213,6 @@ def boot(arm: Arm, s: Settings, res: ArmResult, vms: list[Vm]) -> None:
     finally:
         conn.close()
 
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def join_agent(vm: Vm, config: str) -> None:

@@ -18,34 +18,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from bench.device_reads import PinAdd as Pin
+from bench.device_reads import Read
 
 _PIN = re.compile(r"\bpin\.add start=(\d+) length=(\d+)")
-
-
-@dataclass(frozen=True)
-class Read:
-    time: float
-    file: str
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True)
-class Pin:
-    time: float
-    start: int
-    length: int
-
-
-def parse_reads(text: str) -> list[Read]:
-    """The delay device's read log (``unix_time file offset bytes`` lines; a torn last line is left out)."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
-            out.append(Read(float(parts[0]), parts[1], int(parts[2]), int(parts[3])))
-    return out
 
 
 def parse_pins(lines: Iterable[tuple[float, str]]) -> list[Pin]:

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.e2e_host import evict, loadavg, log, warm
-from bench.migrate_loads import loaded_bytes, parse_pins, parse_reads, value_of
+from bench.device_reads import parse_reads
+from bench.e2e_host import evict, file_size, loadavg, log, warm
+from bench.migrate_loads import loaded_bytes, parse_pins, value_of
 from bench.migrate_sample import STEP, Sampler, block_ios
 from bench.migrate_windows import MIB, Timeline, run_figures
 from tests.host.migration import (Side, agent_running, console, define_guest, lines, migrate, remove_domains, resident,
@@ -114,7 +115,7 @@ def run(st: Setup, workload: str, mode: str, round_: int, slot: int) -> dict[str
         if workload == "zoned":
             warm_zone(st)
         sampler = Sampler(st.sides, name, st.image, st.ranges(workload), st.stats)
-        log_offset = _size(st.read_log)
+        log_offset = file_size(st.read_log)
         start_on_a(st, name, mode, sampler, row)
         row["why_moved"] = run_on_a(st, name, workload, mode, row)
         move_and_measure(st, name, workload, sampler, row)
@@ -327,9 +328,3 @@ def cleanup(st: Setup, name: str, uuid: str | None, rdir: Path, since: float) ->
         (rdir / "console.log").write_text(con.read_text(errors="replace"))
         con.unlink()
 
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0

@@ -26,7 +26,7 @@ import libvirt
 
 from tests.host.twohosts import Host, mounts_from_env, plain_from_env, shared_from_env
 from tests.lab import GuestSpec, domain_xml
-from tests.live.livelib import wait_for
+from tests.live.livelib import destroy_on, wait_for
 from vmcache.host.cachestat import cachestat
 from vmcache.host.files import file_stem
 from vmcache.service.systemdunit import systemd_escape
@@ -84,13 +84,7 @@ def open_sides(hosts: tuple[Host, Host]) -> tuple[Side, Side]:
 def remove_domains(sides: tuple[Side, Side], prefix: str) -> None:
     """Destroy and undefine every domain named ``prefix``... on both hosts (libvirt errors: it is gone)."""
     for side in sides:
-        for dom in side.conn.listAllDomains():
-            if dom.name().startswith(prefix):
-                for undo in (dom.destroy, dom.undefine):
-                    try:
-                        undo()
-                    except libvirt.libvirtError:
-                        pass
+        destroy_on(side.conn, prefix)
 
 
 def close_sides(sides: tuple[Side, Side], prefix: str) -> None:

@@ -31,7 +31,7 @@ from vmcache.settings.metadata import NAMESPACE
 from vmcache.host.files import file_stem
 
 __all__ = [
-    "agents_env", "cache_metadata", "connect", "create_disk", "destroy_domains", "domain_xml", "GiB",
+    "agents_env", "cache_metadata", "connect", "create_disk", "destroy_domains", "destroy_on", "domain_xml", "GiB",
     "libvirtd_pid", "LiveEnv", "loop_device", "MiB", "nbd_dir", "open_conn", "qemu_pid", "read_status", "REPO",
     "restart_libvirtd", "scrape", "start_paused", "stop_agents", "URI", "wait_for"
 ]
@@ -165,6 +165,18 @@ def destroy_domains(prefix: str) -> None:
     if conn is None:
         return
     try:
+        destroy_on(conn, prefix)
+    finally:
+        try:
+            conn.close()
+        except libvirt.libvirtError:
+            pass
+
+
+def destroy_on(conn: Any, prefix: str) -> None:
+    """Destroy (and undefine) every domain of ``conn`` whose name starts with ``prefix``; never raises for
+    libvirt errors."""
+    try:
         for dom in conn.listAllDomains():
             if dom.name().startswith(prefix):
                 for undo in (dom.destroy, dom.undefine):
@@ -174,11 +186,6 @@ def destroy_domains(prefix: str) -> None:
                         pass
     except libvirt.libvirtError:
         pass
-    finally:
-        try:
-            conn.close()
-        except libvirt.libvirtError:
-            pass
 
 
 # -- agents -----------------------------------------------------------------------------------

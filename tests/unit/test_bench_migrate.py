@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.migrate_loads import Pin, Read, loaded_bytes, parse_pins, parse_reads, value_of
+from bench.device_reads import Read, parse_reads
+from bench.migrate_loads import Pin, loaded_bytes, parse_pins, value_of
 from bench.migrate_report import GOALS, goal_table, iops_table, paired, partial_note, reads_table, set_table
 from bench.migrate_windows import MIB, Timeline, at, clip, run_figures, span, window_figures
 
