@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.host.twohosts import Host, hosts_from_env
+from tests.host.twohosts import Host, hosts_from_env, shared_from_env
 
 HOSTS = hosts_from_env()
 pytestmark = [pytest.mark.live, pytest.mark.skipif(HOSTS is None, reason="only on the hosts of make test-migrate")]
@@ -453,7 +453,7 @@ def test_a_cancelled_migration_leaves_nothing_of_the_image_mapped_on_b(sides: tu
 
     def slow_migration() -> None:
         try:
-            a.host.run("sh", "-c", f"{MIGRATE} --bandwidth 1 {name} qemu+tcp://{b.host.name}/system", timeout=600)
+            migrate(a, b, name, "--bandwidth 1", timeout=600)
         except BaseException as err:  # noqa: BLE001 - the cancelled migration fails: expected
             errors.append(err)
 
