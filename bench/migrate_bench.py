@@ -6,7 +6,7 @@ reads, one boot per device class (VMCACHE_MIGRATE_READ_MS: 4.8 hdd, 0.3
 ssd)::
 
     VMCACHE_MIGRATE_CONFIG=default VMCACHE_MIGRATE_LOG_READS=1 VMCACHE_MIGRATE_READ_MS=4.8 \\
-        VMCACHE_MIGRATE_PREFIX=vmb-mig tests/host/migrate.sh exec .venv/bin/python bench/migrate_bench.py --workload zoned
+        tests/host/migrate.sh exec .venv/bin/python bench/migrate_bench.py --workload zoned
 
 Arms are ``workload-device-mode``: the workload (``zoned``: fio 4k randrw
 80/20 QD1 sync, 90% of it on the first 10% of a 2 GiB image; ``web``: the
