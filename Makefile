@@ -54,8 +54,8 @@ test-host:
 test-migrate: setup
 	tests/host/migrate.sh run
 
-# The read counter and the agent's kernel fallbacks on the kernels hosts run (README, "Testing on older
-# kernels"): tests/kernels/checks.py on this machine's kernel and in TCG VMs booting Debian 12's own
+# The read counter and the agent's kernel fallbacks on the kernels hosts run (docs/install.md,
+# "Kernels"): tests/kernels/checks.py on this machine's kernel and in TCG VMs booting Debian 12's own
 # kernel (6.1) and the newest Debian cloud kernel that installs on bookworm, vmcache from its .deb.
 test-kernels: setup
 	tests/kernels/run.sh
