@@ -33,6 +33,8 @@ from vmcache.host.readsets import ProbeSet, TracepointSet
 from vmcache.model.region import Region
 from vmcache.service.readsignal import ReadSignal
 
+from tests.pagecache_util import drop, random_image
+
 MiB = 1 << 20
 PAGE = 4096
 WORK = Path(os.environ.get("VMK_WORK", "/var/tmp/vmk"))
@@ -85,24 +87,6 @@ class Reader:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
-
-
-def data_file(path: Path, size: int) -> Path:
-    """``size`` bytes of data at ``path``, out of the page cache."""
-    with open(path, "wb") as f:
-        f.write(os.urandom(size))
-        f.flush()
-        os.fsync(f.fileno())
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    return path
-
-
-def evict(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def mib(pages: int) -> str:
@@ -160,7 +144,7 @@ def main() -> int:
     reader = Reader()
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="vmk-log: %(message)s")
     read_signal = ReadSignal("vmk", logger=logging.getLogger("vmk.agent"), pid_of=lambda _: reader.pid)
-    data = data_file(WORK / "data.raw", 64 * MiB)
+    data = random_image(WORK / "data.raw", 64 * MiB)
     reads: FileReads | None = None
 
     @check("counter")
@@ -175,7 +159,7 @@ def main() -> int:
     def _ten() -> str:
         assert reads is not None
         reads.take(64)
-        evict(data)
+        drop(data)
         reader.pread(data, 8 * MiB, 4 * MiB, count=10)
         read, hit = exactly(reads, 64, 10 * 1024)
         assert hit >= 9 * 1024, f"only {mib(hit)} hits"
@@ -184,7 +168,7 @@ def main() -> int:
     @check("others-not-counted")
     def _others() -> str:
         assert reads is not None
-        evict(data)
+        drop(data)
         with open(data, "rb") as f:  # this process (the agent's side) reads: not the guest
             os.pread(f.fileno(), 4 * MiB, 16 * MiB)
         with Pinner(data, floor_bytes=64 * MiB) as pinner:  # the agent's own load and lock of a pin
@@ -201,7 +185,7 @@ def main() -> int:
         dev = read_signal.watch(BLOCK_DEVICE, MiB)
         assert dev is not None, "the block device is not counted"
         try:
-            evict(BLOCK_DEVICE)
+            drop(BLOCK_DEVICE)
             reader.pread(BLOCK_DEVICE, 4 * MiB, 2 * MiB)
             read, hit = exactly(dev, 64, 512)
             reader.pread(BLOCK_DEVICE, 4 * MiB, 2 * MiB)
@@ -218,7 +202,7 @@ def main() -> int:
             try:
                 assert counter.signal == "tracepoint"
                 fr = counter.watch(str(data), MiB)
-                evict(data)
+                drop(data)
                 reader.pread(data, 8 * MiB, 4 * MiB, count=10)
                 read, hit = exactly(fr, 64, 10 * 1024)
                 fr.close()
@@ -271,7 +255,7 @@ def main() -> int:
 
     @check("watch-pins")
     def _watch() -> str:
-        image = data_file(WORK / "watch.raw", 64 * MiB)
+        image = random_image(WORK / "watch.raw", 64 * MiB)
         proc = subprocess.Popen(["vmcache", "watch", str(image), "--budget", "32M", "--interval", "1s",
                                  "--min-free", "64M", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)

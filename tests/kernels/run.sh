@@ -2,6 +2,8 @@
 # vmcache on the kernels libvirt hosts run (make test-kernels).
 #
 #   tests/kernels/run.sh [KERNEL...]    KERNEL: host, 6.1, new (default: all three)
+#   tests/kernels/run.sh bench          bench/readcount_cost.py in the new kernel's VM (a benchmark: run
+#                                       it alone, under flock -x /run/lock/vmcache-quiet.lock)
 #
 # tests/kernels/checks.py - exact read counts (ten 4 MiB preads, a block device, the agent's own loads
 # not counted, the tracepoint set where the kernel has it), the residency scan against mincore,
@@ -160,7 +162,9 @@ build_run_disk() {
     sh -c 'dpkg -i /root/vmcache.deb && rm /root/vmcache.deb' >"$RUN/dpkg.log" 2>&1 \
     || { tail -20 "$RUN/dpkg.log" >&2; die "dpkg -i vmcache.deb failed"; }
   install -D -m 644 "$REPO/tests/kernels/checks.py" "$merged/usr/local/lib/vmcache-kernels/checks.py"
+  install -D -m 644 -t "$merged/usr/local/lib/vmcache-kernels/tests" "$REPO/tests/__init__.py" "$REPO/tests/pagecache_util.py"
   install -D -m 755 "$REPO/tests/kernels/run-checks" "$merged/usr/local/lib/vmcache-kernels/run-checks"
+  install -D -m 644 -t "$merged/usr/local/lib/vmcache-kernels/bench" "$REPO/bench/readcount_cost.py" "$REPO/bench/order.py"
   umount "$merged"
   OVERLAYS=()
   rm -rf "$dir/work" "$merged"
@@ -171,16 +175,23 @@ build_run_disk() {
   say "this run's disk: $(dpkg-deb -W --showformat='${Package} ${Version}' "$RUN"/deb/vmcache_*_all.deb) in $((SECONDS - started)) s"
 }
 
-# Boot the VM of kernel VERSION (extra kernel command line after it); its console in $LOGS/VERSION.log.
+# Boot the VM of kernel VERSION (extra kernel command line after it); its console in $LOGS/VERSION.log
+# ($LOGS/bench-VERSION.log for the benchmark, which runs under the lock the caller holds).
 boot() {
-  local version=$1 extra=$2 log=$LOGS/$1.log started=$SECONDS rc=0
+  local version=$1 extra=$2 log=$LOGS/$1.log started=$SECONDS rc=0 lock=(flock -s "$QUIET_LOCK")
+  if [[ " $extra " == *" vmk.run=bench "* ]]; then log=$LOGS/bench-$1.log lock=(); fi
   say "$version: booting in a TCG VM"
-  flock -s "$QUIET_LOCK" timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel tcg -m 2048 -smp 2 -nodefaults \
+  "${lock[@]}" timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel tcg -m 2048 -smp 2 -nodefaults \
     -display none -serial "file:$log" -no-reboot -snapshot \
     -kernel "$BASE/vmlinuz-$version" -initrd "$BASE/initrd.img-$version" \
     -append "root=/dev/vda ro console=ttyS0 panic=-1 init=/sbin/vmcache-kernels-init vmk.expect=probe $extra" \
     -drive "file=$BASE/base.img,format=raw,if=virtio,readonly=on" -drive "file=$RUN/run.img,format=raw,if=virtio" \
     -drive "file=$RUN/block.raw,format=raw,if=virtio" || rc=$?
+  if [ ${#lock[@]} = 0 ]; then
+    grep -a -A30 'load average' "$log" | grep -av '^\[' >&2 || true
+    [ "$rc" = 0 ] && grep -aq '^programs left: 0' "$log" || FAILED+=("bench")
+    return
+  fi
   report "$version" "$log" "$rc" "$((SECONDS - started))"
 }
 
@@ -203,7 +214,7 @@ host_checks() {
   head -c $((64 << 20)) /dev/urandom > "$RUN/host/block.raw"
   LOOP=$(losetup -f --show "$RUN/host/block.raw")
   say "host: $(uname -r), the checks with $REPO/.venv"
-  PATH=$REPO/.venv/bin:$PATH VMK_WORK=$RUN/host/work VMK_BLOCK_DEVICE=$LOOP VMK_SHARED_HOST=1 \
+  PATH=$REPO/.venv/bin:$PATH PYTHONPATH=$REPO VMK_WORK=$RUN/host/work VMK_BLOCK_DEVICE=$LOOP VMK_SHARED_HOST=1 \
     timeout "$VM_TIMEOUT" "$REPO/.venv/bin/python" "$REPO/tests/kernels/checks.py" >"$log" 2>&1 || rc=$?
   losetup -d "$LOOP"
   LOOP=
@@ -223,11 +234,11 @@ RUN=$(mktemp -d /var/tmp/vmcache-kernels.XXXXXX)
 for want in "${WANT[@]}"; do
   case "$want" in
     host) host_checks ;;
-    6.1|new) ;;
-    *) die "unknown kernel $want (host, 6.1, new)" ;;
+    6.1|new|bench) ;;
+    *) die "unknown kernel $want (host, 6.1, new, bench)" ;;
   esac
 done
-if [[ " ${WANT[*]} " == *" 6.1 "* || " ${WANT[*]} " == *" new "* ]]; then
+if [[ " ${WANT[*]} " =~ " "(6\.1|new|bench)" " ]]; then
   host_tools
   host_lock
   build_root
@@ -238,6 +249,7 @@ if [[ " ${WANT[*]} " == *" 6.1 "* || " ${WANT[*]} " == *" new "* ]]; then
     case "$want" in
       6.1) boot "$(awk '$1 == "6.1" {print $2}' "$BASE/kernels.txt")" "" ;;
       new) boot "$(awk '$1 == "new" {print $2}' "$BASE/kernels.txt")" "psi=0" ;;
+      bench) boot "$(awk '$1 == "new" {print $2}' "$BASE/kernels.txt")" "vmk.run=bench" ;;
     esac
   done
 fi

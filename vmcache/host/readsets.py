@@ -26,6 +26,8 @@ from __future__ import annotations
 import errno as _errno
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from functools import partial
 from typing import ClassVar
 
 from ..errors import HostError
@@ -74,9 +76,17 @@ class ReadSet(ABC):
         BpfError."""
 
 
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
+def _links(attachers: list[Callable[[], int]]) -> list[int]:
+    """Each attacher's link, in order; when one fails, the links made so far are closed."""
+    links: list[int] = []
+    try:
+        for attach in attachers:
+            links.append(attach())
+    except BaseException:
+        for fd in links:
+            os.close(fd)
+        raise
+    return links
 
 
 def _tracepoint_link(code: bytes, name: str, point: Tracepoint) -> int:
@@ -125,15 +135,10 @@ class ProbeSet(ReadSet):
             os.close(prog)
 
     def load(self, maps: Maps) -> list[int]:
-        links: list[int] = []
-        try:
-            links.append(self._traced(entry_program(maps, self.offsets), self.NAME, at_exit=False))
-            links.append(self._traced(exit_program(maps, self.offsets), self.NAME, at_exit=True))
-            links.append(_tracepoint_link(program(lambda a: added(a, maps, self.add), maps), self.NAME, self.add))
-        except BaseException:
-            _close_all(links)
-            raise
-        return links
+        return _links([lambda: self._traced(entry_program(maps, self.offsets), self.NAME, at_exit=False),
+                       lambda: self._traced(exit_program(maps, self.offsets), self.NAME, at_exit=True),
+                       lambda: _tracepoint_link(program(lambda a: added(a, maps, self.add), maps), self.NAME,
+                                                self.add)])
 
     @property
     def key(self) -> KeyLoader:
@@ -158,14 +163,8 @@ class TracepointSet(ReadSet):
         return cls(_tracepoints(list(EVENTS)))
 
     def load(self, maps: Maps) -> list[int]:
-        links: list[int] = []
-        try:
-            for name, code in programs(maps, self.points).items():
-                links.append(_tracepoint_link(code, self.NAME, self.points[name]))
-        except BaseException:
-            _close_all(links)
-            raise
-        return links
+        return _links([partial(_tracepoint_link, code, self.NAME, self.points[name])
+                       for name, code in programs(maps, self.points).items()])
 
     @property
     def key(self) -> KeyLoader:
