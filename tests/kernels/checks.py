@@ -21,6 +21,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmcache.host import bpf
@@ -41,7 +42,6 @@ WORK = Path(os.environ.get("VMK_WORK", "/var/tmp/vmk"))
 BLOCK_DEVICE = os.environ.get("VMK_BLOCK_DEVICE", "/dev/vdc")
 #: Where other agents may run (this machine, not a VM): programs of theirs may be loaded, and stay.
 SHARED_HOST = os.environ.get("VMK_SHARED_HOST") == "1"
-RESULTS: list[bool] = []
 READER = """
 import os, sys
 fds = {}
@@ -52,22 +52,6 @@ for line in sys.stdin:
         os.pread(fd, int(length), int(off))
     print("done", flush=True)
 """
-
-
-def check(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
-    """Run the decorated check at once; its return value is the ``ok`` line's detail, an exception a FAIL."""
-    def run(fn: Callable[[], str]) -> Callable[[], str]:
-        try:
-            detail = fn()
-        except Exception as err:  # noqa: BLE001 - every failure of a check is reported, the next one runs
-            RESULTS.append(False)
-            print(f"vmk: FAIL {name}: {type(err).__name__}: {err}", flush=True)
-            traceback.print_exc(file=sys.stdout)
-        else:
-            RESULTS.append(True)
-            print(f"vmk: ok {name}: {detail}", flush=True)
-        return fn
-    return run
 
 
 class Reader:
@@ -134,180 +118,200 @@ def programs_left() -> int:
     return sum(names.count(kind.NAME) for kind in (ProbeSet, TracepointSet))
 
 
-def main() -> int:
-    WORK.mkdir(parents=True, exist_ok=True)
-    release = os.uname().release
-    has_tracepoint = _has_tracepoint_set()
-    expected = os.environ.get("VMK_EXPECT_SIGNAL") or _first_set_that_loads()
-    print(f"vmk: kernel {release}; the tracepoint set's events: {has_tracepoint}; cachestat: {cachestat_supported()}; "
-          f"expected counter: {expected}", flush=True)
-    reader = Reader()
-    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="vmk-log: %(message)s")
-    read_signal = ReadSignal("vmk", logger=logging.getLogger("vmk.agent"), pid_of=lambda _: reader.pid)
-    data = random_image(WORK / "data.raw", 64 * MiB)
+@dataclass
+class Run:
+    """What the checks share: the stand-in QEMU, the agent's read signal, the data file and its counts."""
+
+    reader: Reader
+    signal: ReadSignal
+    data: Path
+    expected: str
     reads: FileReads | None = None
 
-    @check("counter")
-    def _counter() -> str:
-        nonlocal reads
-        reads = read_signal.watch(str(data), MiB)
-        assert reads is not None, f"no counter: {read_signal.reason}"
-        assert read_signal.signal == expected, f"{read_signal.signal} counts, not {expected}"
-        return f"the agent's read signal chose {read_signal.signal!r}"
 
-    @check("ten-reads")
-    def _ten() -> str:
-        assert reads is not None
-        reads.take(64)
-        drop(data)
-        reader.pread(data, 8 * MiB, 4 * MiB, count=10)
-        read, hit = exactly(reads, 64, 10 * 1024)
-        assert hit >= 9 * 1024, f"only {mib(hit)} hits"
-        return f"ten 4 MiB preads of one range counted {mib(read)} exactly, {mib(hit)} of them hits"
+def counter(run: Run) -> str:
+    run.reads = run.signal.watch(str(run.data), MiB)
+    assert run.reads is not None, f"no counter: {run.signal.reason}"
+    assert run.signal.signal == run.expected, f"{run.signal.signal} counts, not {run.expected}"
+    return f"the agent's read signal chose {run.signal.signal!r}"
 
-    @check("others-not-counted")
-    def _others() -> str:
-        assert reads is not None
-        drop(data)
-        with open(data, "rb") as f:  # this process (the agent's side) reads: not the guest
-            os.pread(f.fileno(), 4 * MiB, 16 * MiB)
-        with Pinner(data, floor_bytes=64 * MiB) as pinner:  # the agent's own load and lock of a pin
-            pinner.apply([Region(32 * MiB, 8 * MiB, 1.0)], budget=8 * MiB)
-            assert pinner.locked_bytes == 8 * MiB, pinner.locked_bytes
-            exactly(reads, 64, 0)
-            reader.pread(data, 32 * MiB, 8 * MiB)
-            read, hit = exactly(reads, 64, 2048)
-        assert hit == 2048, f"a read of a locked range missed {2048 - hit} pages"
-        return f"the agent's 4 MiB read and 8 MiB pin load: 0 pages; the guest's read of the pin: {mib(read)}, all hits"
 
-    @check("block-device")
-    def _block() -> str:
-        dev = read_signal.watch(BLOCK_DEVICE, MiB)
-        assert dev is not None, "the block device is not counted"
-        try:
-            drop(BLOCK_DEVICE)
-            reader.pread(BLOCK_DEVICE, 4 * MiB, 2 * MiB)
-            read, hit = exactly(dev, 64, 512)
-            reader.pread(BLOCK_DEVICE, 4 * MiB, 2 * MiB)
-            again, hit2 = exactly(dev, 64, 512)
-        finally:
-            dev.close()
-        assert hit2 == 512, f"the second read of {BLOCK_DEVICE} missed {512 - hit2} pages"
-        return f"{BLOCK_DEVICE}: a 2 MiB pread counted {mib(read)} ({mib(hit)} hits), again {mib(again)} (all hits)"
+def ten_reads(run: Run) -> str:
+    assert run.reads is not None
+    run.reads.take(64)
+    drop(run.data)
+    run.reader.pread(run.data, 8 * MiB, 4 * MiB, count=10)
+    read, hit = exactly(run.reads, 64, 10 * 1024)
+    assert hit >= 9 * 1024, f"only {mib(hit)} hits"
+    return f"ten 4 MiB preads of one range counted {mib(read)} exactly, {mib(hit)} of them hits"
 
-    if has_tracepoint:
-        @check("tracepoint-set")
-        def _tracepoint() -> str:
-            counter = ReadCounter.open(reader.pid, lock_dir=tempfile.mkdtemp(), order=(TracepointSet,))
-            try:
-                assert counter.signal == "tracepoint"
-                fr = counter.watch(str(data), MiB)
-                drop(data)
-                reader.pread(data, 8 * MiB, 4 * MiB, count=10)
-                read, hit = exactly(fr, 64, 10 * 1024)
-                fr.close()
-            finally:
-                counter.close()
-            return f"the tracepoint set (the fallback) counted the ten reads as {mib(read)}, {mib(hit)} hits"
 
-    if reads is not None:
-        reads.close()
-    read_signal.close()
+def others_not_counted(run: Run) -> str:
+    assert run.reads is not None
+    drop(run.data)
+    with open(run.data, "rb") as f:  # this process (the agent's side) reads: not the guest
+        os.pread(f.fileno(), 4 * MiB, 16 * MiB)
+    with Pinner(run.data, floor_bytes=64 * MiB) as pinner:  # the agent's own load and lock of a pin
+        pinner.apply([Region(32 * MiB, 8 * MiB, 1.0)], budget=8 * MiB)
+        assert pinner.locked_bytes == 8 * MiB, pinner.locked_bytes
+        exactly(run.reads, 64, 0)
+        run.reader.pread(run.data, 32 * MiB, 8 * MiB)
+        read, hit = exactly(run.reads, 64, 2048)
+    assert hit == 2048, f"a read of a locked range missed {2048 - hit} pages"
+    return f"the agent's 4 MiB read and 8 MiB pin load: 0 pages; the guest's read of the pin: {mib(read)}, all hits"
 
-    @check("nothing-left")
-    def _left() -> str:
-        if SHARED_HOST:
-            return "not asked on a shared host (other agents' programs may run and stay)"
-        left = programs_left()
-        assert left == 0, f"{left} programs left"
-        return "no read-counting program left once the counters closed"
 
-    @check("residency-scan")
-    def _scan() -> str:
-        sparse = WORK / "sparse.raw"
-        with open(sparse, "w+b") as f:
-            f.truncate(1 << 30)
-            for off, length in [(100 * MiB, 4 * MiB), (512 * MiB + 65536, MiB)] + [
-                    (i * 13 * MiB + 4096 * i, 65536) for i in range(40)]:
-                f.seek(off)
-                f.write(os.urandom(length))
-            f.flush()
-            os.fsync(f.fileno())
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            for off, length in [(100 * MiB, 2 * MiB), (512 * MiB + 65536, 4096)] + [
-                    (i * 26 * MiB + 8192 * i, 65536) for i in range(20)]:
-                os.pread(f.fileno(), length, off)
-        seen = scan_residency(sparse, MiB)
-        ref = mincore_pages(sparse, MiB)
-        got = {int(b): round(float(v) * MiB / PAGE) for b, v in zip(seen.blocks.index, seen.blocks.value)}
-        assert got == ref, f"scan {got} != mincore {ref}"
-        assert seen.resident_pages == sum(ref.values()), (seen.resident_pages, sum(ref.values()))
-        detail = f"{seen.method}: {seen.resident_pages} pages in {len(ref)} blocks of a 1 GiB sparse file, as mincore"
-        if seen.method == "cachestat":
-            mc = scan_residency(sparse, MiB, use_cachestat=False)
-            assert mc.resident_pages == seen.resident_pages
-            detail += " (and the mincore-only scan)"
-        out = subprocess.run(["vmcache", "scan", "--json", str(sparse)], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stdout + out.stderr
-        told = json.loads(out.stdout)
-        assert told["resident_pages"] == seen.resident_pages, told
-        return detail + f"; `vmcache scan` ({told['method']}) says the same"
+def block_device(run: Run) -> str:
+    dev = run.signal.watch(BLOCK_DEVICE, MiB)
+    assert dev is not None, "the block device is not counted"
+    try:
+        drop(BLOCK_DEVICE)
+        run.reader.pread(BLOCK_DEVICE, 4 * MiB, 2 * MiB)
+        read, hit = exactly(dev, 64, 512)
+        run.reader.pread(BLOCK_DEVICE, 4 * MiB, 2 * MiB)
+        again, hit2 = exactly(dev, 64, 512)
+    finally:
+        dev.close()
+    assert hit2 == 512, f"the second read of {BLOCK_DEVICE} missed {512 - hit2} pages"
+    return f"{BLOCK_DEVICE}: a 2 MiB pread counted {mib(read)} ({mib(hit)} hits), again {mib(again)} (all hits)"
 
-    @check("watch-pins")
-    def _watch() -> str:
-        image = random_image(WORK / "watch.raw", 64 * MiB)
-        proc = subprocess.Popen(["vmcache", "watch", str(image), "--budget", "32M", "--interval", "1s",
-                                 "--min-free", "64M", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        pinned, cycles = 0, 0
-        try:
-            assert proc.stdout
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                reader.pread(image, 16 * MiB, 8 * MiB)  # the guest keeps reading its hot 8 MiB
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                cycles += 1
-                pinned = json.loads(line)["pinned_bytes"]
-                if pinned >= 8 * MiB:
-                    break
-            locked = _locked(proc.pid)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=60)
-        assert pinned >= 8 * MiB, f"{pinned} bytes pinned after {cycles} cycles: {err[-2000:]}"
-        assert locked >= 8 * MiB, f"vmcache watch has {locked} bytes locked only"
-        assert proc.returncode == 0 and "released all pins" in err, (proc.returncode, err[-2000:])
-        return f"pinned {pinned // MiB} MiB of the hot 8 MiB range in {cycles} cycles ({locked // MiB} MiB locked), " \
-               "all released at SIGTERM"
 
-    @check("bpf-refused")
-    def _refused() -> str:
-        code = ("import logging, sys\n"
-                "from vmcache.service.readsignal import ReadSignal\n"
-                "logging.basicConfig(stream=sys.stderr, level=logging.INFO, format='%(message)s')\n"
-                f"s = ReadSignal('vmk', logger=logging.getLogger('a'), pid_of=lambda _: {reader.pid})\n"
-                f"print(s.watch('{data}', 1 << 20), s.watch('{data}', 1 << 20), s.signal)\n")
-        out = subprocess.run(["setpriv", "--bounding-set", "-bpf,-perfmon,-sys_admin", "--", sys.executable, "-c",
-                              code], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0 and out.stdout.split() == ["None", "None", "inferred"], out.stdout + out.stderr
-        lines = [ln for ln in out.stderr.splitlines() if "reads." in ln]
-        assert len(lines) == 1 and lines[0].startswith("reads.inferred"), lines
-        return lines[0][:200]
+def tracepoint_set(run: Run) -> str:
+    counter = ReadCounter.open(run.reader.pid, lock_dir=tempfile.mkdtemp(), order=(TracepointSet,))
+    try:
+        assert counter.signal == "tracepoint"
+        fr = counter.watch(str(run.data), MiB)
+        drop(run.data)
+        run.reader.pread(run.data, 8 * MiB, 4 * MiB, count=10)
+        read, hit = exactly(fr, 64, 10 * 1024)
+        fr.close()
+    finally:
+        counter.close()
+    return f"the tracepoint set (the fallback) counted the ten reads as {mib(read)}, {mib(hit)} hits"
 
-    @check("psi")
-    def _psi() -> str:
-        psi = read_pressure()
-        if "psi=0" in Path("/proc/cmdline").read_text():
-            assert psi is None, psi
-            return "booted with psi=0: no pressure (the agent backs off on MemAvailable alone)"
-        assert psi is not None
-        return f"pressure some avg10={psi.some.avg10}"
 
+def nothing_left(run: Run) -> str:
+    if run.reads is not None:
+        run.reads.close()
+    run.signal.close()
+    if SHARED_HOST:
+        return "not asked on a shared host (other agents' programs may run and stay)"
+    left = programs_left()
+    assert left == 0, f"{left} programs left"
+    return "no read-counting program left once the counters closed"
+
+
+def residency_scan(run: Run) -> str:
+    sparse = WORK / "sparse.raw"
+    with open(sparse, "w+b") as f:
+        f.truncate(1 << 30)
+        for off, length in [(100 * MiB, 4 * MiB), (512 * MiB + 65536, MiB)] + [
+                (i * 13 * MiB + 4096 * i, 65536) for i in range(40)]:
+            f.seek(off)
+            f.write(os.urandom(length))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        for off, length in [(100 * MiB, 2 * MiB), (512 * MiB + 65536, 4096)] + [
+                (i * 26 * MiB + 8192 * i, 65536) for i in range(20)]:
+            os.pread(f.fileno(), length, off)
+    seen = scan_residency(sparse, MiB)
+    ref = mincore_pages(sparse, MiB)
+    got = {int(b): round(float(v) * MiB / PAGE) for b, v in zip(seen.blocks.index, seen.blocks.value)}
+    assert got == ref, f"scan {got} != mincore {ref}"
+    assert seen.resident_pages == sum(ref.values()), (seen.resident_pages, sum(ref.values()))
+    detail = f"{seen.method}: {seen.resident_pages} pages in {len(ref)} blocks of a 1 GiB sparse file, as mincore"
+    if seen.method == "cachestat":
+        mc = scan_residency(sparse, MiB, use_cachestat=False)
+        assert mc.resident_pages == seen.resident_pages
+        detail += " (and the mincore-only scan)"
+    out = subprocess.run(["vmcache", "scan", "--json", str(sparse)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    told = json.loads(out.stdout)
+    assert told["resident_pages"] == seen.resident_pages, told
+    return detail + f"; `vmcache scan` ({told['method']}) says the same"
+
+
+def watch_pins(run: Run) -> str:
+    image = random_image(WORK / "watch.raw", 64 * MiB)
+    proc = subprocess.Popen(["vmcache", "watch", str(image), "--budget", "32M", "--interval", "1s",
+                             "--min-free", "64M", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    pinned, cycles = 0, 0
+    try:
+        assert proc.stdout
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            run.reader.pread(image, 16 * MiB, 8 * MiB)  # the guest keeps reading its hot 8 MiB
+            line = proc.stdout.readline()
+            if not line:
+                break
+            cycles += 1
+            pinned = json.loads(line)["pinned_bytes"]
+            if pinned >= 8 * MiB:
+                break
+        locked = _locked(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert pinned >= 8 * MiB, f"{pinned} bytes pinned after {cycles} cycles: {err[-2000:]}"
+    assert locked >= 8 * MiB, f"vmcache watch has {locked} bytes locked only"
+    assert proc.returncode == 0 and "released all pins" in err, (proc.returncode, err[-2000:])
+    return f"pinned {pinned // MiB} MiB of the hot 8 MiB range in {cycles} cycles ({locked // MiB} MiB locked), " \
+           "all released at SIGTERM"
+
+
+def bpf_refused(run: Run) -> str:
+    code = ("import logging, sys\n"
+            "from vmcache.service.readsignal import ReadSignal\n"
+            "logging.basicConfig(stream=sys.stderr, level=logging.INFO, format='%(message)s')\n"
+            f"s = ReadSignal('vmk', logger=logging.getLogger('a'), pid_of=lambda _: {run.reader.pid})\n"
+            f"print(s.watch('{run.data}', 1 << 20), s.watch('{run.data}', 1 << 20), s.signal)\n")
+    out = subprocess.run(["setpriv", "--bounding-set", "-bpf,-perfmon,-sys_admin", "--", sys.executable, "-c",
+                          code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["None", "None", "inferred"], out.stdout + out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if "reads." in ln]
+    assert len(lines) == 1 and lines[0].startswith("reads.inferred"), lines
+    return lines[0][:200]
+
+
+def psi(run: Run) -> str:
+    pressure = read_pressure()
+    if "psi=0" in Path("/proc/cmdline").read_text():
+        assert pressure is None, pressure
+        return "booted with psi=0: no pressure (the agent backs off on MemAvailable alone)"
+    assert pressure is not None
+    return f"pressure some avg10={pressure.some.avg10}"
+
+
+def check(name: str, fn: Callable[[Run], str], run: Run) -> bool:
+    """Run one check; its return value is the ``ok`` line's detail, an exception a FAIL."""
+    try:
+        detail = fn(run)
+    except Exception as err:  # noqa: BLE001 - every failure of a check is reported, the next one runs
+        print(f"vmk: FAIL {name}: {type(err).__name__}: {err}", flush=True)
+        traceback.print_exc(file=sys.stdout)
+        return False
+    print(f"vmk: ok {name}: {detail}", flush=True)
+    return True
+
+
+def main() -> int:
+    WORK.mkdir(parents=True, exist_ok=True)
+    has_tracepoint = _has_tracepoint_set()
+    expected = os.environ.get("VMK_EXPECT_SIGNAL") or _first_set_that_loads()
+    print(f"vmk: kernel {os.uname().release}; the tracepoint set's events: {has_tracepoint}; "
+          f"cachestat: {cachestat_supported()}; expected counter: {expected}", flush=True)
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="vmk-log: %(message)s")
+    reader = Reader()
+    run = Run(reader, ReadSignal("vmk", logger=logging.getLogger("vmk.agent"), pid_of=lambda _: reader.pid),
+              random_image(WORK / "data.raw", 64 * MiB), expected)
+    checks = [counter, ten_reads, others_not_counted, block_device, *([tracepoint_set] if has_tracepoint else []),
+              nothing_left, residency_scan, watch_pins, bpf_refused, psi]
+    results = [check(fn.__name__.replace("_", "-"), fn, run) for fn in checks]
     reader.close()
-    print(f"vmk: done ok={sum(RESULTS)} failed={len(RESULTS) - sum(RESULTS)}", flush=True)
-    return 0 if all(RESULTS) else 1
+    print(f"vmk: done ok={sum(results)} failed={len(results) - sum(results)}", flush=True)
+    return 0 if all(results) else 1
 
 
 def _first_set_that_loads() -> str:
