@@ -5,7 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup lint test unit demo demo-clean fixtures bench soak libvirtd install uninstall clean deb test-host test-migrate
+.PHONY: setup lint test unit demo demo-clean fixtures bench soak libvirtd install uninstall clean deb test-host test-migrate \
+	test-kernels
 
 setup:
 	scripts/setup.sh
@@ -52,6 +53,12 @@ test-host:
 # migration"). About 3 minutes with the root cached.
 test-migrate: setup
 	tests/host/migrate.sh run
+
+# The read counter and the agent's kernel fallbacks on the kernels hosts run (docs/install.md,
+# "Kernels"): tests/kernels/checks.py on this machine's kernel and in TCG VMs booting Debian 12's own
+# kernel (6.1) and the newest Debian cloud kernel that installs on bookworm, vmcache from its .deb.
+test-kernels: setup
+	tests/kernels/run.sh
 
 # build/deb/vmcache_<version>_all.deb, with dpkg-buildpackage and debhelper.
 deb:

@@ -1,24 +1,22 @@
-"""What counting guest reads in the kernel costs every other read on the host (issue 20).
+"""What counting guest reads in the kernel costs every other read on the host (issues 20 and 40).
 
-    .venv/bin/python bench/readcount_cost.py [--rounds 3] [--runtime 8] [--file /var/tmp/rd-cost.bin]
+    .venv/bin/python bench/readcount_cost.py [--rounds 3] [--runtime 6] [--file /var/tmp/rd-cost.bin]
 
 fio 4 KiB random reads (psync, one job as a thread) of a cached 64 MiB
-file, arms interleaved, their order rotated from round to round
-(bench/order.py):
+file, one run per arm in each round, the arms' order rotated from round
+to round (bench/order.py):
 
 - ``off``: no read-counting program loaded;
-- ``shared``: vmcache's programs loaded, as 100 agents use them (100
-  QEMU pids and 100 images registered), fio not among them: what every
-  host read pays;
-- ``counted``: the same with fio registered as a QEMU and its file
-  watched: what each read of a managed image pays (its pages counted);
-- ``per-agent``: 64 programs attached to ``mm_filemap_get_pages`` that only
-  compare the pid, as one program per agent would for 64 agents (a
-  tracepoint takes at most 64; the 65th attachment is tried and fails).
+- ``tracepoint``: the tracepoint set (``mm_filemap_get_pages`` and its
+  companions), as 100 agents use it (100 QEMU pids and 100 images
+  registered), fio not among them: what every host read pays;
+- ``probe``: the same with the ``filemap_read`` probe (fentry/fexit).
 
-Prints IOPS per arm and round, the medians and each arm's ratio to
-``off`` (median, min-max over rounds). Run as root under the team lock.
-Leaves nothing: every program and map is this process's and goes with it.
+An arm this kernel refuses is reported as such and left out. Prints IOPS
+per arm and round, the medians, each arm's ratio to ``off`` (median,
+min-max over rounds) and the load average before and after. Run as root,
+alone on the machine (``flock -x /run/lock/vmcache-quiet.lock``). Leaves
+nothing: every program and map is this process's and goes with it.
 """
 
 from __future__ import annotations
@@ -37,59 +35,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.order import round_order
 from vmcache.host import bpf
-from vmcache.host.readcount import ReadCounter
-from vmcache.host.tracefs import read_tracepoints
+from vmcache.host.readcount import ReadCounter, ReadCountError
+from vmcache.host.readsets import ORDER, ProbeSet, ReadSet, TracepointSet
 
 MiB = 1 << 20
-ARMS = ("off", "shared", "counted", "per-agent")
+ARMS: dict[str, tuple[type[ReadSet], ...]] = {"off": (), "tracepoint": (TracepointSet,), "probe": (ProbeSet,)}
 
 
-def fio(path: str, runtime: int, register: bool = False) -> float:
+def fio(path: str, runtime: int) -> float:
     cmd = ["fio", "--name=r", f"--filename={path}", "--rw=randread", "--bs=4k", "--size=64M", "--thread",
            "--ioengine=psync", "--time_based", f"--runtime={runtime}", "--output-format=json", "--invalidate=0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    counter = None
-    if register:
-        counter = ReadCounter.open(proc.pid, lock_dir=tempfile.gettempdir())
-        watched = counter.watch(path, MiB)
-    out, _ = proc.communicate()
-    if counter is not None:
-        got = watched.take(64)
-        print(f"  counted {int(got.pages.value.sum())} pages of fio's reads", flush=True)
-        watched.close()
-        counter.close()
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
     return float(json.loads(out)["jobs"][0]["read"]["iops"])
 
 
-def per_agent(n: int) -> list[int]:
-    """``n`` programs that compare the pid with one no process has, attached; their fds."""
-    point = read_tracepoints([("filemap", "mm_filemap_get_pages")])["mm_filemap_get_pages"]
-    a = bpf.Asm()
-    a.call(bpf.PID_TGID)
-    a.alu("rsh", 0, 32)
-    a.jump("ne", 0, 0x7FFFFFFF, "out")
-    a.label("out")
-    a.mov(0, 0)
-    a.exit()
-    code, fds = a.assemble(), []
+def attach(order: tuple[type[ReadSet], ...], images: list[str]) -> list[ReadCounter]:
+    """100 agents' worth of counters of the set ``order`` names (QEMU pids of no process). Raises
+    ReadCountError."""
+    counters: list[ReadCounter] = []
+    lock_dir = tempfile.mkdtemp(prefix="rd-cost-")
     try:
-        for i in range(n):
-            fds.append(bpf.load_tracepoint_program(code, name="rd_bench_agent"))
-            try:
-                fds.append(bpf.attach_tracepoint(fds[-1], point.id))
-            except bpf.BpfError as err:
-                raise bpf.BpfError(f"attachment {i + 1} of {n}: {err}", errno=err.errno) from err
+        for i, image in enumerate(images):
+            counters.append(ReadCounter.open(4_000_000 + i, lock_dir=lock_dir, order=order))
+            counters[-1].watch(image, MiB)
     except BaseException:
-        for fd in fds:  # none may stay attached: the next arm's programs would not fit
-            os.close(fd)
+        for c in counters:
+            c.close()
         raise
-    return fds
+    return counters
+
+
+def loaded() -> int:
+    names = bpf.program_names()
+    return sum(names.count(kind.NAME) for kind in ORDER)
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--runtime", type=int, default=8)
+    p.add_argument("--runtime", type=int, default=6)
     p.add_argument("--file", default="/var/tmp/rd-cost.bin")
     args = p.parse_args()
     with open(args.file, "wb") as f:
@@ -99,44 +83,40 @@ def main() -> int:
         path = f"{args.file}.{i}"
         Path(path).write_bytes(b"\0" * 4096)
         images.append(path)
-    try:
-        fds = per_agent(65)
-    except bpf.BpfError as err:
-        print(f"65 programs on one tracepoint: {err}")
-    else:
-        for fd in fds:
-            os.close(fd)
-        print("65 programs attached on one tracepoint")
-    print(f"load average {os.getloadavg()}, {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kernel {os.uname().release}, load average {os.getloadavg()}, "
+          f"read-counting programs loaded before: {loaded()}", flush=True)
     results: dict[str, list[float]] = {}
+    refused: dict[str, str] = {}
     try:
         for rnd in range(args.rounds):
-            for arm in round_order(ARMS, rnd + 1):
-                held: list[int] = []
-                counters: list[ReadCounter] = []
-                if arm in ("shared", "counted"):
-                    for i in range(100):  # 100 agents: a QEMU and an image each (pids of no process)
-                        counters.append(ReadCounter.open(4_000_000 + i, lock_dir=tempfile.gettempdir()))
-                        counters[-1].watch(images[i], MiB)
-                elif arm == "per-agent":
-                    held = per_agent(64)
-                iops = fio(args.file, args.runtime, register=arm == "counted")
-                for fd in held:
-                    os.close(fd)
-                for c in counters:
-                    c.close()
+            for arm in round_order(list(ARMS), rnd + 1):
+                if arm in refused:
+                    continue
+                try:
+                    counters = attach(ARMS[arm], images) if ARMS[arm] else []
+                except ReadCountError as err:
+                    refused[arm] = str(err)
+                    print(f"round {rnd + 1} {arm:10s} refused: {err}", flush=True)
+                    continue
+                try:
+                    iops = fio(args.file, args.runtime)
+                finally:
+                    for c in counters:
+                        c.close()
                 results.setdefault(arm, []).append(iops)
                 print(f"round {rnd + 1} {arm:10s} {iops:10.0f} IOPS", flush=True)
     finally:
         for path in [args.file, *images]:
             os.unlink(path)
-    print(f"load average {os.getloadavg()}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} load average {os.getloadavg()}")
     base = results["off"]
     for arm, values in results.items():
         ratios = [v / b for v, b in zip(values, base)]
-        print(f"{arm:10s} median {statistics.median(values):10.0f} IOPS  ratio to off {statistics.median(ratios):.3f}"
-              f" ({min(ratios):.3f}-{max(ratios):.3f})")
-    print("programs left:", bpf.program_names().count("vmcache_reads1"), bpf.program_names().count("rd_bench_agent"))
+        print(f"{arm:10s} IOPS {' / '.join(f'{v:,.0f}' for v in values)}  median {statistics.median(values):10,.0f}"
+              f"  ratio to off {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+    for arm, reason in refused.items():
+        print(f"{arm:10s} refused by this kernel: {reason}")
+    print("programs left:", loaded())
     return 0
 
 

@@ -13,7 +13,6 @@ import pytest
 libvirt = pytest.importorskip("libvirt")
 
 from vmcache.cli import main  # noqa: E402
-from vmcache.model.cycle import IDLE_CYCLES  # noqa: E402
 
 from tests.live.livelib import MiB, LiveEnv, agents_env, wait_for  # noqa: E402
 
@@ -22,6 +21,7 @@ from tests.live.guestlib import write_until_pinned  # noqa: E402
 pytestmark = pytest.mark.live
 
 PREFIX = f"vmcache-test-stab-{os.getpid()}-"
+SETTLE = 4  # 1-second cycles after the last write before the plan is watched
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_an_idle_guest_s_pins_stay_where_they_are_when_its_zone_is_larger_than_t
     dom = env.domain(name, budget="16M")
     # a 32 MiB zone written until half of it, the budget, is pinned
     write_until_pinned(dom, 0, 32 * MiB, lambda: 2 * env.pinned(name), "the budget pinned")
-    time.sleep(IDLE_CYCLES + 1)  # the guest idle long enough for the agent to take it so
+    time.sleep(SETTLE)  # the guest idle long enough for the agent to take it so
     _still(env, name, 30, 16 * MiB)
     dom.destroy()
 
@@ -69,6 +69,6 @@ def test_after_a_smaller_budget_an_idle_guest_s_pins_stay_where_they_are(env: Li
     write_until_pinned(dom, 0, 24 * MiB, lambda: env.pinned(name), "the written zone pinned")
     assert main(["enable", name, "--budget", "8M", "--live", "--host-config", str(env.config)]) == 0
     wait_for(lambda: 0 < env.pinned(name) <= 8 * MiB, "the pins cut to the new budget")
-    time.sleep(IDLE_CYCLES + 1)
+    time.sleep(SETTLE)
     _still(env, name, 30, 8 * MiB)
     dom.destroy()

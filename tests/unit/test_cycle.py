@@ -85,42 +85,6 @@ def test_under_recharge_the_prefetch_limit_pays_for_a_new_region_s_cached_bytes_
     assert sum(r.length for r in first_plan(True)) == 4 * BS  # one second's tokens: the rest waits
 
 
-def _idle_plans(counted: GuestReads | None, cycles: int = 300) -> list[tuple[int, list[tuple[int, int]]]]:
-    """A 32-block zone read in and left resident, a 16-block budget, then nothing read or written: each cycle
-    whose plan differs from the last one's, as (cycle, [(first block, blocks)])."""
-    c = Cycle(ModelParams(block_size=BS, interval=1.0), N)
-    resident, written = zeros(), zeros()
-    resident[20:52] = 1.0
-    reads = GuestReads(BlockValues(np.arange(20, 52), np.full(32, 16, np.float32)), BlockValues.empty())
-    regions: list[Region] = []
-    moves = []
-    for t in range(1, cycles + 1):
-        result = c.step(resident, written, regions, size_bytes=N * BS, budget=16 * BS, now=float(t),
-                        counted=counted if t > 3 else reads)
-        plan = [(r.start // BS, r.length // BS) for r in result.regions]
-        if plan != [(r.start // BS, r.length // BS) for r in regions]:
-            moves.append((t, plan))
-        regions = result.regions
-        c.pinned(regions)
-    return moves
-
-
-def test_an_idle_guest_s_plan_holds_still_until_its_pins_fade() -> None:
-    """Counted reads say the guest reads nothing: the resident blocks left out are stale, not hot, and never
-    displace the pins, which only fade (a pin never moves onto a block it did not hold: no reloads)."""
-    def blocks(plan: list[tuple[int, int]]) -> set[int]:
-        return {b for first, n in plan for b in range(first, first + n)}
-
-    moves = _idle_plans(GuestReads.empty())
-    (t0, first), *rest = moves
-    assert t0 <= 3 and first == [(28, 16)], moves
-    assert all(blocks(plan) <= blocks(first) for _, plan in rest), moves
-    assert rest[-1][1] == [], moves  # released in the end: an idle guest's pins are not held for ever
-    # uncounted, residency alone cannot tell an idle guest from one whose reads all hit: it moves as before
-    uncounted = _idle_plans(None)
-    assert any(not blocks(plan) <= blocks(uncounted[0][1]) for _, plan in uncounted[1:]), uncounted
-
-
 def test_helpers() -> None:
     mask = blocks_mask([Region(BS + 1, 10), Region(5 * BS, 2 * BS)], BS, 8)
     assert mask.tolist() == [False, True, False, False, False, True, True, False]

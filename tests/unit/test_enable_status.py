@@ -171,6 +171,19 @@ def test_status_shows_warm_start_progress_and_the_last_save(host, capsys, tmp_pa
     assert " warm 96MiB/256MiB" in out
 
 
+@pytest.mark.parametrize("signal, reason, line", [
+    ("probe", None, "  guest reads: probe (counted at filemap_read)"),
+    ("tracepoint", None, "  guest reads: tracepoint (counted at mm_filemap_get_pages)"),
+    ("inferred", "probe: program vmcache_fread1: Operation not permitted",
+     "  guest reads: inferred (probe: program vmcache_fread1: Operation not permitted)")])
+def test_status_says_which_counter_runs_or_why_reads_are_inferred(host, capsys, tmp_path, signal, reason, line):
+    opts, _, _ = host
+    write_status(status_path(f"{tmp_path}/run/agents", "web"), AgentStatus(
+        domain="web", pid=os.getpid(), state="running", read_signal=signal, read_signal_reason=reason))
+    assert main(["status", "web", "--host-config", opts[1], "--uri", URI]) == 0
+    assert line in capsys.readouterr().out.splitlines()
+
+
 def test_status_host_line_says_how_the_cap_is_divided(tmp_path):
     import os
 

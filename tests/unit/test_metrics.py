@@ -162,8 +162,8 @@ def test_backing_off_is_one_and_reports_skipped_bytes(agent: AgentMetrics) -> No
 def test_agent_info_carries_version_identity_and_the_read_signal(agent: AgentMetrics) -> None:
     info = {"domain": "web1", "uuid": UUID, "version": "9.8.7"}
     assert value(agent.registry, "vmcache_agent_info", read_signal="inferred", **info) == 1
-    agent.set_read_signal("kernel")
-    assert value(agent.registry, "vmcache_agent_info", read_signal="kernel", **info) == 1
+    agent.set_read_signal("probe")
+    assert value(agent.registry, "vmcache_agent_info", read_signal="probe", **info) == 1
     assert value(agent.registry, "vmcache_agent_info", read_signal="inferred", **info) is None
 
 

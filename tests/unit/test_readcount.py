@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Any
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from vmcache.host.bpf import Asm
+from vmcache.host.bpfasm import Asm
+from vmcache.host.btf import Member
 from vmcache.host.cachekey import kernel_dev
 from vmcache.host.readcount import decode, qemu_pid
 from vmcache.host.tracefs import Field, parse_formats
@@ -106,3 +108,107 @@ def test_file_reads_refuse_block_sizes_that_are_not_whole_pages(size: int, tmp_p
 
     with pytest.raises(ValueError):
         FileReads(None, str(tmp_path), size, (1, 2))  # type: ignore[arg-type]  # refused before the maps are used
+
+
+def bpf_map_stub(fd: int) -> Any:
+    """A map as the assembler uses one: only its fd is read."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(fd=100 + fd)
+
+
+class _Set:
+    """A program set as :func:`_load` sees one: for_kernel and load, either of which may refuse."""
+
+    SIGNAL = "fake"
+    refuse_kernel: Exception | None = None
+    refuse_load: Exception | None = None
+    loaded: list[str] = []
+
+    @classmethod
+    def for_kernel(cls) -> _Set:
+        if cls.refuse_kernel:
+            raise cls.refuse_kernel
+        return cls()
+
+    def load(self, maps: object) -> list[int]:
+        if self.refuse_load:
+            raise self.refuse_load
+        _Set.loaded.append(self.SIGNAL)
+        return [7]
+
+
+class _Probe(_Set):
+    SIGNAL = "probe"
+
+
+class _Tracepoint(_Set):
+    SIGNAL = "tracepoint"
+
+
+class _FakeMaps:
+    closed = 0
+
+    @classmethod
+    def create(cls) -> _FakeMaps:
+        return cls()
+
+    def close(self) -> None:
+        _FakeMaps.closed += 1
+
+
+@pytest.fixture
+def sets(monkeypatch: pytest.MonkeyPatch) -> tuple[type[_Set], type[_Set]]:
+    from vmcache.host import readcount
+
+    monkeypatch.setattr(readcount, "Maps", _FakeMaps)
+    _Set.loaded = []
+    _FakeMaps.closed = 0
+    for kind in (_Probe, _Tracepoint):
+        monkeypatch.setattr(kind, "refuse_kernel", None)
+        monkeypatch.setattr(kind, "refuse_load", None)
+    return _Probe, _Tracepoint
+
+
+def test_the_first_set_the_kernel_loads_runs_the_next_only_where_it_is_refused(sets: tuple[Any, Any]) -> None:
+    from vmcache.host.bpf import BpfError
+    from vmcache.host.readcount import _load
+
+    probe, tracepoint = sets
+    _, links, chosen = _load((probe, tracepoint))
+    assert (type(chosen), links, _Set.loaded) == (probe, [7], ["probe"])
+    probe.refuse_load = BpfError("program vmcache_fread1: Operation not permitted", errno=1)
+    _, _, chosen = _load((probe, tracepoint))
+    assert type(chosen) is tracepoint and _FakeMaps.closed == 0  # the maps go on to the set that loaded
+
+
+def test_no_set_is_one_error_with_every_set_s_reason_and_the_maps_closed(sets: tuple[Any, Any]) -> None:
+    from vmcache.host.bpf import BpfError
+    from vmcache.host.readcount import ReadCountError, _load
+    from vmcache.host.readsets import NoReadSet
+
+    probe, tracepoint = sets
+    probe.refuse_load = BpfError("program vmcache_fread1: Operation not permitted", errno=1)
+    tracepoint.refuse_kernel = NoReadSet("this kernel has no tracepoint filemap:mm_filemap_get_pages", errno=2)
+    with pytest.raises(ReadCountError) as err:
+        _load((probe, tracepoint))
+    assert str(err.value) == ("probe: program vmcache_fread1: Operation not permitted; "
+                              "tracepoint: this kernel has no tracepoint filemap:mm_filemap_get_pages")
+    assert _FakeMaps.closed == 1
+
+
+def test_the_probe_s_programs_assemble_for_any_kernel_s_offsets() -> None:
+    from vmcache.host.probeprog import Offsets, entry_program, exit_program
+    from vmcache.host.readprog import Maps, added
+    from vmcache.host.tracefs import Tracepoint
+
+    maps = Maps(*(bpf_map_stub(i) for i in range(5)))
+    offsets = Offsets(0, 8, 16, 0, Member(64, 8), 40, 16)
+    for code in (entry_program(maps, offsets), exit_program(maps, offsets)):
+        assert len(code) % 8 == 0 and code[-8:] == bytes.fromhex("9500000000000000")  # ends with exit
+    # before 5.17 the tracepoint has no order field: a folio is one page
+    old = Tracepoint("filemap", "mm_filemap_add_to_page_cache", 1, {"i_ino": Field(8, 8), "s_dev": Field(24, 4),
+                                                                   "index": Field(16, 8)})
+    from vmcache.host.readprog import program
+
+    assert program(lambda a: added(a, maps, old), maps)

@@ -10,10 +10,12 @@ import pytest
 from vmcache.errors import HostError
 from vmcache.model.blocks import BlockValues
 from vmcache.model.reads import GuestReads
-from vmcache.service.readsignal import INFERRED, KERNEL, ReadSignal
+from vmcache.service.readsignal import INFERRED, ReadSignal
 
 
 class FakeCounter:
+    signal = "probe"
+
     def __init__(self) -> None:
         self.watched: list[tuple[str, int]] = []
         self.closed = False
@@ -57,7 +59,7 @@ def test_opened_counter_watches_each_image_and_is_closed_with_the_signal() -> No
     signal = ReadSignal("web", logger=logging.getLogger("t"), open_counter=lambda pid: counter,  # type: ignore[arg-type,return-value]
                         pid_of=lambda _: 7)
     assert signal.watch("/a.img", 65536) == "reads of /a.img"  # type: ignore[comparison-overlap]
-    assert signal.signal == KERNEL and signal.reason is None
+    assert signal.signal == "probe" and signal.reason is None  # the counter's set
     signal.close()
     assert counter.closed and counter.watched == [("/a.img", 65536)]
 

@@ -102,6 +102,9 @@ def _size(value: Any) -> str:
     return format_size(value) if isinstance(value, int) else "-"
 
 
+_COUNTED_AT = {"probe": "counted at filemap_read", "tracepoint": "counted at mm_filemap_get_pages"}
+
+
 def _ago(then: Any, now: float) -> str:
     if not isinstance(then, (int, float)) or not then:
         return "never"
@@ -143,8 +146,8 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
         if row.get("last_error"):
             lines.append(f"  last error: {row['last_error']}")
         if row.get("running") and row.get("read_signal"):
-            lines.append(f"  guest reads: {row['read_signal']}"
-                         + (f" ({row['read_signal_reason']})" if row.get("read_signal_reason") else ""))
+            why = row.get("read_signal_reason") or _COUNTED_AT.get(row["read_signal"])
+            lines.append(f"  guest reads: {row['read_signal']}" + (f" ({why})" if why else ""))
         if row.get("share_error") and row.get("running"):
             lines.append(f"  host cap: {row['share_error']}")
         for disk in row.get("disks", []):

@@ -1,9 +1,11 @@
-"""bpf(2) and perf_event_open(2) through ctypes: maps, a program assembled here, its attachment.
+"""bpf(2) and perf_event_open(2) through ctypes: maps, programs, their attachment.
 
-No libbpf, no compiler, no kernel headers: vmcache's one program
-(:mod:`vmcache.host.readcount`) is a few dozen instructions written with
-the small assembler below, loaded with BPF_PROG_LOAD and attached to
-tracepoints with perf_event_open(PERF_TYPE_TRACEPOINT) + BPF_LINK_CREATE.
+No libbpf, no compiler, no kernel headers: vmcache's programs
+(:mod:`vmcache.host.readprog`) are a few dozen instructions written with
+a small assembler (:mod:`vmcache.host.bpfasm`), loaded with BPF_PROG_LOAD
+and attached to tracepoints with perf_event_open(PERF_TYPE_TRACEPOINT) +
+BPF_LINK_CREATE, or to a kernel function's entry or exit (a TRACING
+program, by the function's BTF id) with BPF_RAW_TRACEPOINT_OPEN.
 Every object is a file descriptor (close-on-exec) of this process: when
 it closes, or the process dies (SIGKILL included), the kernel drops the
 object with its last reference; nothing is pinned in bpffs.
@@ -24,8 +26,9 @@ from collections.abc import Iterator
 from ..errors import HostError
 
 __all__ = [
-    "BpfError", "Asm", "Map", "HASH", "LRU_HASH", "ARRAY", "HASH_OF_MAPS", "NO_PREALLOC",
-    "load_tracepoint_program", "attach_tracepoint", "object_ids", "fd_by_id", "object_info", "program_name",
+    "BpfError", "Map", "HASH", "LRU_HASH", "ARRAY", "HASH_OF_MAPS", "NO_PREALLOC",
+    "load_tracepoint_program", "attach_tracepoint", "load_tracing_program", "attach_tracing",
+    "object_ids", "fd_by_id", "object_info", "program_name",
     "program_names", "map_id", "map_name", "PROG", "MAP", "LINK", "NOEXIST",
 ]
 
@@ -37,19 +40,18 @@ _syscall.restype = ctypes.c_long
 # bpf(2) commands (include/uapi/linux/bpf.h)
 _MAP_CREATE, _MAP_LOOKUP_ELEM, _MAP_UPDATE_ELEM, _MAP_DELETE_ELEM, _MAP_GET_NEXT_KEY = 0, 1, 2, 3, 4
 _PROG_LOAD, _PROG_GET_NEXT_ID, _PROG_GET_FD_BY_ID, _MAP_GET_FD_BY_ID, _OBJ_GET_INFO_BY_FD = 5, 11, 13, 14, 15
+_RAW_TRACEPOINT_OPEN = 17
 _MAP_LOOKUP_AND_DELETE_BATCH, _LINK_CREATE, _LINK_GET_FD_BY_ID, _LINK_GET_NEXT_ID = 25, 28, 30, 31
 
 HASH, ARRAY, LRU_HASH, HASH_OF_MAPS = 1, 2, 9, 13
 NO_PREALLOC = 1
 NOEXIST = 1  # map_update_elem flag: only create
-_PROG_TYPE_TRACEPOINT = 5
+_PROG_TYPE_TRACEPOINT, _PROG_TYPE_TRACING = 5, 26
+_TRACE_FENTRY, _TRACE_FEXIT = 24, 25
 _ATTACH_PERF_EVENT = 41
 _PERF_TYPE_TRACEPOINT = 2
 _PERF_FLAG_FD_CLOEXEC = 8
 _PERF_EVENT_IOC_ENABLE = 0x2400
-
-# Helper function numbers.
-LOOKUP, UPDATE, DELETE, PID_TGID = 1, 2, 3, 14
 
 
 class BpfError(HostError):
@@ -182,80 +184,17 @@ class Map:
             self.fd = -1
 
 
-# -- the assembler -----------------------------------------------------------------------------
-
-_LDX, _STX, _ST, _ALU64, _JMP = 0x01, 0x03, 0x02, 0x07, 0x05
-_MEM, _ATOMIC = 0x60, 0xC0
-_SIZES = {1: 0x10, 2: 0x08, 4: 0x00, 8: 0x18}
-_ALU = {"add": 0x00, "sub": 0x10, "mul": 0x20, "div": 0x30, "or": 0x40, "and": 0x50, "lsh": 0x60,
-        "rsh": 0x70, "mod": 0x90, "xor": 0xA0, "mov": 0xB0}
-_JUMPS = {"ja": 0x00, "eq": 0x10, "gt": 0x20, "ge": 0x30, "ne": 0x50, "lt": 0xA0, "le": 0xB0}
-
-
-class Asm:
-    """A BPF program being written: one method per instruction kind, jumps to named labels.
-
-    Registers are 0-10 (r10 the frame pointer); ``src`` of ALU and jump
-    instructions is a register when given as ``("r", n)``, else an immediate.
-    """
-
-    def __init__(self) -> None:
-        self._insns: list[list[int]] = []  # [code, dst, src, off, imm]
-        self._labels: dict[str, int] = {}
-        self._fixups: list[tuple[int, str]] = []
-
-    def _emit(self, code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> None:
-        self._insns.append([code, dst, src, off, imm])
-
-    def label(self, name: str) -> None:
-        self._labels[name] = len(self._insns)
-
-    def alu(self, op: str, dst: int, src: int | tuple[str, int]) -> None:
-        if isinstance(src, tuple):
-            self._emit(_ALU64 | _ALU[op] | 0x08, dst, src[1])
-        else:
-            self._emit(_ALU64 | _ALU[op], dst, imm=src)
-
-    def mov(self, dst: int, src: int | tuple[str, int]) -> None:
-        self.alu("mov", dst, src)
-
-    def load(self, dst: int, base: int, off: int, size: int = 8) -> None:
-        self._emit(_LDX | _MEM | _SIZES[size], dst, base, off)
-
-    def store(self, base: int, off: int, src: int, size: int = 8) -> None:
-        self._emit(_STX | _MEM | _SIZES[size], base, src, off)
-
-    def store_imm(self, base: int, off: int, imm: int, size: int = 8) -> None:
-        self._emit(_ST | _MEM | _SIZES[size], base, off=off, imm=imm)
-
-    def atomic_add(self, base: int, off: int, src: int) -> None:
-        """``*(u64 *)(base + off) += src``, atomically."""
-        self._emit(_STX | _ATOMIC | _SIZES[8], base, src, off, 0x00)
-
-    def map_fd(self, dst: int, bpf_map: Map) -> None:
-        """Load the address of ``bpf_map`` (BPF_PSEUDO_MAP_FD) into ``dst``: two instruction slots."""
-        self._emit(0x18, dst, 1, imm=bpf_map.fd)
-        self._emit(0)
-
-    def call(self, helper: int) -> None:
-        self._emit(_JMP | 0x80, imm=helper)
-
-    def jump(self, cond: str, dst: int, src: int | tuple[str, int], target: str) -> None:
-        """Go to ``target`` when ``dst <cond> src`` (unsigned, 64-bit); ``cond`` "ja" always."""
-        self._fixups.append((len(self._insns), target))
-        if isinstance(src, tuple):
-            self._emit(_JMP | _JUMPS[cond] | 0x08, dst, src[1])
-        else:
-            self._emit(_JMP | _JUMPS[cond], dst, imm=src)
-
-    def exit(self) -> None:
-        self._emit(_JMP | 0x90)
-
-    def assemble(self) -> bytes:
-        """The instructions, jumps resolved. Raises KeyError for an unknown label."""
-        for at, target in self._fixups:
-            self._insns[at][3] = self._labels[target] - at - 1
-        return b"".join(struct.pack("<BBhi", c, (s << 4) | d, o, i) for c, d, s, o, i in self._insns)
+def _load(code: bytes, name: str, prog_type: int, attach_type: int = 0, btf_id: int = 0) -> int:
+    license_ = ctypes.create_string_buffer(b"GPL")
+    insns = ctypes.create_string_buffer(code, len(code))
+    log = ctypes.create_string_buffer(1 << 16)
+    attr = _attr("IIQQIIQII16sIIIIQIIQII", prog_type, len(code) // 8, _addr(insns), _addr(license_),
+                 1, len(log), _addr(log), 0, 0, name.encode()[:15], 0, attach_type, 0, 0, 0, 0, 0, 0, 0, btf_id)
+    try:
+        return _bpf(_PROG_LOAD, attr, f"program {name}")
+    except BpfError as err:
+        err.log = log.value.decode(errors="replace")
+        raise
 
 
 def load_tracepoint_program(code: bytes, *, name: str) -> int:
@@ -263,16 +202,22 @@ def load_tracepoint_program(code: bytes, *, name: str) -> int:
 
     Raises BpfError with the verifier's log when the kernel refuses it.
     """
-    license_ = ctypes.create_string_buffer(b"GPL")
-    insns = ctypes.create_string_buffer(code, len(code))
-    log = ctypes.create_string_buffer(1 << 16)
-    attr = _attr("IIQQIIQII16s", _PROG_TYPE_TRACEPOINT, len(code) // 8, _addr(insns), _addr(license_),
-                 1, len(log), _addr(log), 0, 0, name.encode()[:15])
-    try:
-        return _bpf(_PROG_LOAD, attr, f"program {name}")
-    except BpfError as err:
-        err.log = log.value.decode(errors="replace")
-        raise
+    return _load(code, name, _PROG_TYPE_TRACEPOINT)
+
+
+def load_tracing_program(code: bytes, *, name: str, btf_id: int, at_exit: bool) -> int:
+    """Load ``code`` as a TRACING program on the entry (fentry) or, ``at_exit``, the return (fexit) of the
+    kernel function whose BTF id is ``btf_id``; its fd. The program's context is the function's
+    arguments as u64s (and, at exit, its return value after them).
+
+    Raises BpfError with the verifier's log when the kernel refuses it (also: no BPF trampoline).
+    """
+    return _load(code, name, _PROG_TYPE_TRACING, _TRACE_FEXIT if at_exit else _TRACE_FENTRY, btf_id)
+
+
+def attach_tracing(prog_fd: int) -> int:
+    """Attach a TRACING program to the function it was loaded for; the link's fd. Raises BpfError."""
+    return _bpf(_RAW_TRACEPOINT_OPEN, _attr("QI", 0, prog_fd), "attach to a kernel function")
 
 
 def attach_tracepoint(prog_fd: int, event_id: int) -> int:

@@ -19,8 +19,9 @@ import stat
 import struct
 import threading
 
-from . import bpf
-from .tracefs import Tracepoint
+from . import bpf, bpfasm
+from .readprog import KeyLoader
+from .readsets import ReadSet
 
 __all__ = ["kernel_dev", "cache_key", "probe_program"]
 
@@ -33,28 +34,25 @@ def kernel_dev(st_dev: int) -> int:
     return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
-def probe_program(point: Tracepoint, tgid: int, tid: int, out: bpf.Map) -> bytes:
-    """A program for ``point`` (``mm_filemap_get_pages``) that writes the (i_ino, s_dev) of thread
-    ``tid`` of process ``tgid``'s reads into slot 0 of the array map ``out``, with a seen flag."""
-    a = bpf.Asm()
+def probe_program(key: KeyLoader, tgid: int, tid: int, out: bpf.Map) -> bytes:
+    """A program that writes the (i_ino, s_dev) ``key`` reads from its context, for the reads of thread
+    ``tid`` of process ``tgid`` only, into slot 0 of the array map ``out``, with a seen flag."""
+    a = bpfasm.Asm()
     a.mov(6, ("r", 1))
-    a.call(bpf.PID_TGID)
+    a.call(bpfasm.PID_TGID)
     a.mov(1, ("r", 0))
     a.alu("rsh", 1, 32)
     a.jump("ne", 1, tgid, "out")
     a.alu("lsh", 0, 32)
     a.alu("rsh", 0, 32)
     a.jump("ne", 0, tid, "out")
-    a.load(1, 6, point.fields["i_ino"].offset, 8)
-    a.store(10, _SEEN, 1, 8)
-    a.load(1, 6, point.fields["s_dev"].offset, 4)
-    a.store(10, _SEEN + 8, 1, 4)
+    key(a, _SEEN)
     a.store_imm(10, _SEEN + 12, 1, 4)
     a.store_imm(10, _KEY, 0, 4)
     a.map_fd(1, out)
     a.mov(2, ("r", 10))
     a.alu("add", 2, _KEY)
-    a.call(bpf.LOOKUP)
+    a.call(bpfasm.LOOKUP)
     a.jump("eq", 0, 0, "out")
     for off in (0, 8):
         a.load(1, 10, _SEEN + off, 8)
@@ -65,11 +63,11 @@ def probe_program(point: Tracepoint, tgid: int, tid: int, out: bpf.Map) -> bytes
     return a.assemble()
 
 
-def cache_key(path: str, point: Tracepoint) -> tuple[int, int]:
-    """The (i_ino, s_dev) the page-cache tracepoints give the file or block device at ``path``.
+def cache_key(path: str, readset: ReadSet) -> tuple[int, int]:
+    """The (i_ino, s_dev) the counting programs of ``readset`` give the file or block device at ``path``.
 
     Found by reading its first page twice (the second read is a cache hit,
-    which always fires ``point``) while the probe program watches this
+    which always fires ``mm_filemap_get_pages``) while the probe program watches this
     thread; without readahead (POSIX_FADV_RANDOM), so one page at most
     enters the cache. A regular file the probe sees no read of (empty)
     keeps stat(2)'s identity. Raises OSError (the image cannot be read),
@@ -82,12 +80,8 @@ def cache_key(path: str, point: Tracepoint) -> tuple[int, int]:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         out = bpf.Map(bpf.ARRAY, 4, 16, 1, name="vmc_key")
         try:
-            prog = bpf.load_tracepoint_program(probe_program(point, os.getpid(), threading.get_native_id(), out),
-                                               name=PROBE_NAME)
-            try:
-                link = bpf.attach_tracepoint(prog, point.id)
-            finally:
-                os.close(prog)
+            code = probe_program(readset.key, os.getpid(), threading.get_native_id(), out)
+            link = readset.attach_probe(code, PROBE_NAME)
             try:
                 os.pread(fd, 4096, 0)
                 os.pread(fd, 4096, 0)
@@ -101,5 +95,5 @@ def cache_key(path: str, point: Tracepoint) -> tuple[int, int]:
     if seen:
         return ino, dev
     if stat.S_ISBLK(st.st_mode):
-        raise LookupError(f"no read of {path} seen by the tracepoint")
+        raise LookupError(f"no read of {path} seen by the {readset.SIGNAL}")
     return st.st_ino, kernel_dev(st.st_dev)

@@ -1,21 +1,19 @@
 """Every read QEMU makes of a managed image, counted per model block in the kernel (issue 20).
 
-One BPF program for the whole host (:mod:`vmcache.host.readprog` writes
-it) runs on four tracepoints: ``filemap:mm_filemap_get_pages`` (every
-buffered read, hit or miss), ``readahead:page_cache_sync_ra`` and
-``page_cache_async_ra`` (a read is about to bring pages in) and
-``filemap:mm_filemap_add_to_page_cache`` (a page entered the cache). It
-counts only the reads of processes in its ``qemus`` map (each agent adds
-its domain's QEMU) of files in its ``meta`` map (each disk worker adds its
-image): the agent's own loads and probes, and everything else on the
-host, pass through it untouched.
+One set of BPF programs for the whole host (:mod:`vmcache.host.readsets`:
+the ``filemap_read`` probe where the kernel allows it, else the 6.12+
+tracepoints) sees every buffered read, hit or miss, and the pages that
+enter the cache for it. It counts only the reads of processes in its
+``qemus`` map (each agent adds its domain's QEMU) of files in its
+``meta`` map (each disk worker adds its image): the agent's own loads
+and probes, and everything else on the host, pass through it untouched.
 
-Shared, not one per agent: a tracepoint takes at most 64 programs (the
-65th attachment fails with E2BIG), and each runs on every buffered read
-on the host (docs/benchmarks.md "Counting guest reads"). The first agent
-loads the program and its maps and attaches it (BPF links); every later
-agent finds it by name and takes its own descriptors of the same links
-and maps by id. Nothing is pinned: the program lives while an agent holds
+Shared, not one per agent: a tracepoint or function takes at most 64
+programs (the 65th attachment fails with E2BIG), and each runs on every
+buffered read on the host (docs/benchmarks.md "Counting guest reads").
+The first agent loads the programs and their maps and attaches them (BPF
+links); every later agent finds them by name and takes its own
+descriptors of the same links and maps by id. Nothing is pinned: the program lives while an agent holds
 a descriptor, and goes with the last one (stop, crash or SIGKILL).
 
 Per image, two count maps (generation 0 and 1) hold, per touched block,
@@ -35,7 +33,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,9 +44,9 @@ from ..model.reads import GuestReads
 from . import bpf
 from .cachekey import cache_key
 from .procs import cmdline
-from .readprog import COUNT_VALUE, EVENTS, INNER_ENTRIES, PROGRAM_NAME, Maps, programs
+from .readprog import COUNT_VALUE, INNER_ENTRIES, Maps
+from .readsets import ORDER, NoReadSet, ReadSet
 from .runlock import RUN_LOCK_DIR
-from .tracefs import Tracepoint, read_tracepoints
 
 __all__ = ["ReadCountError", "ReadCounter", "FileReads", "qemu_pid", "LOCK_NAME"]
 
@@ -59,7 +57,8 @@ _log = logging.getLogger(__name__)
 
 
 class ReadCountError(HostError):
-    """Guest reads cannot be counted on this host (no BPF, no tracepoint, not allowed); ``reason`` says why."""
+    """Guest reads cannot be counted on this host (no BPF, no probe or tracepoint, not allowed); the message
+    says why."""
 
 
 def qemu_pid(domain: str, *, run_dir: str = "/run/libvirt/qemu", proc: str = "/proc") -> int | None:
@@ -77,28 +76,39 @@ def qemu_pid(domain: str, *, run_dir: str = "/run/libvirt/qemu", proc: str = "/p
 
 @dataclass(frozen=True)
 class _Found:
+    kind: type[ReadSet]
     links: list[int]
     maps: dict[str, int]
 
 
 class ReadCounter:
-    """The host's read-counting program as one agent holds it, counting the reads of QEMU ``pid``."""
+    """The host's read-counting programs as one agent holds them, counting the reads of QEMU ``pid``."""
 
-    def __init__(self, maps: Maps, links: list[int], pid: int, *, get_pages: Tracepoint | None = None) -> None:
-        """``get_pages``: the tracepoint's layout, when the caller read it already (else read on first use)."""
+    def __init__(self, maps: Maps, links: list[int], pid: int, kind: type[ReadSet], *,
+                 readset: ReadSet | None = None) -> None:
+        """``kind``: the set that runs; ``readset``: what this kernel offers it, when the caller read it
+        already (else read on first use)."""
         self._maps = maps
         self._links = links
         self.pid = pid
-        self._get_pages = get_pages
+        self.kind = kind
+        self._readset = readset
         self._maps.qemus.update(struct.pack("=I", pid), struct.pack("=I", os.getpid()))
 
-    @classmethod
-    def open(cls, pid: int, *, lock_dir: str = RUN_LOCK_DIR) -> ReadCounter:
-        """Join (or load and attach) the host's program, and count QEMU ``pid``'s reads.
+    @property
+    def signal(self) -> str:
+        """Which set counts: ``probe`` or ``tracepoint``."""
+        return self.kind.SIGNAL
 
-        Raises ReadCountError when this host cannot: no tracefs or
-        tracepoint, BPF refused (no CAP_BPF/CAP_PERFMON, BPF off), maps
-        or program refused.
+    @classmethod
+    def open(cls, pid: int, *, lock_dir: str = RUN_LOCK_DIR,
+             order: tuple[type[ReadSet], ...] = ORDER) -> ReadCounter:
+        """Join (or load and attach) the host's programs, and count QEMU ``pid``'s reads.
+
+        A set another agent loaded is joined, whichever it is; else the
+        first of ``order`` this kernel runs is loaded. Raises
+        ReadCountError when none can be: no BTF and no tracepoint, BPF
+        refused (no CAP_BPF/CAP_PERFMON, BPF off), maps or programs refused.
         """
         try:
             os.makedirs(lock_dir, mode=0o755, exist_ok=True)
@@ -107,15 +117,16 @@ class ReadCounter:
             raise ReadCountError(f"cannot take the read counter's lock: {err.strerror}", path=lock_dir,
                                  errno=err.errno) from err
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # two agents starting at once load one program
-            found = _find()
-            points = None
+            fcntl.flock(lock, fcntl.LOCK_EX)  # two agents starting at once load one set
+            found = _find(order)
+            readset = None
             if found is not None:
-                maps, links = Maps.adopt(found.maps), found.links
+                maps, links, kind = Maps.adopt(found.maps), found.links, found.kind
             else:
-                maps, links, points = _load()
+                maps, links, readset = _load(order)
+                kind = type(readset)
             _sweep(maps)
-            return cls(maps, links, pid, get_pages=points[EVENTS[0][1]] if points else None)
+            return cls(maps, links, pid, kind, readset=readset)
         except bpf.BpfError as err:
             raise ReadCountError(str(err), errno=err.errno) from err
         except HostError as err:
@@ -130,16 +141,16 @@ class ReadCounter:
         identity not found, the maps refuse it).
         """
         try:
-            if self._get_pages is None:
-                self._get_pages = read_tracepoints([EVENTS[0]])[EVENTS[0][1]]
-            key = cache_key(path, self._get_pages)
-        except (OSError, HostError, LookupError, KeyError) as err:
+            if self._readset is None:
+                self._readset = self.kind.for_kernel()
+            key = cache_key(path, self._readset)
+        except (OSError, HostError, LookupError) as err:
             raise ReadCountError(f"cannot tell how the kernel names {path}: {err}", path=path,
                                  errno=getattr(err, "errno", None)) from err
         return FileReads(self._maps, path, block_size, key)
 
     def close(self) -> None:
-        """Stop counting this QEMU's reads; let go of the program (the last holder's close removes it)."""
+        """Stop counting this QEMU's reads; let go of the programs (the last holder's close removes them)."""
         try:
             self._maps.qemus.delete(struct.pack("=I", self.pid))
         except bpf.BpfError as err:
@@ -259,12 +270,13 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-# -- the host's one program ----------------------------------------------------------------------
+# -- the host's one set of programs ------------------------------------------------------------
 
 
-def _find() -> _Found | None:
-    """The links and maps of the programs another agent loaded and still holds; None when there are none."""
-    progs: dict[int, list[int]] = {}  # program id -> its map ids
+def _find(order: tuple[type[ReadSet], ...]) -> _Found | None:
+    """The links and maps of a set another agent loaded and still holds; None when there is none."""
+    kinds = {kind.NAME: kind for kind in order}
+    progs: dict[int, tuple[type[ReadSet], list[int]]] = {}  # program id -> its set, its map ids
     for ident in bpf.object_ids(bpf.PROG):
         fd = bpf.fd_by_id(bpf.PROG, ident)
         if fd is None:
@@ -273,22 +285,35 @@ def _find() -> _Found | None:
             info, map_ids = bpf.object_info(fd, map_ids=16)
         finally:
             os.close(fd)
-        if bpf.program_name(info) == PROGRAM_NAME:
-            progs[ident] = map_ids
+        kind = kinds.get(bpf.program_name(info))
+        if kind is not None:
+            progs[ident] = (kind, map_ids)
+    for kind in order:
+        found = _complete(kind, {p: ids for p, (k, ids) in progs.items() if k is kind})
+        if found is not None:
+            return found
+    return None
+
+
+def _complete(kind: type[ReadSet], progs: dict[int, list[int]]) -> _Found | None:
+    """The set ``kind`` of the programs ``progs`` (id -> map ids) when one is whole; else None."""
     if not progs:
         return None
     maps = _maps_by_name(next(iter(progs.values())))
     if set(maps) < set(Maps.NAMES):
-        for fd in maps.values():
-            os.close(fd)
+        _close_all(maps.values())
         return None
     qemus = bpf.map_id(maps["vmc_qemus"])
     links = _links_of({p for p, ids in progs.items() if qemus in ids})
-    if len(links) != len(EVENTS):  # being loaded, or half gone: load a set of one's own
-        for held in [*links, *maps.values()]:
-            os.close(held)
+    if len(links) != kind.LINKS:  # being loaded, or half gone: load a set of one's own
+        _close_all([*links, *maps.values()])
         return None
-    return _Found(links, maps)
+    return _Found(kind, links, maps)
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _links_of(prog_ids: set[int]) -> list[int]:
@@ -318,27 +343,24 @@ def _maps_by_name(ids: list[int]) -> dict[str, int]:
     return out
 
 
-def _load() -> tuple[Maps, list[int], dict[str, Tracepoint]]:
-    """Create the maps, load the program, attach it to its tracepoints. Raises BpfError, HostError."""
-    points = read_tracepoints(list(EVENTS))
-    missing = [f"{g}:{n}" for g, n in EVENTS if n not in points]
-    if missing:
-        raise ReadCountError(f"this kernel has no tracepoint {', '.join(missing)}", errno=_errno.ENOENT)
+def _load(order: tuple[type[ReadSet], ...]) -> tuple[Maps, list[int], ReadSet]:
+    """The maps, and the first set of ``order`` this kernel loads and attaches. Raises ReadCountError (every
+    set's reason), BpfError (the maps refused)."""
     maps = Maps.create()
-    links: list[int] = []
+    reasons, errno = [], _errno.ENOENT
     try:
-        for name, code in programs(maps, points).items():
-            prog = bpf.load_tracepoint_program(code, name=PROGRAM_NAME)
+        for kind in order:
             try:
-                links.append(bpf.attach_tracepoint(prog, points[name].id))
-            finally:
-                os.close(prog)  # the link holds it
+                readset = kind.for_kernel()
+                return maps, readset.load(maps), readset
+            except (NoReadSet, bpf.BpfError) as err:
+                reasons.append(f"{kind.SIGNAL}: {err}")
+                errno = err.errno or errno
     except BaseException:
-        for fd in links:
-            os.close(fd)
         maps.close()
         raise
-    return maps, links, points
+    maps.close()
+    raise ReadCountError("; ".join(reasons), errno=errno)
 
 
 def _sweep(maps: Maps) -> None:

@@ -1,6 +1,11 @@
-"""The read-counting BPF program and its maps, written with vmcache.host.bpf's assembler.
+"""The read-counting BPF programs' maps and shared parts, and the tracepoint set's programs.
 
-What it does on each event, after two filters (the process is a QEMU in
+Written with :mod:`vmcache.host.bpfasm`. Every program starts with the same
+filter (the process is a QEMU in ``qemus``) and, for a file, a second
+(the file is in ``meta``) that ends it for everything else. The
+tracepoint set (Linux 6.12+; :mod:`vmcache.host.probeprog` has the
+``filemap_read`` probe's programs, which share the maps, the miss
+program and the counting below) does on each event: (the process is a QEMU in
 ``qemus``, the file is in ``meta``) that end it for everything else:
 
 - ``mm_filemap_get_pages`` (a buffered read gets a batch of folios; one
@@ -32,16 +37,16 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from . import bpf
-from .bpf import LOOKUP, NOEXIST, PID_TGID, UPDATE, Asm
+from .bpf import NOEXIST
+from .bpfasm import LOOKUP, PID_TGID, UPDATE, Asm
 from .tracefs import Tracepoint
 
-__all__ = ["EVENTS", "PROGRAM_NAME", "COUNT_VALUE", "INNER_ENTRIES", "Maps", "programs"]
+__all__ = ["EVENTS", "COUNT_VALUE", "INNER_ENTRIES", "Maps", "programs", "program", "KeyLoader", "record_key",
+           "watched", "mark_reading", "unmark_reading", "added", "count_read"]
 
 #: The tracepoints, in the order the program's links are made.
 EVENTS = (("filemap", "mm_filemap_get_pages"), ("filemap", "mm_filemap_add_to_page_cache"),
           ("readahead", "page_cache_sync_ra"), ("readahead", "page_cache_async_ra"))
-#: The program's name on the host: agents find it by it. A change of the maps' layout changes the version.
-PROGRAM_NAME = "vmcache_reads1"
 COUNT_VALUE = 32  # pages, pages' span difference, missed, missed's span difference (u64 each)
 INNER_ENTRIES = 65536  # blocks of one image one count map holds: touched blocks of one cycle
 _HASH_SIZES = {"qemus": (4, 4, 4096), "meta": (16, 16, 4096), "files": (16, 4, 8192), "threads": (4, 40, 8192),
@@ -106,13 +111,13 @@ def programs(maps: Maps, points: dict[str, Tracepoint]) -> dict[str, bytes]:
     common fields (the event type), so one program could not tell them apart.
     """
     get, add, sync, async_ = (points[name] for _, name in EVENTS)
-    return {get.name: _program(lambda a: _get_pages(a, maps, get), maps),
-            add.name: _program(lambda a: _added(a, maps, add), maps),
-            sync.name: _program(lambda a: _readahead(a, maps, sync), maps),
-            async_.name: _program(lambda a: _readahead(a, maps, async_), maps)}
+    return {get.name: program(lambda a: _get_pages(a, maps, get), maps),
+            add.name: program(lambda a: added(a, maps, add), maps),
+            sync.name: program(lambda a: _readahead(a, maps, sync), maps),
+            async_.name: program(lambda a: _readahead(a, maps, async_), maps)}
 
 
-def _program(body: Callable[[Asm], None], maps: Maps) -> bytes:
+def program(body: Callable[[Asm], None], maps: Maps) -> bytes:
     """Only a registered QEMU's events go on to ``body``; every program returns 0 (no perf sample)."""
     a = Asm()
     a.mov(6, ("r", 1))
@@ -120,7 +125,7 @@ def _program(body: Callable[[Asm], None], maps: Maps) -> bytes:
     a.store(10, _TID, 0, 4)
     a.alu("rsh", 0, 32)
     a.store(10, _TGID, 0, 4)
-    _lookup(a, maps.qemus, _TGID)
+    lookup(a, maps.qemus, _TGID)
     a.jump("eq", 0, 0, "out")
     body(a)
     a.label("out")
@@ -129,7 +134,7 @@ def _program(body: Callable[[Asm], None], maps: Maps) -> bytes:
     return a.assemble()
 
 
-def _lookup(a: Asm, bpf_map: bpf.Map, key: int) -> None:
+def lookup(a: Asm, bpf_map: bpf.Map, key: int) -> None:
     """r0 = lookup(bpf_map, r10 + key)."""
     a.map_fd(1, bpf_map)
     a.mov(2, ("r", 10))
@@ -137,15 +142,28 @@ def _lookup(a: Asm, bpf_map: bpf.Map, key: int) -> None:
     a.call(LOOKUP)
 
 
-def _file(a: Asm, maps: Maps, point: Tracepoint) -> None:
+#: Emits the loads of a file's identity from the program's context (r6) to the stack: i_ino (u64) at
+#: ``r10 + slot``, s_dev (u32) at ``r10 + slot + 8``. Clobbers r1 and r2.
+KeyLoader = Callable[[Asm, int], None]
+
+
+def record_key(point: Tracepoint) -> KeyLoader:
+    """The file of a page-cache tracepoint's record (its ``i_ino`` and ``s_dev`` fields)."""
+    ino, dev = point.fields["i_ino"], point.fields["s_dev"]
+
+    def emit(a: Asm, slot: int) -> None:
+        a.load(1, 6, ino.offset, ino.size)
+        a.store(10, slot, 1, 8)
+        a.load(1, 6, dev.offset, 4)
+        a.store(10, slot + 8, 1, 4)
+    return emit
+
+
+def watched(a: Asm, maps: Maps, key: KeyLoader) -> None:
     """The event's file as the key at _KEY; r8 = its meta value (out when it is not watched)."""
-    f = point.fields
-    a.load(1, 6, f["i_ino"].offset, 8)
-    a.store(10, _KEY, 1, 8)
-    a.load(1, 6, f["s_dev"].offset, 4)
-    a.store(10, _KEY + 8, 1, 4)
+    key(a, _KEY)
     a.store_imm(10, _KEY + 12, 0, 4)
-    _lookup(a, maps.meta, _KEY)
+    lookup(a, maps.meta, _KEY)
     a.jump("eq", 0, 0, "out")
     a.mov(8, ("r", 0))
 
@@ -171,12 +189,12 @@ def _thread(a: Asm, base: int, off: int, values: dict[int, tuple[int, int]]) -> 
 
 
 def _get_pages(a: Asm, maps: Maps, point: Tracepoint) -> None:
-    _file(a, maps, point)
+    watched(a, maps, record_key(point))
     a.load(1, 6, point.fields["index"].offset, 8)
     a.store(10, _S, 1, 8)
     a.load(1, 6, point.fields["last_index"].offset, 8)
     a.store(10, _E, 1, 8)
-    _lookup(a, maps.threads, _TID)
+    lookup(a, maps.threads, _TID)
     a.jump("eq", 0, 0, "gp_new_thread")
     _same_file(a, _T_INO, _T_DEV, "gp_new")
     a.load(1, 0, _T_LAST, 8)
@@ -197,7 +215,7 @@ def _get_pages(a: Asm, maps: Maps, point: Tracepoint) -> None:
     _thread(a, 10, _TV, new)
     _update_thread(a, maps)
     a.label("gp_count")
-    _count_span(a, maps, 0, 8, "gp")
+    count_span(a, maps, 0, 8, "gp")
 
 
 def _update_thread(a: Asm, maps: Maps) -> None:
@@ -210,40 +228,68 @@ def _update_thread(a: Asm, maps: Maps) -> None:
     a.call(UPDATE)
 
 
-def _readahead(a: Asm, maps: Maps, point: Tracepoint, label: str = "ra") -> None:
-    _file(a, maps, point)
-    _lookup(a, maps.threads, _TID)
-    a.jump("eq", 0, 0, f"{label}_new")
+def _readahead(a: Asm, maps: Maps, point: Tracepoint) -> None:
+    watched(a, maps, record_key(point))
+    mark_reading(a, maps, "ra")
+
+
+def mark_reading(a: Asm, maps: Maps, p: str) -> None:
+    """Mark the thread as reading the file of the key at _KEY (pages entering the cache now are its misses);
+    then out."""
+    lookup(a, maps.threads, _TID)
+    a.jump("eq", 0, 0, f"{p}_new")
     _thread(a, 0, 0, {_T_RA_INO: (_KEY, 8), _T_RA_DEV: (_KEY + 8, 4)})
     a.jump("ja", 0, 0, "out")
-    a.label(f"{label}_new")
+    a.label(f"{p}_new")
     _thread(a, 10, _TV, {_T_INO: (0, 8), _T_LAST: (0, 8), _T_INDEX: (0, 8), _T_RA_INO: (_KEY, 8),
                          _T_DEV: (0, 4), _T_RA_DEV: (_KEY + 8, 4)})
     _update_thread(a, maps)
     a.jump("ja", 0, 0, "out")
 
 
-def _added(a: Asm, maps: Maps, point: Tracepoint) -> None:
-    _file(a, maps, point)
-    _lookup(a, maps.threads, _TID)
+def unmark_reading(a: Asm, maps: Maps) -> None:
+    """End the thread's mark (its read is over: pages entering the cache now are not its misses)."""
+    lookup(a, maps.threads, _TID)
+    a.jump("eq", 0, 0, "unmarked")
+    a.store_imm(0, _T_RA_INO, 0, 8)
+    a.store_imm(0, _T_RA_DEV, 0, 4)
+    a.label("unmarked")
+
+
+def added(a: Asm, maps: Maps, point: Tracepoint) -> None:
+    """``mm_filemap_add_to_page_cache``: the folio's pages are the marked thread's misses (``order``
+    appeared in 5.17: before, one page each)."""
+    watched(a, maps, record_key(point))
+    lookup(a, maps.threads, _TID)
     a.jump("eq", 0, 0, "out")
     _same_file(a, _T_RA_INO, _T_RA_DEV, "out")  # not in a read's readahead: a write's page
     a.load(1, 6, point.fields["index"].offset, 8)
     a.store(10, _S, 1, 8)
-    a.load(2, 6, point.fields["order"].offset, point.fields["order"].size)
-    a.mov(3, 1)
-    a.alu("lsh", 3, ("r", 2))
-    a.alu("add", 3, ("r", 1))
-    a.alu("sub", 3, 1)
-    a.store(10, _E, 3, 8)
-    _count_span(a, maps, 16, 24, "add")
+    order = point.fields.get("order")
+    if order is not None:
+        a.load(2, 6, order.offset, order.size)
+        a.mov(3, 1)
+        a.alu("lsh", 3, ("r", 2))
+        a.alu("add", 3, ("r", 1))
+        a.alu("sub", 3, 1)
+        a.store(10, _E, 3, 8)
+    else:
+        a.store(10, _E, 1, 8)
+    count_span(a, maps, 16, 24, "add")
 
 
-def _count_span(a: Asm, maps: Maps, field: int, diff: int, p: str) -> None:
+def count_read(a: Asm, maps: Maps, first: int, last: int, p: str) -> None:
+    """Count the read of pages r{first}..r{last} of the file (r8: its meta) as read; then out."""
+    a.store(10, _S, first, 8)
+    a.store(10, _E, last, 8)
+    count_span(a, maps, 0, 8, p)
+
+
+def count_span(a: Asm, maps: Maps, field: int, diff: int, p: str) -> None:
     """Count pages _S.._E of the file (r8: its meta) into its current count map; then out."""
     a.load(1, 8, 8, 4)  # the current generation
     a.store(10, _KEY + 12, 1, 4)
-    _lookup(a, maps.files, _KEY)
+    lookup(a, maps.files, _KEY)
     a.jump("eq", 0, 0, "out")
     a.mov(9, ("r", 0))
     a.load(1, 8, 0, 8)  # pages per block
@@ -317,7 +363,7 @@ def _add(a: Asm, maps: Maps, block: int, plus: int, amount: int, field: int, p: 
     a.call(LOOKUP)
     a.jump("ne", 0, 0, f"{p}_have")
     a.store_imm(10, _KEY + 12, 0, 4)  # the map is full: one drop for the file
-    _lookup(a, maps.drops, _KEY)
+    lookup(a, maps.drops, _KEY)
     a.jump("eq", 0, 0, f"{p}_done")
     a.mov(1, 1)
     a.atomic_add(0, 0, 1)

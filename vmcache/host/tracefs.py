@@ -82,14 +82,14 @@ def read_tracepoints(events: list[tuple[str, str]], *, roots: tuple[str, ...] = 
 def _private_read(paths: list[str]) -> str:
     """The files ``paths`` under a tracefs mounted in a private mount namespace of a child process."""
     files = " ".join(f"{PRIVATE_MOUNT}/{p}" for p in paths)
-    script = f"mount -t tracefs nodev {PRIVATE_MOUNT} && cat {files} 2>/dev/null; exit 0"
+    script = f"mount -t tracefs nodev {PRIVATE_MOUNT} || exit 3; cat {files} 2>/dev/null; exit 0"
     try:
         done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                               capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise HostError(f"cannot mount tracefs privately: {err}") from err
-    if done.returncode != 0 or "ID:" not in done.stdout:
-        raise HostError(f"cannot mount tracefs privately: {done.stderr.strip() or 'no tracepoint found'}")
+    if done.returncode != 0:  # a kernel without any of the events answers nothing, and that is no error
+        raise HostError(f"cannot mount tracefs privately: {done.stderr.strip() or f'exit status {done.returncode}'}")
     return done.stdout
 
 

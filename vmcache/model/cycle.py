@@ -39,9 +39,7 @@ Where the guest's reads are counted exactly (``reads``, a
 1-2 are not needed and not taken: a block's read input is how often the
 guest read it, pinned or not, the read misses are the counted ones, and
 writes count by the share of written blocks the guest reads back
-(:mod:`vmcache.model.exact`). Counted but not decided on (``counted``), they
-tell an idle guest (:func:`~vmcache.model.reads.idle`), whose blocks' heat
-fades at ``decay`` from its ``IDLE_CYCLES``-th quiet cycle: no plan moves.
+(:mod:`vmcache.model.exact`).
 
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
@@ -69,13 +67,11 @@ from .loadgate import LoadGate
 from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
 from .prefetch import PrefetchBucket
-from .reads import GuestReads, idle
+from .reads import GuestReads
 from .region import Region
 from .warm import WarmStart
 
-__all__ = ["Cycle", "CycleResult", "EVIDENCE_SAMPLES", "IDLE_CYCLES", "evidence_per_block"]
-
-IDLE_CYCLES = 3  # idle cycles running (model/reads.py idle) after which the inferred path learns nothing
+__all__ = ["Cycle", "CycleResult", "EVIDENCE_SAMPLES", "evidence_per_block"]
 
 EVIDENCE_SAMPLES = 4096
 """Most pinned pages whose referenced bit one cycle of one disk looks at."""
@@ -123,7 +119,6 @@ class Cycle:
         self.model = HeatModel(params, nblocks)
         self._ours = np.zeros(0, dtype=np.int64)  # sorted blocks
         self._prev: BlockValues | None = None
-        self._quiet = 0  # idle cycles running
         self.read_back = ReadBack()
         """The share of written blocks the guest reads back (exact path)."""
         self.pin_share = PinShare()
@@ -187,7 +182,6 @@ class Cycle:
         seen: BlockValues | ArrayLike | None = None,
         seen_sample: int | None = None,
         reads: GuestReads | None = None,
-        counted: GuestReads | None = None,
         recharge: bool = False,
     ) -> CycleResult:
         """One cycle: ours, read misses, model step, plan, prefetch limit (see the module docstring).
@@ -200,8 +194,7 @@ class Cycle:
         was sampled from (None: all of them). Each array may be dense
         per-block instead (NaN where ``seen`` has none). ``reads``: the
         guest's reads of the cycle counted exactly (:meth:`_exact`), or None
-        to infer them from residency and ``seen`` as above; ``counted``: the
-        counts beside the inference, or None. ``recharge``: new pins read
+        to infer them from residency and ``seen`` as above. ``recharge``: new pins read
         all their bytes, cached or not (the pinner's ``recharge``), so the
         prefetch limit pays for all of them. Raises ValueError for a dense
         array that is not ``(nblocks,)``, blocks unsorted, repeated or past
@@ -215,10 +208,7 @@ class Cycle:
         self._ours = union(kept, pinned_blocks)
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
-        self._quiet = self._quiet + 1 if idle(counted, wr) else 0
-        if reads is None and self._quiet >= IDLE_CYCLES:  # nothing to learn: all heat fades alike
-            self.model.step_blocks(BlockValues.empty(), wr, np.zeros(0, np.int64), now)
-        elif reads is None:
+        if reads is None:
             judged, evidence = self._relative_reads(res, grown, evidence, seen_sample)
             self.model.step_blocks(judged, wr, self._masked(), now, seen=evidence)
         else:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .blocks import BlockValues, member, positions
 
-__all__ = ["GuestReads", "idle"]
+__all__ = ["GuestReads"]
 
 
 @dataclass(frozen=True)
@@ -44,23 +44,3 @@ class GuestReads:
         brought = np.zeros(pages.index.size, np.float32)
         brought[found] = missed.value[positions(missed.index, pages.index[found])]
         return int(pages.value.sum()), int(np.maximum(pages.value - brought, 0).sum())
-
-
-def idle(counted: GuestReads | None, written: BlockValues) -> bool:
-    """Whether the guest was idle this cycle: its reads were counted, and it read nothing and wrote nothing.
-
-    The inferred path takes a resident block for a read one, since a hit
-    leaves no other trace, and holds the heat of the blocks it pinned
-    (ours) where it has no evidence of them; pinned blocks whose sampled
-    references show none cool. While the guest is idle (paused, or
-    between jobs) these three would part - the blocks it left in the
-    cache as hot as when it read them, pins released earlier held,
-    pinned ones cooling - and the plan would move from one to the other,
-    each move a reload if the block was evicted meanwhile. Once the guest
-    is idle (``Cycle``'s ``IDLE_CYCLES`` such cycles running: a region
-    written once still gets the cycles it needs to be pinned whole), every
-    block's heat fades at ``decay``: the plan keeps its order and only
-    shrinks. Counted reads tell idle from all hits; without them the
-    residency is taken as before.
-    """
-    return counted is not None and not counted.pages.index.size and not (written.value > 0).any()

@@ -136,7 +136,7 @@ class AgentMetrics:
         """The series of the agent (the domain): its version, budget, share of the cap, host memory, errors."""
         gauge, counter, registry = self._gauge, self._counter, self.registry
         self.info = Info("agent", "The vmcache agent of a domain; value 1, its version and the signal of the "
-                         "guest's reads it uses (read_signal: kernel or inferred) as labels.",
+                         "guest's reads it uses (read_signal: probe, tracepoint or inferred) as labels.",
                          AGENT_LABELS, namespace=NAMESPACE, registry=registry)
         self._version = version
         self.set_read_signal("inferred")

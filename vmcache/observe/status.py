@@ -19,7 +19,7 @@ Schema (version 1), all sizes in bytes, times in seconds since the epoch::
      "metrics_url": "http://127.0.0.1:9470/metrics", "last_error": null,
      "managed_by": "rule 2: nova_flavor=m1.large",   # or "metadata": why vmcache manages it
      "hotset_saved_at": 1700000090.0, "hotset_source": "host",  # live | persistent | host: what it warmed from
-     "read_signal": "kernel",         # the guest's reads: kernel (counted) | inferred
+     "read_signal": "probe",          # the guest's reads: probe | tracepoint (counted) | inferred
      "read_signal_reason": null,      # why they are inferred
      "disks": [{"target": "vda", "source": "/var/lib/libvirt/images/web-1.img",
                 "cache": "writethrough", "eligible": true, "reason": null,
@@ -149,7 +149,7 @@ class AgentStatus:
     hotset_saved_at: float | None = None  # wall time the agent last saved the domain's hot set
     hotset_source: str | None = None  # where the set it warmed from came from: live, persistent, host
     managed_by: str | None = None  # why vmcache manages the domain: "metadata", "rule 2: nova_flavor=m1.large"
-    read_signal: str = "inferred"  # the guest's reads: "kernel" (counted) or "inferred" (residency)
+    read_signal: str = "inferred"  # the guest's reads: counted ("probe", "tracepoint") or "inferred" (residency)
     read_signal_reason: str | None = None  # why they are inferred
     disks: list[DiskStatus] = field(default_factory=list)
     version: int = SCHEMA_VERSION

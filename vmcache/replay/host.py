@@ -283,7 +283,7 @@ def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_],
     """One VM's cycle at the end of an interval, on its accesses in [begin, end) and its residency.
 
     ``exact``: the cycle decides on the reads counted exactly, else on the read evidence of its pinned
-    blocks, with the counts beside (as the agent has them: an idle guest).
+    blocks.
     """
     mine = merged.vm[begin:end] == s.index
     bt = merged.bt
@@ -291,12 +291,12 @@ def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_],
     write = bt.write[begin:end][mine]
     own = resident[(resident >= s.offset) & (resident < s.offset + s.units)] - s.offset
     per = s.cycle.params.block_size // bt.block_size
-    counted = sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], per, bt.block_size)
+    counted = sampling.guest_reads(unit, write, bt.pages[begin:end][mine], hit[mine], per, bt.block_size) \
+        if exact else None
     seen = None if exact else sampling.seen(unit, write, s.pinned, per * bt.block_size, per)
     s.current = s.cycle.step(sampling.residency(own.tolist(), per),
                              sampling.written(unit, write, per, bt.block_size), s.current, size_bytes=s.size,
-                             budget=s.granted, now=now, seen=seen, reads=counted if exact else None,
-                             counted=counted).regions
+                             budget=s.granted, now=now, seen=seen, reads=counted).regions
     s.pinned = blocks_of(s.current, s.cycle.params.block_size, s.cycle.nblocks)
 
 

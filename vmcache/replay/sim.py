@@ -18,10 +18,9 @@ pin every region it plans:
 - ``vmcache``: the agent's default ``read_model``: the guest's reads counted
   exactly (``reads=GuestReads``, as the kernel's read counter gives them to
   the engine), and the dirty bitmap;
-- ``inferred``: ``read_model: inferred``: residency, the dirty
-  bitmap and read evidence of pinned blocks, the counts only to tell an
-  idle cycle (where the counter cannot run, an idle cycle is inferred like
-  any other);
+- ``inferred``: ``read_model: inferred``, the agent's signal where the
+  kernel cannot count reads: residency, the dirty bitmap and read
+  evidence of pinned blocks;
 - ``warm``: ``vmcache`` restarted with the hot set a first run of the same
   trace saved at its end (a VM's second boot).
 
@@ -149,7 +148,6 @@ def step_inputs(bt: BlockTrace, begin: int, end: int, hit: NDArray[np.bool_], pi
         inputs["reads"] = reads
     else:
         inputs["seen"] = sampling.seen(unit, write, pinned, per * bt.block_size, per)
-        inputs["counted"] = reads  # the agent counts them where it decides on inference (an idle guest)
     return inputs
 
 

@@ -208,8 +208,6 @@ class DiskEngine:
         seen = None
         if exact is None:  # counted reads include the pinned blocks': no referenced bits needed
             seen = self._pinner.read_evidence(bs, n, self._refs, per_block=per_block, phase=self._cycles)
-        # the reads beside the inference tell an idle guest only where its writes were read too
-        counted = self.last_reads if sample.status is BitmapRead.OK else None
         self._cycles += 1
         now = self._clock()
         recharge = self._cycle.loads and self._pinner.charges_apart()
@@ -220,7 +218,7 @@ class DiskEngine:
             self._cycle.warm_allowance = self._warm_budget.grant(self._cycle.warm)
         decided = self._cycle.step(res.blocks, written, current, size_bytes=res.size_bytes,
                                    budget=self.budget, now=now, seen=seen, seen_sample=per_block,
-                                   reads=exact, counted=counted, recharge=recharge)
+                                   reads=exact, recharge=recharge)
         if self._warm_budget is not None:
             self._warm_budget.settle(self._cycle.bucket.unspent)
         if decided.waiting:

@@ -2,10 +2,12 @@
 
 The agent asks the host's read counter (:mod:`vmcache.host.readcount`)
 once, when its first disk starts (QEMU runs by then): where the kernel
-counts QEMU's reads, each disk worker gets its image's counts; where it
-cannot (no BPF, not allowed, no tracepoint, no QEMU pid), the agent says
-why once in its log and every disk keeps the inferred signal (residency
-growth and referenced bits). Neither ever stops a disk from being managed.
+counts QEMU's reads - with the ``filemap_read`` probe (``probe``) or,
+where the kernel refuses it, the 6.12+ tracepoints (``tracepoint``) -
+each disk worker gets its image's counts; where it cannot (no BPF, not
+allowed, neither, no QEMU pid), the agent says why once in its log and
+every disk keeps the inferred signal (residency growth and referenced
+bits). Neither ever stops a disk from being managed.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from ..errors import VmcacheError
 from ..host.readcount import FileReads, ReadCounter, qemu_pid
 from ..logfmt import event
 
-__all__ = ["ReadSignal", "KERNEL", "INFERRED"]
+__all__ = ["ReadSignal", "INFERRED"]
 
-KERNEL = "kernel"
 INFERRED = "inferred"
 
 
 class ReadSignal:
-    """One agent's read counter, opened on first use; ``signal`` says which one its disks get."""
+    """One agent's read counter, opened on first use; ``signal`` says which one its disks get (the counter's
+    set, ``probe`` or ``tracepoint``, or ``inferred``)."""
 
     def __init__(self, domain: str, *, logger: logging.Logger,
                  open_counter: Callable[[int], ReadCounter] = ReadCounter.open,
@@ -51,8 +53,8 @@ class ReadSignal:
             except VmcacheError as err:
                 self._fall_back(str(err))
             else:
-                self.signal = KERNEL
-                self._log.info(event("reads.kernel", qemu_pid=pid))
+                self.signal = self._counter.signal
+                self._log.info(event("reads.counted", by=self.signal, qemu_pid=pid))
         return self._counter
 
     def _fall_back(self, reason: str) -> None:
