@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmcache.errors import ConfigError
-from vmcache.model.heat import ActiveHeat, HeatModel
+from vmcache.model.heat import HeatModel
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
-from vmcache.model.warm import WarmStart, heat_of
+from vmcache.model.warm import WarmStart
 from vmcache.settings.hotset import (
     HOTSET_NAMESPACE,
     MAX_REGIONS,
@@ -209,10 +209,3 @@ def test_a_saved_region_counts_as_held_so_its_hysteresis_applies():
     (region,) = plan(model.heat, params=P, size_bytes=100 * MiB, budget=64 * MiB, current=warm.held(),
                      own=model.own)
     assert region.span == (10 * MiB, 4 * MiB)
-
-
-def test_heat_of_sums_the_heat_of_each_region():
-    heat = np.arange(10, dtype=np.float32)
-    active = ActiveHeat(np.arange(1, 10), heat[1:], heat[1:])
-    regions = heat_of([Region(0, 2 * MiB, 99.0), Region(8 * MiB, 3 * MiB, 0.0)], active, MiB)
-    assert [r.priority for r in regions] == [1.0, 17.0]  # blocks past the array count as cold

@@ -42,6 +42,8 @@ writes count by the share of written blocks the guest reads back
 (:mod:`vmcache.model.exact`). Counted but not decided on (``counted``), they
 tell an idle guest (:func:`~vmcache.model.reads.idle`), whose blocks' heat
 fades at ``decay`` from its ``IDLE_CYCLES``-th quiet cycle: no plan moves.
+Counted either way, they go to the tally a saved hot set ranks blocks by
+(:mod:`vmcache.model.saveset`).
 
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
@@ -62,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .blocks import BlockValues, blocks_of, member, union, window_mean
+from .blocks import BlockValues, blocks_of, listed, member, union, window_mean
 from .exact import PinShare, ReadBack, read_input
 from .heat import HeatModel
 from .loadgate import LoadGate
@@ -70,6 +72,7 @@ from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
 from .prefetch import PrefetchBucket
 from .reads import GuestReads, idle
+from .saveset import ReadTally
 from .region import Region
 from .warm import WarmStart
 
@@ -134,6 +137,8 @@ class Cycle:
         """A saved hot set being restored (set before the first step), None without one."""
         self.warm_allowance: int | None = None
         """Bytes the host's warm-up budget granted the next step's restore (None: filled at warm_rate)."""
+        self.tally = ReadTally()
+        """The guest's counted reads per block over hours: what a saved hot set ranks by."""
 
     @property
     def restoring(self) -> bool:
@@ -171,6 +176,7 @@ class Cycle:
         if nblocks == self.nblocks:
             return False
         self.model.resize(nblocks)
+        self.tally.resize(nblocks)
         self._ours = self._ours[self._ours < nblocks]
         self._prev = None
         return True
@@ -208,14 +214,16 @@ class Cycle:
         the disk, or a ``now`` that is not finite.
         """
         n = self.nblocks
-        res, wr = _listed(residency, n, "residency"), _listed(written, n, "written")
-        evidence = None if seen is None else _listed(seen, n, "seen", nan_is_none=True)
+        res, wr = listed(residency, n, "residency"), listed(written, n, "written")
+        evidence = None if seen is None else listed(seen, n, "seen", nan_is_none=True)
         kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
         pinned_blocks = blocks_of(pinned, self.params.block_size, n)
         self._ours = union(kept, pinned_blocks)
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
         self._quiet = self._quiet + 1 if idle(counted, wr) else 0
+        if (count := reads if reads is not None else counted) is not None:
+            self.tally.add(listed(count.pages, n, "reads.pages"), now)
         if reads is None and self._quiet >= IDLE_CYCLES:  # nothing to learn: all heat fades alike
             self.model.step_blocks(BlockValues.empty(), wr, np.zeros(0, np.int64), now)
         elif reads is None:
@@ -265,8 +273,8 @@ class Cycle:
         reads back (:class:`ReadBack`): writes nobody reads again earn no pin.
         """
         n = self.nblocks
-        pages = _listed(reads.pages, n, "reads.pages")
-        missed = _listed(reads.missed, n, "reads.missed")
+        pages = listed(reads.pages, n, "reads.pages")
+        missed = listed(reads.missed, n, "reads.missed")
         share = self.read_back.update(written.index[written.value > 0], pages.index)
         weighed = BlockValues(written.index, written.value * np.float32(share))
         miss_bytes = int(float(missed.value.sum(dtype=np.float64))) * PAGE_SIZE
@@ -275,7 +283,7 @@ class Cycle:
     def _balanced(self, wanted: list[Region], reads: GuestReads, resident: BlockValues, size: int, budget: int,
                   held: Sequence[Region]) -> list[Region]:
         """The plan under the share of the budget the misses say pins are worth (:class:`PinShare`)."""
-        missed = _listed(reads.missed, self.nblocks, "reads.missed")
+        missed = listed(reads.missed, self.nblocks, "reads.missed")
         share = self.pin_share.update(missed.index, missed.value)
         regions = wanted
         if share < 1.0:
@@ -383,13 +391,3 @@ class Cycle:
         pooled = window_mean(index, value, 0 if sample is None else pages // max(1, min(sample, pages)) // 2)
         held = np.minimum(np.float32(p.threshold * p.keep_factor), pooled * scale) / np.float32(p.seen_scale)
         return BlockValues(index, np.maximum(value, held).astype(np.float32))
-
-def _listed(values: BlockValues | ArrayLike, nblocks: int, name: str, *, nan_is_none: bool = False) -> BlockValues:
-    """``values`` as listed blocks: as given, or the non-zero (not NaN) entries of a dense array."""
-    if isinstance(values, BlockValues):
-        return values
-    array = np.asarray(values)
-    if array.shape != (nblocks,):
-        raise ValueError(f"{name} has shape {array.shape}, expected ({nblocks},)")
-    index = np.flatnonzero(~np.isnan(array) if nan_is_none else array != 0).astype(np.int64)
-    return BlockValues(index, array[index].astype(np.float32))

@@ -37,11 +37,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .blocks import member, union
-from .heat import ActiveHeat, HeatModel
+from .heat import HeatModel
 from .params import ModelParams
 from .region import Region
 
-__all__ = ["WarmStart", "heat_of"]
+__all__ = ["WarmStart"]
 
 
 class WarmStart:
@@ -140,16 +140,3 @@ class WarmStart:
         self._whole_bytes += restored
         return restored
 
-
-def heat_of(regions: Iterable[Region], active: ActiveHeat, block_size: int) -> list[Region]:
-    """``regions`` with their priority replaced by their heat summed over their blocks.
-
-    What a saved hot set records (the planner's priority also counts the
-    hysteresis bonus of pinned regions; this is the heat itself), from the
-    blocks that have heat (``HeatModel.active``): one slice of them per
-    region, never a pass over the disk; blocks not listed count as cold.
-    """
-    spans = [r for r in regions if r.length > 0]
-    bounds = np.searchsorted(active.blocks, [[r.start // block_size, -(-r.end // block_size)] for r in spans])
-    return [Region(r.start, r.length, float(active.heat[lo:hi].sum(dtype=np.float64)))
-            for r, (lo, hi) in zip(spans, bounds.reshape(-1, 2).tolist())]
