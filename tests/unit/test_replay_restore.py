@@ -51,3 +51,12 @@ def test_a_preload_reads_what_is_not_cached_and_keeps_the_latest_within_the_room
     assert restore.preload(cache, np.array([1, 4, 5, 6], dtype=np.int64)) == [4, 5, 6]
     assert sorted(cache) == [4, 5, 6]
     assert cache.access(6, False)  # a hit: the restore read it
+
+
+def test_warm_heat_restores_the_same_set_in_heat_order() -> None:
+    """The two orders side by side: the same saved set, restored whole by both at 2 MiB a cycle."""
+    trace = generate.zoned(256 * MiB, 20_000, seed=4, rate=100.0)
+    warm, heat = sim.replay(trace, [96 * MiB], block_size=MiB, cache_unit=4096, pin_share=0.5, head=60.0,
+                            policies=("warm", "warm-heat"), prefetch_rate=MiB // 10, warm_rate=2 * MiB // 10)
+    assert warm.extra["warm_saved_blocks"] == heat.extra["warm_saved_blocks"] == 48
+    assert warm.extra["warm_restored_blocks"] == heat.extra["warm_restored_blocks"] == 48

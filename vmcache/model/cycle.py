@@ -27,8 +27,10 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
    while a saved hot set is restored;
 6. cuts new regions to the chunks whose uncached bytes the prefetch token
    bucket can pay for (:mod:`vmcache.model.prefetch`: ``prefetch_rate``,
-   ``warm_rate`` while restoring), highest priority first; the rest waits
-   for the next cycles.
+   ``warm_rate`` while restoring), highest priority first - while a saved
+   set is restored, in the order its guest first read it after its last
+   start (:meth:`~vmcache.model.warm.WarmStart.by_first_read`); the rest
+   waits for the next cycles.
 
 Steps 5 and 6 keep pins from reading what the guest will not use. Pins
 that read nothing (``fill`` False, host config ``fill: cached``) skip both
@@ -252,6 +254,8 @@ class Cycle:
         waiting = 0
         if self.fill and not self.restoring:  # steps 5 and 6: only where pins read
             regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
+        if self.warm is not None and self.restoring:  # paid for in the order the guest read them last time
+            regions = self.warm.by_first_read(regions, now)
         if self.loads:
             paid = BlockValues.empty() if recharge else res  # what new pins read: their uncached bytes, or all
             regions, waiting = self.bucket.limit(regions, paid, pinned, budget, now, restoring=self.restoring,

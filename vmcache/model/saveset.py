@@ -15,11 +15,15 @@ reads are not counted), takes the top ones up to the budget, with no
 threshold, and merges them into at most ``max_regions`` regions. On the
 real traces the tally since the start predicted the next start's reads
 better than the heat at the save (docs/replay.md, "What a hot set saves").
+The tally also keeps the cycle since the start in which the guest first
+read each block (:meth:`ReadTally.first_cycles`): saved with each region,
+it is the order a warm start restores them in (vmcache.model.warm).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,7 +47,8 @@ Index = NDArray[np.int64]
 
 
 class ReadTally:
-    """Per block, the guest's read pages summed over the cycles, each halved every ``half_life`` seconds."""
+    """Per block, the guest's read pages summed over the cycles, each halved every ``half_life`` seconds,
+    and when the guest first read it since the tally's first cycle (the agent's start: a domain's start)."""
 
     def __init__(self, *, half_life: float = TALLY_HALF_LIFE, keep: int = TALLY_BLOCKS) -> None:
         if not half_life > 0 or keep < 1:
@@ -52,6 +57,8 @@ class ReadTally:
         self._keep = keep
         self._blocks: Index = np.zeros(0, np.int64)
         self._counts: NDArray[np.float64] = np.zeros(0, np.float64)
+        self._first: NDArray[np.float64] = np.zeros(0, np.float64)  # seconds from the start to the first read
+        self._start: float | None = None
         self._last: float | None = None
 
     @property
@@ -66,22 +73,37 @@ class ReadTally:
         if self._last is not None and now > self._last:
             self._counts *= 0.5 ** ((now - self._last) / self._half_life)
         self._last = now if self._last is None else max(now, self._last)
+        if self._start is None:
+            self._start = now
         read = pages.index[pages.value > 0]
         if read.size == 0:
             return
         blocks = union(self._blocks, read)
+        old = positions(blocks, self._blocks)
         counts = np.zeros(blocks.size, np.float64)
-        counts[positions(blocks, self._blocks)] = self._counts
+        counts[old] = self._counts
         counts[positions(blocks, read)] += pages.value[pages.value > 0]
+        first = np.full(blocks.size, max(0.0, self._last - self._start))
+        first[old] = self._first
         if blocks.size > 2 * self._keep:
             kept = np.sort(np.argsort(-counts, kind="stable")[:self._keep])
-            blocks, counts = blocks[kept], counts[kept]
-        self._blocks, self._counts = blocks, counts
+            blocks, counts, first = blocks[kept], counts[kept], first[kept]
+        self._blocks, self._counts, self._first = blocks, counts, first
+
+    def first_cycles(self, regions: Sequence[Region], params: ModelParams) -> tuple[int, ...]:
+        """Per region, the cycle since the start in which the guest first read one of its blocks, counted
+        from 1 (``interval`` seconds each); 0 for a region none of whose blocks the tally holds."""
+        bs = params.block_size
+        firsts = []
+        for region in regions:
+            lo, hi = np.searchsorted(self._blocks, [region.start // bs, -(-region.end // bs)])
+            firsts.append(1 + int(self._first[lo:hi].min() // params.interval) if hi > lo else 0)
+        return tuple(firsts)
 
     def resize(self, nblocks: int) -> None:
         """Forget the blocks past a disk shrunk to ``nblocks``."""
         keep = self._blocks < nblocks
-        self._blocks, self._counts = self._blocks[keep], self._counts[keep]
+        self._blocks, self._counts, self._first = self._blocks[keep], self._counts[keep], self._first[keep]
 
 
 def saved_regions(counts: BlockValues, active: ActiveHeat, params: ModelParams, *, budget: int,

@@ -55,13 +55,16 @@ from .loads import WASTE_HORIZON, Loads
 from .measures import PolicyResult, loads_extra, measure
 from .trace import Trace
 
-__all__ = ["POLICIES", "ARMS", "WARM", "RESTS", "Memory", "VmcacheRun", "saved_hotset", "vmcache", "replay"]
+__all__ = ["POLICIES", "ARMS", "WARM", "WARM_HEAT", "RESTS", "Memory", "VmcacheRun", "saved_hotset", "vmcache",
+           "replay"]
 
 POLICIES = ("vmcache", "inferred", "lru", "linux", "belady")
 """The default policies: both vmcache arms, the host's baselines and the bound."""
 WARM = "warm"
+WARM_HEAT = "warm-heat"
+"""``warm`` with the saved set restored in heat order, as a set saved without its first-read order."""
 """vmcache warm-started from the hot set a previous replay of the trace saved (not in the defaults)."""
-ARMS = ("vmcache", "inferred", WARM, *restore.RESTORES)
+ARMS = ("vmcache", "inferred", WARM, WARM_HEAT, *restore.RESTORES)
 RESTS = ("linux", "lru")
 
 
@@ -116,17 +119,20 @@ class VmcacheRun:
     pinned_blocks_max: int = 0
     hot: list[Region] = field(default_factory=list)
     """What the disk saves at the end (vmcache.model.saveset), priority = their heat."""
+    first: tuple[int, ...] = ()
+    """Per region of ``hot``, the cycle in which the guest first read it (from 1; 0: not read)."""
     resident: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     """The units cached at the end, pinned or not."""
 
 
-def saved_hotset(run: VmcacheRun, params: ModelParams, size_bytes: int) -> WarmStart:
-    """The hot set a replay ended with, through the record the agent saves (top regions, heat to 1/256)."""
+def saved_hotset(run: VmcacheRun, params: ModelParams, size_bytes: int, *, ordered: bool = True) -> WarmStart:
+    """The hot set a replay ended with, through the record the agent saves (top regions, heat to 1/256,
+    first-read cycles); ``ordered`` False: restored in heat order, as a set saved without an order."""
     from ..settings.hotset import DiskHotSet, HotSet, build_hotset, parse_hotset
 
-    record = DiskHotSet("vda", "/replay", size_bytes, None, params.block_size, tuple(run.hot))
+    record = DiskHotSet("vda", "/replay", size_bytes, None, params.block_size, tuple(run.hot), run.first)
     (disk,) = parse_hotset(build_hotset(HotSet(saved=0, disks=(record,)))).disks
-    return WarmStart(((r, disk.mean_heat(r)) for r in disk.regions), params)
+    return WarmStart(((r, disk.mean_heat(r)) for r in disk.regions), params, disk.order() if ordered else None)
 
 
 def _check_fits(bt: BlockTrace, capacity: int, params: ModelParams, pin_budget: int) -> None:
@@ -221,6 +227,7 @@ def _ended(run: VmcacheRun, hits: bytearray, cycle: Cycle, memory: Memory, *, bu
     """``run`` with what the end of the trace leaves: the hits, the set the disk saves, the cache's units."""
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
     run.hot = saved_regions(cycle.tally.counts, cycle.model.active, cycle.params, budget=budget, size_bytes=size)
+    run.first = cycle.tally.first_cycles(run.hot, cycle.params)
     run.resident = np.fromiter(memory.resident(), dtype=np.int64)
     return run
 
@@ -240,8 +247,8 @@ def _arm_results(names: list[str], bt: BlockTrace, budget: int, capacity: int, p
     out = {}
     for name in names:
         extra: dict[str, Any] = {}
-        if name == WARM:
-            warm = saved_hotset(first(), p, size)
+        if name in (WARM, WARM_HEAT):
+            warm = saved_hotset(first(), p, size, ordered=name == WARM)
             run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm, **options)
             extra = {"warm_saved_blocks": warm.total_bytes // p.block_size,
                      "warm_restored_blocks": warm.restored_bytes // p.block_size}

@@ -146,6 +146,10 @@ class DiskEngine:
         return saved_regions(self._cycle.tally.counts, self._cycle.model.active, self.params, budget=self.budget,
                              size_bytes=self.residency.size_bytes)
 
+    def first_reads(self, regions: Sequence[Region]) -> tuple[int, ...]:
+        """Per region, the cycle since this start in which the guest first read it (from 1; 0: not read)."""
+        return self._cycle.tally.first_cycles(regions, self.params)
+
     def demand(self, budget: int) -> Curve:
         """This disk's demand curve after its last cycle: its plan at ``budget`` (the full one, not the grant).
 

@@ -184,7 +184,7 @@ class HotSetKeeper:
         if reason is not None:
             self._log.warning(event("hotset.ignored", disk=disk.target, reason=reason))
             return
-        engine.warm = WarmStart(((r, record.mean_heat(r)) for r in record.regions), engine.params)
+        engine.warm = WarmStart(((r, record.mean_heat(r)) for r in record.regions), engine.params, record.order())
         self._warming[disk.target] = record
         self._kept[disk.target] = record
         self._log.info(event("hotset.warming", disk=disk.target, regions=len(record.regions), bytes=record.bytes))
@@ -334,7 +334,8 @@ class HotSetKeeper:
             except (OSError, VmcacheError) as err:
                 self._log.warning(event("hotset.disk_not_saved", disk=disk.target, error=err))
                 continue
-            record = DiskHotSet(disk.target, disk.image, size, ident, engine.params.block_size, tuple(regions))
+            record = DiskHotSet(disk.target, disk.image, size, ident, engine.params.block_size, tuple(regions),
+                                engine.first_reads(regions))
             self._kept[disk.target] = record
             yield record
 
