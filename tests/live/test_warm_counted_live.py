@@ -85,6 +85,7 @@ def test_a_zone_the_guest_read_and_left_is_saved_after_its_pin_went_and_restored
     record = wait_for(saved_both, "the saved set to hold both zones", step=1.0)
     assert not covered(mapped(agent, image), *LEFT)  # saved, not pinned: the set is not the pins
     assert record.bytes <= 16 * MiB  # the domain's budget
+    assert len(record.first) == len(record.regions) and all(record.first), record  # when each was first read
     dom = stop_start(env, name, dom, image)
     pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
     wait_mapped(pid, image, record.regions, "the saved set, the zone left too, to be locked again")
