@@ -1,9 +1,11 @@
 """Warm start where the guest's counted reads decide (``read_model: counted``), on a real libvirt domain.
 
-A set restored by the next agent is held as a pinned one until the guest reads it, not let go at
-``decay`` within a few cycles: a slow boot reads its hot set late. The domain is persistent, TCG,
-started paused; "guest" reads are HMP ``qemu-io`` through the virtio device, which QEMU performs on
-the image, so the kernel's read counter counts them as the guest's.
+The set an agent saves is what the guest read most, not what it pins: a zone the guest read and left
+is still saved once its pin is gone, and the next agent restores it. A set restored by the next agent
+is held as a pinned one until the guest reads it, not let go at ``decay`` within a few cycles: a slow
+boot reads its hot set late. The domain is persistent, TCG, started paused; "guest" reads are HMP
+``qemu-io`` through the virtio device, which QEMU performs on the image, so the kernel's read counter
+counts them as the guest's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt")
 
-from tests.live.guestlib import read_until_pinned  # noqa: E402
+from vmcache.host.virtdomain import Affect, VirtDomain  # noqa: E402
+from vmcache.settings.hotset import DiskHotSet  # noqa: E402
+
+from tests.live.guestlib import covered, guest_read, mapped, read_until_pinned  # noqa: E402
 from tests.live.livelib import MiB, LiveEnv, agents_env, wait_for  # noqa: E402
 from tests.live.test_warm_live import agent_gone, stop_start, wait_mapped, wait_saved  # noqa: E402
 
@@ -25,6 +30,7 @@ pytestmark = pytest.mark.live
 
 PREFIX = f"vmcache-test-warmc-{os.getpid()}-"
 ZONE = (8 * MiB, 4 * MiB)
+LEFT = (32 * MiB, 2 * MiB)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,39 @@ def test_a_restored_set_the_guest_has_not_read_yet_stays_pinned(env: LiveEnv) ->
     # heat of 1 is under threshold / keep_factor in 4 cycles; held at pinned_decay (0.98) it lasts ~2 min.
     time.sleep(20)
     assert env.pinned(name) == record.bytes, env.agent_log(name)[-3000:]
+    dom.destroy()
+    agent_gone(env, name)
+    dom.undefine()
+
+
+def test_a_zone_the_guest_read_and_left_is_saved_after_its_pin_went_and_restored(env: LiveEnv) -> None:
+    name = PREFIX + "left"
+    image = env.disk(name, 64 * MiB)
+    dom = env.domain(name, image=image, persistent=True)
+    wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
+    read_until_pinned(dom, *ZONE, lambda: env.pinned(name), "both zones to be pinned", more=[LEFT])
+    agent: int = wait_for(lambda: env.agent_pid(name), "the agent's pid")
+
+    def left_unpinned() -> bool:  # the guest goes on reading ZONE only: LEFT cools and its pin goes
+        guest_read(dom, *ZONE)
+        return not covered(mapped(agent, image), *LEFT)
+
+    wait_for(left_unpinned, "the pin of the zone the guest left to go", step=1.0)
+
+    def saved_both() -> DiskHotSet | None:
+        guest_read(dom, *ZONE)
+        hotset = VirtDomain(env.conn, name).hotset(Affect.LIVE)
+        record = hotset.disk("vda") if hotset else None
+        spans = [(r.start, r.length) for r in record.regions] if record else []
+        return record if covered(spans, *ZONE) and covered(spans, *LEFT) else None
+
+    record = wait_for(saved_both, "the saved set to hold both zones", step=1.0)
+    assert not covered(mapped(agent, image), *LEFT)  # saved, not pinned: the set is not the pins
+    assert record.bytes <= 16 * MiB  # the domain's budget
+    assert len(record.first) == len(record.regions) and all(record.first), record  # when each was first read
+    dom = stop_start(env, name, dom, image)
+    pid = wait_for(lambda: env.agent_pid(name), "the hook to start the new agent")
+    wait_mapped(pid, image, record.regions, "the saved set, the zone left too, to be locked again")
     dom.destroy()
     agent_gone(env, name)
     dom.undefine()

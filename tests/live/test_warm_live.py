@@ -103,6 +103,9 @@ def managed_save(env: LiveEnv, name: str, dom: Any, image: Path) -> Any:
 
 def define_copy(env: LiveEnv, name: str, dom: Any, image: Path) -> Any:
     """``virsh dumpxml`` -> ``virsh define`` under a fresh name (what reaches a migration's destination)."""
+    # the persistent definition gets the set at a periodic save (a stopping agent saves to the host's copy
+    # alone, keyed by the uuid the copy will not have): wait for one, or the copy starts cold
+    wait_for(lambda: VirtDomain(env.conn, name).hotset(Affect.CONFIG), "a periodic save into the persistent XML")
     dom.destroy()
     agent_gone(env, name)
     xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)

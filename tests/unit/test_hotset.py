@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vmcache.errors import ConfigError
-from vmcache.model.heat import ActiveHeat, HeatModel
+from vmcache.model.heat import HeatModel
 from vmcache.model.params import ModelParams
 from vmcache.model.region import Region
-from vmcache.model.warm import WarmStart, heat_of
+from vmcache.model.warm import WarmStart
 from vmcache.settings.hotset import (
     HOTSET_NAMESPACE,
     MAX_REGIONS,
@@ -64,9 +65,27 @@ def test_round_trip_keeps_regions_and_heat_to_a_256th():
 
 
 def test_1024_regions_of_a_1tib_disk_fit_in_a_few_kb():
-    text = build_hotset(HotSet(saved=1, disks=(_record(_spread(MAX_REGIONS, TiB, MiB)),)))
-    assert len(text) < 8 * 1024, len(text)  # the bound docs/metadata.md states
+    regions = _spread(MAX_REGIONS, TiB, MiB)
+    first = tuple(random.Random(3).randint(1, 8640) for _ in regions)  # first read within a day of 10 s cycles
+    text = build_hotset(HotSet(saved=1, disks=(replace(_record(regions), first=first),)))
+    assert len(text) < 10 * 1024, len(text)  # the bound docs/metadata.md states
     assert len(parse_hotset(text).disks[0].regions) == MAX_REGIONS
+
+
+def test_each_region_keeps_its_first_read_cycle_and_a_version_1_set_loads_without_an_order():
+    regions = _spread(MAX_REGIONS + 50, TiB, MiB)
+    first = tuple(range(1, len(regions) + 1))
+    (disk,) = parse_hotset(build_hotset(HotSet(saved=1, disks=(replace(_record(regions), first=first),)))).disks
+    assert len(disk.first) == len(disk.regions) == MAX_REGIONS  # cut with the regions it belongs to
+    saved = dict(zip((r.span for r in regions), first))
+    assert disk.order() == {r.span: saved[r.span] for r in disk.regions}
+    (none,) = parse_hotset(build_hotset(HotSet(saved=1, disks=(_record(regions[:3]),)))).disks
+    assert none.first == ()  # written without an order (0 each: not read since the start), read without one
+    # what a vmcache before the order wrote: three numbers a region, version 1
+    old = base64.b64encode(bytes([2, 3, 51, 1, 1, 128, 2])).decode()  # blocks 2-4 heat 0.2, 6 heat 1.0
+    (v1,) = parse_hotset(_element('dev="vda" image="/i" size="16777216" block="1048576"', old)).disks
+    assert [r.span for r in v1.regions] == [(6 * MiB, MiB), (2 * MiB, 3 * MiB)] and v1.first == ()
+    assert v1.order() == {}
 
 
 def test_only_the_highest_priority_regions_are_kept():
@@ -116,7 +135,7 @@ def _element(disk_attrs: str = 'dev="vda" image="/i" size="1048576" block="4096"
 
 
 @pytest.mark.parametrize("xml, words", [
-    (_element(root_attrs='version="2" saved="1"'), "version"),
+    (_element(root_attrs='version="3" saved="1"'), "version"),
     (_element(root_attrs='saved="1"'), "version"),
     (_element(root_attrs='version="1" saved="-1"'), "saved"),
     (_element('dev="vda;rm" image="/i" size="1" block="4096"'), "dev"),
@@ -126,7 +145,8 @@ def _element(disk_attrs: str = 'dev="vda" image="/i" size="1048576" block="4096"
     (_element('dev="vda" image="/i" size="1" block="4096" id="XYZ"'), "id"),
     (_element('dev="vda" image="/i" size="1" block="4096" evil="1"'), "unknown attribute"),
     (_element(text="!!notbase64"), "base64"),
-    (_element(text=base64.b64encode(bytes([1, 2])).decode()), "triples"),
+    (_element(text=base64.b64encode(bytes([1, 2])).decode()), "groups of 3"),
+    (_element(text=base64.b64encode(bytes([1, 2, 3])).decode(), root_attrs='version="2" saved="1"'), "groups of 4"),
     (_element(text=base64.b64encode(bytes([0x80] * 12)).decode()), "number"),
     (_element(text=base64.b64encode(bytes([0, 0, 5])).decode()), "empty"),
     (_element(text=base64.b64encode(bytes([0xff, 0x7f, 1, 5])).decode()), "past the end"),
@@ -209,10 +229,3 @@ def test_a_saved_region_counts_as_held_so_its_hysteresis_applies():
     (region,) = plan(model.heat, params=P, size_bytes=100 * MiB, budget=64 * MiB, current=warm.held(),
                      own=model.own)
     assert region.span == (10 * MiB, 4 * MiB)
-
-
-def test_heat_of_sums_the_heat_of_each_region():
-    heat = np.arange(10, dtype=np.float32)
-    active = ActiveHeat(np.arange(1, 10), heat[1:], heat[1:])
-    regions = heat_of([Region(0, 2 * MiB, 99.0), Region(8 * MiB, 3 * MiB, 0.0)], active, MiB)
-    assert [r.priority for r in regions] == [1.0, 17.0]  # blocks past the array count as cold

@@ -77,6 +77,9 @@ class FakeEngine:
     def hot_regions(self) -> list[Region]:
         return self._regions
 
+    def first_reads(self, regions: list[Region]) -> tuple[int, ...]:
+        return tuple(range(1, len(regions) + 1))
+
 
 @dataclass
 class Disk:

@@ -29,7 +29,8 @@ DEFAULT_BLOCK = 64 << 10
 DEFAULT_PIN_SHARE = 0.5
 DEFAULT_FRACTIONS = (64, 16, 4)
 """Without --budget: the trace's footprint (the units it touches, whole MiB) divided by each of these."""
-POLICY_CHOICES = ("vmcache", "inferred", "lru", "linux", "belady", "static", "warm")
+POLICY_CHOICES = ("vmcache", "inferred", "lru", "linux", "belady", "static", "warm", "warm-heat", "snapshot",
+                  "most-read")
 GENERATE_KINDS = ("zoned", "zipf", "moving", "stream")
 
 
@@ -64,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=size_arg, default=None, help="image size (default: end of the trace)")
     parser.add_argument("--policy", action="append", choices=POLICY_CHOICES,
                         help="only these policies (repeat; default vmcache, inferred, lru, linux, belady; also "
-                             "static, and warm: vmcache warm-started from the hot set a first run saved)")
+                             "static, and warm: vmcache warm-started from the hot set a first run saved "
+                             "(warm-heat: restored in heat order, not the order the guest first read it), "
+                             "snapshot / most-read: from what the first run cached at its end / read most)")
     parser.add_argument("--head", type=duration_arg, default=None, metavar="DURATION",
                         help="also show the figures over the first DURATION of the trace (e.g. 60s)")
     parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",

@@ -17,8 +17,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from .region import Region
 
-__all__ = ["BlockValues", "PrefixSums", "binned", "blocks_mask", "blocks_of", "check_index", "dilate", "member",
-           "positions", "runs", "union", "window_mean"]
+__all__ = ["BlockValues", "PrefixSums", "binned", "blocks_mask", "blocks_of", "check_index", "dilate", "listed",
+           "member", "positions", "runs", "union", "window_mean"]
 
 Index = NDArray[np.int64]
 
@@ -66,6 +66,20 @@ def check_index(index: Index, nblocks: int, name: str) -> Index:
     if index.size and (index[0] < 0 or index[-1] >= nblocks or np.any(index[1:] <= index[:-1])):
         raise ValueError(f"{name} blocks must be sorted, unique and in [0, {nblocks})")
     return index
+
+
+def listed(values: BlockValues | ArrayLike, nblocks: int, name: str, *, nan_is_none: bool = False) -> BlockValues:
+    """``values`` as listed blocks: as given, or the non-zero (not NaN) entries of a dense array.
+
+    Raises ValueError for a dense array that is not ``(nblocks,)`` (``name`` says which).
+    """
+    if isinstance(values, BlockValues):
+        return values
+    array = np.asarray(values)
+    if array.shape != (nblocks,):
+        raise ValueError(f"{name} has shape {array.shape}, expected ({nblocks},)")
+    index = np.flatnonzero(~np.isnan(array) if nan_is_none else array != 0).astype(np.int64)
+    return BlockValues(index, array[index].astype(np.float32))
 
 
 def runs(index: Index) -> tuple[Index, Index]:

@@ -27,8 +27,10 @@ guest wrote, read evidence of pinned blocks, the regions pinned now),
    while a saved hot set is restored;
 6. cuts new regions to the chunks whose uncached bytes the prefetch token
    bucket can pay for (:mod:`vmcache.model.prefetch`: ``prefetch_rate``,
-   ``warm_rate`` while restoring), highest priority first; the rest waits
-   for the next cycles.
+   ``warm_rate`` while restoring), highest priority first - while a saved
+   set is restored, in the order its guest first read it after its last
+   start (:meth:`~vmcache.model.warm.WarmStart.by_first_read`); the rest
+   waits for the next cycles.
 
 Steps 5 and 6 keep pins from reading what the guest will not use. Pins
 that read nothing (``fill`` False, host config ``fill: cached``) skip both
@@ -39,7 +41,8 @@ Where the guest's reads are counted exactly (``reads``, a
 1-2 are not needed and not taken: a block's read input is how often the
 guest read it, pinned or not, the read misses are the counted ones, and
 writes count by the share of written blocks the guest reads back
-(:mod:`vmcache.model.exact`).
+(:mod:`vmcache.model.exact`). Counted, they also go to the tally a saved hot
+set ranks blocks by (:mod:`vmcache.model.saveset`).
 
 The caller pins (or simulates pinning) the regions and tells the cycle what
 ended up pinned with :meth:`Cycle.pinned`, which marks it ours (and
@@ -60,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .blocks import BlockValues, blocks_of, member, union, window_mean
+from .blocks import BlockValues, blocks_of, listed, member, union, window_mean
 from .exact import PinShare, ReadBack, read_input
 from .heat import HeatModel
 from .loadgate import LoadGate
@@ -68,6 +71,7 @@ from .params import PAGE_SIZE, ModelParams
 from .planner import plan_active
 from .prefetch import PrefetchBucket
 from .reads import GuestReads
+from .saveset import ReadTally
 from .region import Region
 from .warm import WarmStart
 
@@ -129,6 +133,8 @@ class Cycle:
         """A saved hot set being restored (set before the first step), None without one."""
         self.warm_allowance: int | None = None
         """Bytes the host's warm-up budget granted the next step's restore (None: filled at warm_rate)."""
+        self.tally = ReadTally()
+        """The guest's counted reads per block over hours: what a saved hot set ranks by."""
 
     @property
     def restoring(self) -> bool:
@@ -166,6 +172,7 @@ class Cycle:
         if nblocks == self.nblocks:
             return False
         self.model.resize(nblocks)
+        self.tally.resize(nblocks)
         self._ours = self._ours[self._ours < nblocks]
         self._prev = None
         return True
@@ -201,13 +208,15 @@ class Cycle:
         the disk, or a ``now`` that is not finite.
         """
         n = self.nblocks
-        res, wr = _listed(residency, n, "residency"), _listed(written, n, "written")
-        evidence = None if seen is None else _listed(seen, n, "seen", nan_is_none=True)
+        res, wr = listed(residency, n, "residency"), listed(written, n, "written")
+        evidence = None if seen is None else listed(seen, n, "seen", nan_is_none=True)
         kept = self._ours[member(self._ours, res.index)]  # evicted: not ours any more
         pinned_blocks = blocks_of(pinned, self.params.block_size, n)
         self._ours = union(kept, pinned_blocks)
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
+        if reads is not None:
+            self.tally.add(listed(reads.pages, n, "reads.pages"), now)
         if reads is None:
             judged, evidence = self._relative_reads(res, grown, evidence, seen_sample)
             self.model.step_blocks(judged, wr, self._masked(), now, seen=evidence)
@@ -234,6 +243,8 @@ class Cycle:
         waiting = 0
         if self.fill and not self.restoring:  # steps 5 and 6: only where pins read
             regions = self.load_gate.cut(regions, pinned_blocks, self.params.block_size, self.params.max_regions)
+        if self.warm is not None and self.restoring:  # paid for in the order the guest read them last time
+            regions = self.warm.by_first_read(regions, now)
         if self.loads:
             paid = BlockValues.empty() if recharge else res  # what new pins read: their uncached bytes, or all
             regions, waiting = self.bucket.limit(regions, paid, pinned, budget, now, restoring=self.restoring,
@@ -255,8 +266,8 @@ class Cycle:
         reads back (:class:`ReadBack`): writes nobody reads again earn no pin.
         """
         n = self.nblocks
-        pages = _listed(reads.pages, n, "reads.pages")
-        missed = _listed(reads.missed, n, "reads.missed")
+        pages = listed(reads.pages, n, "reads.pages")
+        missed = listed(reads.missed, n, "reads.missed")
         share = self.read_back.update(written.index[written.value > 0], pages.index)
         weighed = BlockValues(written.index, written.value * np.float32(share))
         miss_bytes = int(float(missed.value.sum(dtype=np.float64))) * PAGE_SIZE
@@ -265,7 +276,7 @@ class Cycle:
     def _balanced(self, wanted: list[Region], reads: GuestReads, resident: BlockValues, size: int, budget: int,
                   held: Sequence[Region]) -> list[Region]:
         """The plan under the share of the budget the misses say pins are worth (:class:`PinShare`)."""
-        missed = _listed(reads.missed, self.nblocks, "reads.missed")
+        missed = listed(reads.missed, self.nblocks, "reads.missed")
         share = self.pin_share.update(missed.index, missed.value)
         regions = wanted
         if share < 1.0:
@@ -373,13 +384,3 @@ class Cycle:
         pooled = window_mean(index, value, 0 if sample is None else pages // max(1, min(sample, pages)) // 2)
         held = np.minimum(np.float32(p.threshold * p.keep_factor), pooled * scale) / np.float32(p.seen_scale)
         return BlockValues(index, np.maximum(value, held).astype(np.float32))
-
-def _listed(values: BlockValues | ArrayLike, nblocks: int, name: str, *, nan_is_none: bool = False) -> BlockValues:
-    """``values`` as listed blocks: as given, or the non-zero (not NaN) entries of a dense array."""
-    if isinstance(values, BlockValues):
-        return values
-    array = np.asarray(values)
-    if array.shape != (nblocks,):
-        raise ValueError(f"{name} has shape {array.shape}, expected ({nblocks},)")
-    index = np.flatnonzero(~np.isnan(array) if nan_is_none else array != 0).astype(np.int64)
-    return BlockValues(index, array[index].astype(np.float32))

@@ -31,17 +31,17 @@ parameter, as everywhere in the model.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .blocks import member, union
-from .heat import ActiveHeat, HeatModel
+from .heat import HeatModel
 from .params import ModelParams
 from .region import Region
 
-__all__ = ["WarmStart", "heat_of"]
+__all__ = ["WarmStart"]
 
 
 class WarmStart:
@@ -49,12 +49,16 @@ class WarmStart:
 
     ``regions``: pairs of a saved byte range and its mean heat per block,
     in any order (they are restored by priority, heat summed over the
-    region). Raises ValueError for a negative heat.
+    region); ``first_read``: by span, the cycle after the last start in which
+    the guest first read each (from 1; 0 or missing: not known), the order
+    :meth:`by_first_read` restores them in. Raises ValueError for a negative heat.
     """
 
-    def __init__(self, regions: Iterable[tuple[Region, float]], params: ModelParams) -> None:
+    def __init__(self, regions: Iterable[tuple[Region, float]], params: ModelParams,
+                 first_read: Mapping[tuple[int, int], int] | None = None) -> None:
         bs = params.block_size
         self._params = params
+        self._first = {span: cycle for span, cycle in (first_read or {}).items() if cycle > 0}
         pending = []
         for region, heat in regions:
             if heat < 0 or heat != heat:
@@ -92,6 +96,33 @@ class WarmStart:
         """
         self._unread = self._unread[member(self._unread, pinned) & ~member(self._unread, read)]
         return self._unread
+
+    def by_first_read(self, regions: list[Region], now: float) -> list[Region]:
+        """``regions`` (a plan) in the order the guest will want them, so that the loader stays ahead of it.
+
+        A region over saved regions not restored yet comes at the cycle the
+        guest first read them after its last start (the earliest of them);
+        any other - new heat, or pinned already - at the cycle since this
+        start (``now``): what the guest reads now before what it read later
+        last time, after what it read earlier (and what it read in the same
+        cycle). Saved regions without a first read come last; ties by
+        priority. Without an order (a set
+        saved before it was kept) the plan is left in its heat order.
+        """
+        if not self._first or not self._pending:
+            return regions
+        pending = sorted(self._pending, key=lambda p: p[3].start)
+        starts = np.array([p[3].start for p in pending], np.int64)
+        ends = np.array([p[3].end for p in pending], np.int64)
+        cycles = np.array([self._first.get(p[3].span, 0) or np.inf for p in pending], np.float64) - 1.0
+        lo = np.searchsorted(ends, [r.start for r in regions], side="right")
+        hi = np.searchsorted(starts, [r.end for r in regions], side="left")
+        since = 0.0 if self._started is None else (now - self._started) / self._params.interval
+        due = [float(cycles[a:b].min()) if b > a else since for a, b in zip(lo.tolist(), hi.tolist())]
+        saved = (hi > lo).tolist()
+        order = sorted(range(len(regions)),
+                       key=lambda i: (due[i], not saved[i], -regions[i].priority, regions[i].start))
+        return [regions[i] for i in order]
 
     def held(self) -> list[Region]:
         """The regions not restored yet: the planner counts them as held (its ``current``)."""
@@ -140,16 +171,3 @@ class WarmStart:
         self._whole_bytes += restored
         return restored
 
-
-def heat_of(regions: Iterable[Region], active: ActiveHeat, block_size: int) -> list[Region]:
-    """``regions`` with their priority replaced by their heat summed over their blocks.
-
-    What a saved hot set records (the planner's priority also counts the
-    hysteresis bonus of pinned regions; this is the heat itself), from the
-    blocks that have heat (``HeatModel.active``): one slice of them per
-    region, never a pass over the disk; blocks not listed count as cold.
-    """
-    spans = [r for r in regions if r.length > 0]
-    bounds = np.searchsorted(active.blocks, [[r.start // block_size, -(-r.end // block_size)] for r in spans])
-    return [Region(r.start, r.length, float(active.heat[lo:hi].sum(dtype=np.float64)))
-            for r, (lo, hi) in zip(spans, bounds.reshape(-1, 2).tolist())]

@@ -16,10 +16,13 @@ from numpy.typing import NDArray
 
 from .accesses import BlockTrace
 
-__all__ = ["HORIZON", "Loads", "read_within"]
+__all__ = ["HORIZON", "WASTE_HORIZON", "Loads", "read_within"]
 
 HORIZON = 120.0
 """Seconds of trace time after a load in which a guest read of the unit counts as its use."""
+WASTE_HORIZON = 300.0
+"""Seconds after a load the guest must read the unit in for the load not to count as waste
+(``loaded_unread_bytes``: a warm start's bet is on the first minutes)."""
 
 
 def read_within(bt: BlockTrace, times: NDArray[np.float64], units: NDArray[np.int64],

@@ -22,7 +22,9 @@ pin every region it plans:
   kernel cannot count reads: residency, the dirty bitmap and read
   evidence of pinned blocks;
 - ``warm``: ``vmcache`` restarted with the hot set a first run of the same
-  trace saved at its end (a VM's second boot).
+  trace saved at its end (a VM's second boot);
+- ``snapshot``, ``most-read``: ``vmcache`` restarted on a cache another
+  restore read back (:mod:`vmcache.replay.restore`), to measure ``warm`` by.
 
 Newly pinned units leave the rest or, when not resident, are loaded
 (``prefetched``, not misses: the agent loads them off the guest's I/O
@@ -43,21 +45,25 @@ from ..model.blocks import blocks_of
 from ..model.cycle import Cycle
 from ..model.params import ModelParams
 from ..model.region import Region
-from ..model.warm import WarmStart, heat_of
-from . import sampling
+from ..model.saveset import saved_regions
+from ..model.warm import WarmStart
+from . import restore, sampling
 from .accesses import BlockTrace, cycle_ends, to_blocks
 from .baselines import BASELINES, Rest, rest_cache
-from .loads import Loads
+from .loads import WASTE_HORIZON, Loads
 from .measures import PolicyResult, loads_extra, measure
 from .trace import Trace
 
-__all__ = ["POLICIES", "ARMS", "WARM", "RESTS", "Memory", "VmcacheRun", "saved_hotset", "vmcache", "replay"]
+__all__ = ["POLICIES", "ARMS", "WARM", "WARM_HEAT", "RESTS", "Memory", "VmcacheRun", "saved_hotset", "vmcache",
+           "replay"]
 
 POLICIES = ("vmcache", "inferred", "lru", "linux", "belady")
 """The default policies: both vmcache arms, the host's baselines and the bound."""
 WARM = "warm"
+WARM_HEAT = "warm-heat"
+"""``warm`` with the saved set restored in heat order, as a set saved without its first-read order."""
 """vmcache warm-started from the hot set a previous replay of the trace saved (not in the defaults)."""
-ARMS = ("vmcache", "inferred", WARM)
+ARMS = ("vmcache", "inferred", WARM, WARM_HEAT, *restore.RESTORES)
 RESTS = ("linux", "lru")
 
 
@@ -111,16 +117,21 @@ class VmcacheRun:
     pinned_blocks_mean: float = 0.0
     pinned_blocks_max: int = 0
     hot: list[Region] = field(default_factory=list)
-    """The regions held at the end, priority = their heat (what a saved hot set keeps)."""
+    """What the disk saves at the end (vmcache.model.saveset), priority = their heat."""
+    first: tuple[int, ...] = ()
+    """Per region of ``hot``, the cycle in which the guest first read it (from 1; 0: not read)."""
+    resident: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    """The units cached at the end, pinned or not."""
 
 
-def saved_hotset(run: VmcacheRun, params: ModelParams, size_bytes: int) -> WarmStart:
-    """The hot set a replay ended with, through the record the agent saves (top regions, heat to 1/256)."""
+def saved_hotset(run: VmcacheRun, params: ModelParams, size_bytes: int, *, ordered: bool = True) -> WarmStart:
+    """The hot set a replay ended with, through the record the agent saves (top regions, heat to 1/256,
+    first-read cycles); ``ordered`` False: restored in heat order, as a set saved without an order."""
     from ..settings.hotset import DiskHotSet, HotSet, build_hotset, parse_hotset
 
-    record = DiskHotSet("vda", "/replay", size_bytes, None, params.block_size, tuple(run.hot))
+    record = DiskHotSet("vda", "/replay", size_bytes, None, params.block_size, tuple(run.hot), run.first)
     (disk,) = parse_hotset(build_hotset(HotSet(saved=0, disks=(record,)))).disks
-    return WarmStart(((r, disk.mean_heat(r)) for r in disk.regions), params)
+    return WarmStart(((r, disk.mean_heat(r)) for r in disk.regions), params, disk.order() if ordered else None)
 
 
 def _check_fits(bt: BlockTrace, capacity: int, params: ModelParams, pin_budget: int) -> None:
@@ -154,23 +165,21 @@ def step_inputs(bt: BlockTrace, begin: int, end: int, hit: NDArray[np.bool_], pi
 def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: int,
             size_bytes: int | None = None, warm: WarmStart | None = None, prefetch_rate: int | None = None,
             warm_rate: int | None = None, rest: str = "linux", exact: bool = True, fill: bool = True,
+            preload: NDArray[np.int64] | None = None,
             on_cycle: Callable[[float, NDArray[np.int64]], None] | None = None) -> VmcacheRun:
     """Hit or miss per access for vmcache's pins over the ``rest`` policy, ``capacity`` units in all.
 
-    ``params``: the model parameters (its ``block_size`` a multiple of the
-    trace's unit: the model sees the resident share of each of its blocks;
-    its ``interval`` the re-planning period in trace seconds);
-    ``pin_budget``: bytes the cycle may pin, at most ``capacity`` units;
-    ``warm``: a saved hot set to start from - as the agent does, a first
-    cycle at the start of the trace seeds the heat and pins (its loads
-    count as prefetched); ``prefetch_rate``, ``warm_rate``: the cycle's
-    token bucket (bytes per trace second, None: no limit); ``rest``:
-    ``linux`` or ``lru``; ``exact``: give the cycle the reads counted
-    exactly (else it infers them); ``fill`` False: pins take only resident
-    units and load nothing but a saved hot set (:meth:`Memory.pin`);
-    ``on_cycle``: called after each cycle
-    with its trace time and the model blocks it pinned (sorted). Raises
-    ValueError when they do not fit.
+    ``params``: the model parameters (its ``block_size`` a multiple of the trace's unit: the model sees
+    the resident share of each of its blocks; its ``interval`` the re-planning period in trace seconds);
+    ``pin_budget``: bytes the cycle may pin, at most ``capacity`` units; ``warm``: a saved hot set to start
+    from - as the agent does, a first cycle at the start of the trace seeds the heat and pins (its loads
+    count as prefetched); ``prefetch_rate``, ``warm_rate``: the cycle's token bucket (bytes per trace
+    second, None: no limit); ``rest``: ``linux`` or ``lru``; ``exact``: give the cycle the reads counted
+    exactly (else it infers them); ``fill`` False: pins take only resident units and load nothing but a
+    saved hot set (:meth:`Memory.pin`); ``preload``: units read into the cache before the first access
+    (their loads count at the trace's start; :func:`~vmcache.replay.restore.preload`); ``on_cycle``: called
+    after each cycle with its trace time and the model blocks it pinned (sorted). Raises ValueError when
+    they do not fit.
     """
     bs, mbs = bt.block_size, params.block_size
     _check_fits(bt, capacity, params, pin_budget)
@@ -189,6 +198,8 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
     block, write = bt.block.tolist(), bt.write.tolist()
     t0 = float(bt.time[0])
     bounds = cycle_ends(bt, params.interval)
+    if preload is not None:
+        run.loads.add(t0, restore.preload(memory.rest, preload))
     pinned_total = begin = 0
     for k in range(-1 if warm is not None else 0, len(bounds)):
         end = bounds[k] if k >= 0 else 0
@@ -205,35 +216,56 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
             on_cycle(now, pinned)
         pinned_total += len(memory.pinned)
         run.pinned_blocks_max = max(run.pinned_blocks_max, len(memory.pinned))
-    run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
-    run.hot = heat_of(current, cycle.model.active, mbs)
     run.cycles = len(bounds)
     run.pinned_blocks_mean = pinned_total / (len(bounds) + (warm is not None))  # the warm start's first cycle too
+    return _ended(run, hits, cycle, memory, budget=pin_budget, size=size)
+
+
+def _ended(run: VmcacheRun, hits: bytearray, cycle: Cycle, memory: Memory, *, budget: int, size: int) -> VmcacheRun:
+    """``run`` with what the end of the trace leaves: the hits, the set the disk saves, the cache's units."""
+    run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
+    run.hot = saved_regions(cycle.tally.counts, cycle.model.active, cycle.params, budget=budget, size_bytes=size)
+    run.first = cycle.tally.first_cycles(run.hot, cycle.params)
+    run.resident = np.fromiter(memory.resident(), dtype=np.int64)
     return run
 
 
 def _arm_results(names: list[str], bt: BlockTrace, budget: int, capacity: int, pin_budget: int,
                  p: ModelParams, *, size_bytes: int | None, size: int, head: float | None, **options: Any
                  ) -> dict[str, PolicyResult]:
-    """The vmcache arms at one budget; ``warm`` restarts from the hot set the ``vmcache`` run saved."""
+    """The vmcache arms at one budget; ``warm`` and the restores start from the run of ``vmcache``."""
     runs: dict[str, VmcacheRun] = {}
+
+    def first() -> VmcacheRun:
+        if "vmcache" not in runs:
+            runs["vmcache"] = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes,
+                                      **_cold(options))
+        return runs["vmcache"]
+
     out = {}
     for name in names:
         extra: dict[str, Any] = {}
-        if name == WARM:
-            cold = runs.get("vmcache") or vmcache(bt, capacity, params=p, pin_budget=pin_budget,
-                                                  size_bytes=size_bytes, **_cold(options))
-            warm = saved_hotset(cold, p, size)
+        if name in (WARM, WARM_HEAT):
+            warm = saved_hotset(first(), p, size, ordered=name == WARM)
             run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm, **options)
             extra = {"warm_saved_blocks": warm.total_bytes // p.block_size,
                      "warm_restored_blocks": warm.restored_bytes // p.block_size}
+        elif name in restore.RESTORES:
+            units = restore.restored_units(name, bt, capacity, first().resident)
+            run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, preload=units,
+                          **_cold(options))
+            extra = {"restored_units": int(units.size)}
+        elif name == "vmcache":
+            run = first()
         else:
-            arm = {**_cold(options), "exact": name == "vmcache"}
-            run = runs[name] = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, **arm)
+            run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, exact=False,
+                          **_cold(options))
         out[name] = measure(name, budget, bt, run.hits, head=head, cycles=run.cycles, prefetched_blocks=len(run.loads),
                             pinned_blocks_mean=round(run.pinned_blocks_mean, 1),
                             pinned_blocks_max=run.pinned_blocks_max,
-                            **loads_extra(run.loads.used(bt), bt.requests()), **extra)
+                            **loads_extra(run.loads.used(bt), bt.requests()),
+                            loaded_unread_bytes=int((~run.loads.used(bt, WASTE_HORIZON)).sum()) * bt.block_size,
+                            **extra)
     return out
 
 

@@ -39,7 +39,8 @@ from ..model.reads import GuestReads
 from ..model.region import Region
 from ..model.share import Curve, demand_of
 from ..model.stats import CycleStats
-from ..model.warm import WarmStart, heat_of
+from ..model.saveset import saved_regions
+from ..model.warm import WarmStart
 from .enginepolicy import EnginePolicy
 from .warmbudget import WarmBudget
 
@@ -138,8 +139,16 @@ class DiskEngine:
         return self._cycle.model.heat
 
     def hot_regions(self) -> list[Region]:
-        """The regions held now, priority = their heat summed over their blocks (what a hot set saves)."""
-        return heat_of(self._pinner.pinned, self._cycle.model.active, self.params.block_size)
+        """What a hot set saves: the blocks the guest read most, up to the budget (vmcache.model.saveset);
+        empty before the first cycle."""
+        if self.residency is None:
+            return []
+        return saved_regions(self._cycle.tally.counts, self._cycle.model.active, self.params, budget=self.budget,
+                             size_bytes=self.residency.size_bytes)
+
+    def first_reads(self, regions: Sequence[Region]) -> tuple[int, ...]:
+        """Per region, the cycle since this start in which the guest first read it (from 1; 0: not read)."""
+        return self._cycle.tally.first_cycles(regions, self.params)
 
     def demand(self, budget: int) -> Curve:
         """This disk's demand curve after its last cycle: its plan at ``budget`` (the full one, not the grant).

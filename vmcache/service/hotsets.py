@@ -3,14 +3,15 @@
 :class:`HotSetKeeper` reads the domain's saved hot set when the agent
 starts (a set that cannot be read is logged in one line and ignored: a
 cold start), hands each disk the record saved for it when it matches the
-image (vmcache.settings.hotset.mismatch), and writes the set of regions
-every disk holds back into the domain's XML every ``hotset_interval``
+image (vmcache.settings.hotset.mismatch), and writes the set each disk
+saves - the blocks the guest read most, up to its budget
+(vmcache.model.saveset), not its pins - into the domain's XML every ``hotset_interval``
 and when the agent stops: the live definition while the domain runs, and
 the persistent one of a persistent domain (so a stop/start and a host
 reboot find it too) - and into the host's copy (vmcache.host.hotstore,
 keyed by the domain's uuid), which outlives a fleet manager's fresh
 definition of the domain. Between those saves the live definition's set
-follows the pins cycle by cycle (:meth:`HotSetKeeper.follow`: written when
+follows the disks' sets cycle by cycle (:meth:`HotSetKeeper.follow`: written when
 its regions changed), because the live XML is what a live migration, ``virsh
 save`` and managedsave carry: the set that arrives is at most a cycle old,
 not ``hotset_interval``. At start the newest valid set of the three
@@ -18,7 +19,7 @@ wins. A disk still warming keeps the record it started
 from, so an agent restarted in the middle of a warm start loses nothing;
 a disk backing off (free-memory floor, memory pressure: it holds less than
 it planned) keeps the record it had, so a host shutting down under
-pressure does not save a shrunken set.
+pressure does not save a set shrunk with its budget.
 
 Saving never fails the agent: libvirt errors are logged and retried at
 the next save. Nothing is saved once vmcache no longer manages the domain
@@ -183,7 +184,7 @@ class HotSetKeeper:
         if reason is not None:
             self._log.warning(event("hotset.ignored", disk=disk.target, reason=reason))
             return
-        engine.warm = WarmStart(((r, record.mean_heat(r)) for r in record.regions), engine.params)
+        engine.warm = WarmStart(((r, record.mean_heat(r)) for r in record.regions), engine.params, record.order())
         self._warming[disk.target] = record
         self._kept[disk.target] = record
         self._log.info(event("hotset.warming", disk=disk.target, regions=len(record.regions), bytes=record.bytes))
@@ -229,7 +230,7 @@ class HotSetKeeper:
 
     def save(self, disks: Iterable[ManagedDisk], *, live: bool,
              managed: Callable[[DomainSettings | None], bool] = _by_metadata) -> bool:
-        """Write the regions every disk holds: into the live definition if ``live``, the persistent one if
+        """Write the set every disk saves: into the live definition if ``live``, the persistent one if
         the domain is, and the host's copy.
 
         With nothing held the element (and the host's copy) is removed.
@@ -333,7 +334,8 @@ class HotSetKeeper:
             except (OSError, VmcacheError) as err:
                 self._log.warning(event("hotset.disk_not_saved", disk=disk.target, error=err))
                 continue
-            record = DiskHotSet(disk.target, disk.image, size, ident, engine.params.block_size, tuple(regions))
+            record = DiskHotSet(disk.target, disk.image, size, ident, engine.params.block_size, tuple(regions),
+                                engine.first_reads(regions))
             self._kept[disk.target] = record
             yield record
 

@@ -6,7 +6,7 @@ own XML, so that libvirt carries them through a stop/start, a host reboot,
 agent warms the disk from them (docs/metadata.md, "The saved hot set")::
 
     <metadata>
-      <vmcachehot:hotset xmlns:vmcachehot="urn:x-vmcache:hotset:1" version="1" saved="1795430400">
+      <vmcachehot:hotset xmlns:vmcachehot="urn:x-vmcache:hotset:1" version="2" saved="1795430400">
         <vmcachehot:disk dev="vda" image="/var/lib/libvirt/images/web-1.img" size="21474836480"
                          id="3f0c..." block="1048576" regions="412" bytes="1073741824">BASE64</vmcachehot:disk>
       </vmcachehot:hotset>
@@ -18,9 +18,13 @@ operator's ``<vmcache:cache>`` element (and its metadata-change event can
 be told apart).
 
 The regions of a disk are the text of its element: base64 of unsigned
-LEB128 varints, three per region sorted by offset - blocks since the end of
-the previous region, length in blocks, mean heat in 1/256 - about 4-5
-bytes a region (1024 regions of a 1 TiB disk: ~6 KB of text). A record
+LEB128 varints, four per region sorted by offset - blocks since the end of
+the previous region, length in blocks, mean heat in 1/256, and the cycle
+after the last start in which the guest first read the region (from 1; 0:
+not read since), the order a warm start restores them in - about 5-6
+bytes a region (1024 regions of a 1 TiB disk: ~7 KB of text). Version 1,
+written before the order was kept, has three per region and is still
+read: its regions are restored by heat. A record
 keeps at most :data:`MAX_REGIONS` regions per disk, the highest priority
 ones. ``image``, ``size`` and ``id`` (an identity kept with the image file,
 vmcache.host.imageid) tie a record to the image it describes: a record
@@ -50,6 +54,7 @@ __all__ = [
     "HOTSET_PREFIX",
     "HOTSET_ELEMENT",
     "VERSION",
+    "READS",
     "MAX_REGIONS",
     "MAX_DISKS",
     "MAX_TEXT",
@@ -68,7 +73,9 @@ HOTSET_NAMESPACE = "urn:x-vmcache:hotset:1"
 HOTSET_PREFIX = "vmcachehot"
 """Prefix libvirt writes the element with (virDomainSetMetadata ``key``)."""
 HOTSET_ELEMENT = "hotset"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+"""The versions :func:`parse_hotset` reads (1: no first-read order)."""
 MAX_REGIONS = 1024
 """Most regions one disk's record keeps (the highest priority ones)."""
 MAX_DISKS = 64
@@ -79,6 +86,7 @@ MAX_TEXT = 64 * 1024
 _NS = "{" + HOTSET_NAMESPACE + "}"
 _HEAT_SCALE = 256
 _MAX_HEAT_Q = 1 << 20
+_MAX_CYCLE = 1 << 32
 _DEV_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _ID_RE = re.compile(r"^[0-9a-f]{8,64}$")
 _MAX_PATH = 4096
@@ -90,9 +98,11 @@ class DiskHotSet:
 
     ``regions``: byte ranges of the image file, highest priority first;
     ``priority`` is the region's heat summed over its blocks (as the planner
-    counts it), so ``priority / blocks`` is its mean heat. ``image_id``:
-    the identity kept with the image file (None where the file system keeps
-    none).
+    counts it), so ``priority / blocks`` is its mean heat. ``first``: per
+    region (the same index), the cycle after the last start in which the
+    guest first read it, from 1 (0: not read since); empty where the
+    record keeps no order (version 1, or none of its regions read since). ``image_id``: the identity kept with
+    the image file (None where the file system keeps none).
     """
 
     dev: str
@@ -101,6 +111,11 @@ class DiskHotSet:
     image_id: str | None
     block_size: int
     regions: tuple[Region, ...]
+    first: tuple[int, ...] = ()
+
+    def order(self) -> dict[tuple[int, int], int]:
+        """Each region's span and its first-read cycle (empty without an order)."""
+        return {r.span: f for r, f in zip(self.regions, self.first)}
 
     @property
     def bytes(self) -> int:
@@ -190,28 +205,31 @@ def _encode(record: DiskHotSet) -> str:
     bs = record.block_size
     values: list[int] = []
     end = 0
-    for region in sorted(record.regions, key=lambda r: r.start):
+    firsts = record.first or (0,) * len(record.regions)
+    for region, read in sorted(zip(record.regions, firsts), key=lambda pair: pair[0].start):
         first, blocks = region.start // bs, -(-region.length // bs)
         heat = record.mean_heat(region)
-        values += (first - end, blocks, min(_MAX_HEAT_Q, max(0, round(heat * _HEAT_SCALE))))
+        values += (first - end, blocks, min(_MAX_HEAT_Q, max(0, round(heat * _HEAT_SCALE))), min(_MAX_CYCLE, read))
         end = first + blocks
     return base64.b64encode(_varints(values)).decode("ascii")
 
 
-def _decode(text: str, *, block_size: int, size: int, what: str) -> tuple[Region, ...]:
+def _decode(text: str, *, block_size: int, size: int, what: str,
+            per: int = 4) -> tuple[tuple[Region, ...], tuple[int, ...]]:
     try:
         data = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError) as err:
         raise ConfigError(what, text[:40], f"regions are not base64: {err}") from None
     values = _unvarints(data, what)
-    if len(values) % 3:
-        raise ConfigError(what, len(values), "regions are not triples of numbers")
-    if len(values) // 3 > MAX_REGIONS:
-        raise ConfigError(what, len(values) // 3, f"more than {MAX_REGIONS} regions")
+    if len(values) % per:
+        raise ConfigError(what, len(values), f"regions are not groups of {per} numbers")
+    if len(values) // per > MAX_REGIONS:
+        raise ConfigError(what, len(values) // per, f"more than {MAX_REGIONS} regions")
     file_end = -(-size // PAGE_SIZE) * PAGE_SIZE
-    regions: list[Region] = []
+    found: list[tuple[Region, int]] = []
     end = 0
-    for gap, blocks, heat_q in zip(values[0::3], values[1::3], values[2::3]):
+    for i in range(0, len(values), per):
+        gap, blocks, heat_q = values[i : i + 3]
         first = end + gap
         end = first + blocks
         start = first * block_size
@@ -219,9 +237,10 @@ def _decode(text: str, *, block_size: int, size: int, what: str) -> tuple[Region
             raise ConfigError(what, start, "a region is empty or starts past the end of the image")
         length = min(end * block_size, file_end) - start
         heat = heat_q / _HEAT_SCALE
-        regions.append(Region(start, length, heat * -(-length // block_size)))
-    regions.sort(key=lambda r: (-r.priority, r.start))
-    return tuple(regions)
+        found.append((Region(start, length, heat * -(-length // block_size)), values[i + 3] if per > 3 else 0))
+    found.sort(key=lambda pair: (-pair[0].priority, pair[0].start))
+    cycles = tuple(f for _, f in found)
+    return tuple(r for r, _ in found), (cycles if any(cycles) else ())  # none read since the start: no order
 
 
 def top_regions(regions: list[Region] | tuple[Region, ...], limit: int = MAX_REGIONS) -> tuple[Region, ...]:
@@ -229,20 +248,29 @@ def top_regions(regions: list[Region] | tuple[Region, ...], limit: int = MAX_REG
     return tuple(sorted(regions, key=lambda r: (-r.priority, r.start))[:limit])
 
 
+def _kept(record: DiskHotSet) -> DiskHotSet:
+    """``record`` cut to its :data:`MAX_REGIONS` highest-priority regions, their first-read cycles with them."""
+    order = record.order()
+    regions = top_regions(record.regions)
+    return DiskHotSet(record.dev, record.image, record.size, record.image_id, record.block_size, regions,
+                      tuple(order.get(r.span, 0) for r in regions) if record.first else ())
+
+
 def build_hotset(hotset: HotSet) -> str:
     """The element for virDomainSetMetadata(uri=HOTSET_NAMESPACE, key=HOTSET_PREFIX).
 
-    Written without a namespace (libvirt adds it). A disk's regions are cut
-    to the :data:`MAX_REGIONS` highest priority ones; ``parse_hotset`` of
-    the result gives the same regions, heat rounded to 1/256. Raises
+    Written without a namespace (libvirt adds it), :data:`VERSION` 2. A
+    disk's regions are cut to the :data:`MAX_REGIONS` highest priority
+    ones; ``parse_hotset`` of the result gives the same regions, heat
+    rounded to 1/256, with their first-read cycles (0 where the record
+    kept none). Raises
     ConfigError for more than :data:`MAX_DISKS` disks.
     """
     if len(hotset.disks) > MAX_DISKS:
         raise ConfigError("hotset disks", len(hotset.disks), f"more than {MAX_DISKS}")
     root = Element(HOTSET_ELEMENT, {"version": str(VERSION), "saved": str(int(hotset.saved))})
     for record in hotset.disks:
-        kept = DiskHotSet(record.dev, record.image, record.size, record.image_id, record.block_size,
-                          top_regions(record.regions))
+        kept = _kept(record)
         attrs = {"dev": kept.dev, "image": kept.image, "size": str(kept.size)}
         if kept.image_id is not None:
             attrs["id"] = kept.image_id
@@ -263,7 +291,7 @@ def _int(element: Element, name: str, what: str, *, low: int = 0, high: int = 1 
     return int(text)
 
 
-def _disk(element: Element, index: int) -> DiskHotSet:
+def _disk(element: Element, index: int, version: int) -> DiskHotSet:
     what = f"hotset disk[{index}]"
     known_attrs(element, ("dev", "image", "size", "id", "block", "regions", "bytes"), what)
     dev = element.get("dev") or ""
@@ -279,15 +307,17 @@ def _disk(element: Element, index: int) -> DiskHotSet:
     block = _int(element, "block", what, low=PAGE_SIZE, high=MAX_BLOCK_SIZE)
     if block % PAGE_SIZE:
         raise ConfigError(f"{what} block", block, f"must be a multiple of {PAGE_SIZE}")
-    regions = _decode(element.text or "", block_size=block, size=size, what=f"{what} ({dev})")
-    return DiskHotSet(dev, image, size, image_id, block, regions)
+    regions, first = _decode(element.text or "", block_size=block, size=size, what=f"{what} ({dev})",
+                             per=3 if version == 1 else 4)
+    return DiskHotSet(dev, image, size, image_id, block, regions, first)
 
 
 def _parse(root: Element, ns: str) -> HotSet:
     known_attrs(root, ("version", "saved"), "hotset")
     version = root.get("version")
-    if version != str(VERSION):
-        raise ConfigError("hotset version", version, f"not a version this vmcache reads ({VERSION})")
+    if version not in [str(v) for v in READS]:
+        raise ConfigError("hotset version", version,
+                          f"not a version this vmcache reads ({', '.join(str(v) for v in READS)})")
     saved = _int(root, "saved", "hotset")
     disks: list[DiskHotSet] = []
     for child in root:
@@ -297,7 +327,7 @@ def _parse(root: Element, ns: str) -> HotSet:
             raise ConfigError("hotset", child.tag.replace(_NS, HOTSET_PREFIX + ":"), "unknown element (use disk)")
         if len(disks) == MAX_DISKS:
             raise ConfigError("hotset disks", len(disks) + 1, f"more than {MAX_DISKS}")
-        disks.append(_disk(child, len(disks)))
+        disks.append(_disk(child, len(disks), int(version)))
     devs = [d.dev for d in disks]
     for dev in devs:
         if devs.count(dev) > 1:

@@ -1,0 +1,113 @@
+"""What a disk saves: the blocks the guest read most, up to the budget (vmcache.model.saveset)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from vmcache.model.blocks import BlockValues
+from vmcache.model.cycle import Cycle
+from vmcache.model.heat import ActiveHeat
+from vmcache.model.params import ModelParams
+from vmcache.model.reads import GuestReads
+from vmcache.model.saveset import ReadTally, saved_regions
+
+MiB = 1 << 20
+P = replace(ModelParams(), block_size=MiB)
+NO_HEAT = ActiveHeat(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32))
+
+
+def _counts(pairs: dict[int, float]) -> BlockValues:
+    blocks = sorted(pairs)
+    return BlockValues(np.array(blocks, np.int64), np.array([pairs[b] for b in blocks], np.float32))
+
+
+def _heat(pairs: dict[int, float], own: dict[int, float] | None = None) -> ActiveHeat:
+    blocks = sorted(pairs)
+    own = own if own is not None else pairs
+    return ActiveHeat(np.array(blocks, np.int64), np.array([pairs[b] for b in blocks], np.float32),
+                      np.array([own.get(b, 0.0) for b in blocks], np.float32))
+
+
+def test_the_tally_sums_pages_and_halves_them_every_half_life() -> None:
+    tally = ReadTally(half_life=100.0)
+    tally.add(_counts({3: 10.0, 7: 4.0}), 0.0)
+    tally.add(_counts({7: 4.0}), 100.0)
+    counts = tally.counts
+    assert counts.index.tolist() == [3, 7]
+    assert counts.value.tolist() == pytest.approx([5.0, 6.0])
+    tally.add(BlockValues.empty(), 50.0)  # a step back in time changes nothing
+    assert tally.counts.value.tolist() == pytest.approx([5.0, 6.0])
+
+
+def test_the_tally_keeps_the_most_read_blocks_when_it_grows_past_twice_its_bound() -> None:
+    tally = ReadTally(keep=2)
+    tally.add(_counts({1: 5.0, 2: 1.0, 3: 4.0, 4: 3.0}), 0.0)
+    assert tally.counts.index.tolist() == [1, 2, 3, 4]  # four: not more than twice the bound
+    tally.add(_counts({9: 2.0}), 0.0)
+    assert tally.counts.index.tolist() == [1, 3]
+    tally.resize(2)
+    assert tally.counts.index.tolist() == [1]
+
+
+def test_the_most_read_blocks_are_saved_whatever_their_heat_and_priority_is_at_least_the_threshold() -> None:
+    # blocks 10-11 read most, long ago (no heat left); 40 read less but hot now; the budget holds three
+    counts = _counts({10: 50.0, 11: 40.0, 40: 5.0, 70: 1.0})
+    regions = saved_regions(counts, _heat({40: 0.9}), P, budget=3 * MiB, size_bytes=100 * MiB)
+    assert sorted(r.span for r in regions) == [(10 * MiB, 2 * MiB), (40 * MiB, MiB)]
+    prio = {r.start // MiB: r.priority for r in regions}
+    assert prio[10] == pytest.approx(2 * P.threshold)  # no heat: the threshold, so a warm start holds it
+    assert prio[40] == pytest.approx(0.9)
+
+
+def test_blocks_not_read_are_ranked_after_the_read_ones_by_their_own_heat() -> None:
+    # the guest wrote 60-61 (own heat from the writes it reads back) but read only 20
+    heat = _heat({20: 0.3, 59: 0.2, 60: 0.8, 61: 0.6, 62: 0.2}, own={20: 0.3, 60: 0.8, 61: 0.6})
+    regions = saved_regions(_counts({20: 3.0}), heat, P, budget=2 * MiB, size_bytes=100 * MiB)
+    assert sorted(r.span for r in regions) == [(20 * MiB, MiB), (60 * MiB, MiB)]
+    # blocks the Gaussian only warmed (59, 62: no own heat) are no candidates
+    regions = saved_regions(BlockValues.empty(), heat, P, budget=10 * MiB, size_bytes=100 * MiB)
+    assert sorted(r.span for r in regions) == [(20 * MiB, MiB), (60 * MiB, 2 * MiB)]
+
+
+def test_gaps_a_warm_start_would_merge_are_counted_against_the_budget() -> None:
+    # 0 and 3 are merge_gap (4) apart or less: one region of 4 blocks if both are taken
+    counts = _counts({0: 9.0, 3: 8.0, 50: 7.0})
+    regions = saved_regions(counts, NO_HEAT, P, budget=4 * MiB, size_bytes=100 * MiB)
+    assert [r.span for r in regions] == [(0, 4 * MiB)]
+    regions = saved_regions(counts, NO_HEAT, P, budget=3 * MiB, size_bytes=100 * MiB)
+    assert [r.span for r in regions] == [(0, MiB)]  # 3 ranks before 50 and does not fit beside 0: the head only
+    assert sum(r.length for r in saved_regions(counts, NO_HEAT, P, budget=5 * MiB, size_bytes=100 * MiB)) == 5 * MiB
+
+
+def test_at_most_max_regions_regions_the_smallest_gaps_closed() -> None:
+    p = replace(P, max_regions=2)
+    counts = _counts({0: 5.0, 10: 5.0, 12 + 8: 5.0, 40: 5.0})  # gaps 9, 9, 19 blocks
+    regions = saved_regions(counts, NO_HEAT, p, budget=100 * MiB, size_bytes=100 * MiB)
+    assert sorted(r.span for r in regions) == [(0, 21 * MiB), (40 * MiB, MiB)]
+    assert len(saved_regions(counts, NO_HEAT, p, budget=3 * MiB, size_bytes=100 * MiB)) <= 2
+
+
+def test_the_last_block_ends_at_the_file_and_nothing_past_it_is_saved() -> None:
+    counts = _counts({98: 2.0, 99: 2.0, 150: 9.0})
+    regions = saved_regions(counts, NO_HEAT, P, budget=10 * MiB, size_bytes=99 * MiB + 4096)
+    assert [r.span for r in regions] == [(98 * MiB, MiB + 4096)]
+    assert saved_regions(counts, NO_HEAT, P, budget=MiB - 1, size_bytes=100 * MiB) == []
+    assert saved_regions(BlockValues.empty(), NO_HEAT, P, budget=MiB, size_bytes=100 * MiB) == []
+    with pytest.raises(ValueError):
+        saved_regions(counts, NO_HEAT, P, budget=-1, size_bytes=100 * MiB)
+
+
+def test_a_cycle_tallies_the_reads_it_counts() -> None:
+    n = 100
+    cycle = Cycle(P, n)
+    none = BlockValues.empty()
+    cycle.step(none, none, [], size_bytes=n * MiB, budget=8 * MiB, now=10.0,
+               reads=GuestReads(_counts({5: 8.0}), none))
+    cycle.step(none, none, [], size_bytes=n * MiB, budget=8 * MiB, now=20.0,
+               reads=GuestReads(_counts({6: 2.0}), none))
+    cycle.step(none, none, [], size_bytes=n * MiB, budget=8 * MiB, now=30.0)  # nothing counted: nothing added
+    assert cycle.tally.counts.index.tolist() == [5, 6]
+    assert cycle.tally.counts.value.tolist() == pytest.approx([8.0, 2.0], rel=1e-3)
