@@ -297,6 +297,21 @@ def test_a_domain_opted_in_only_by_a_host_rule_moves_the_same_way(sides: tuple[S
 LONG = 35.0  # seconds of incoming migration: more than libvirt's 30 s wait for a domain's job
 
 
+def slow_migration(a: Side, b: Side, name: str) -> tuple[threading.Thread, list[BaseException]]:
+    """``name`` migrating from A to B at 1 MiB/s in a thread (started): the thread, and the error it met."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            migrate(a, b, name, "--bandwidth 1", timeout=600)
+        except BaseException as err:  # noqa: BLE001 - reported through ``errors``
+            errors.append(err)
+
+    mover = threading.Thread(target=run)
+    mover.start()
+    return mover, errors
+
+
 def test_a_long_incoming_migration_is_waited_for_then_the_set_is_locked(sides: tuple[Side, Side]) -> None:
     """A migration whose incoming phase lasts longer than libvirt lets a command wait for the domain's job
     (30 s): B's agent neither times out nor pins while the domain is still coming in (pages read then may
@@ -305,16 +320,7 @@ def test_a_long_incoming_migration_is_waited_for_then_the_set_is_locked(sides: t
     a, b = sides
     name = PREFIX + "long"
     _dom_a, uuid, carried = start_opted_in(a, name)
-    errors: list[BaseException] = []
-
-    def slow_migration() -> None:
-        try:
-            migrate(a, b, name, "--bandwidth 1", timeout=600)
-        except BaseException as err:  # noqa: BLE001 - reported by the test's thread
-            errors.append(err)
-
-    mover = threading.Thread(target=slow_migration)
-    mover.start()
+    mover, errors = slow_migration(a, b, name)
     try:
         agent_started = wait_for(lambda: b.host.unit(unit_of(name))["ActiveState"] == "active" and time.time(),
                                  "the hook on B to start the agent as the domain comes in")
@@ -449,16 +455,7 @@ def test_a_cancelled_migration_leaves_nothing_of_the_image_mapped_on_b(sides: tu
     a, b = sides
     name = PREFIX + "cancel"
     _dom_a, uuid, _carried = start_opted_in(a, name)
-    errors: list[BaseException] = []
-
-    def slow_migration() -> None:
-        try:
-            migrate(a, b, name, "--bandwidth 1", timeout=600)
-        except BaseException as err:  # noqa: BLE001 - the cancelled migration fails: expected
-            errors.append(err)
-
-    mover = threading.Thread(target=slow_migration)
-    mover.start()
+    mover, errors = slow_migration(a, b, name)   # cancelled: it fails, as expected
     try:
         wait_for(lambda: lines(b.host, name, "agent.migration_wait"), "B's agent to wait for the incoming domain")
         assert vmcache_mappings(b.host, name) == []

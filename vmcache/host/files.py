@@ -116,7 +116,7 @@ def exclusive(path: str, what: str = "lock") -> Iterator[None]:
     waiting for it: how agents change a file they share (the ledger, the warm-up budget). Raises HostError."""
     try:
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as err:
         raise HostError(f"cannot open {what} lock: {err.strerror}", path=path, errno=err.errno) from err
     try:

@@ -26,7 +26,6 @@ exactly as long as the agent, whatever config or launcher started it.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ from typing import Any
 
 from ..errors import ConfigError, HostError, VmcacheError
 from ..host.configfile import config_identity
-from ..host.files import write_atomic
+from ..host.files import exclusive, write_atomic
 from ..host.runlock import RUN_LOCK_DIR, run_holder
 from ..host.virtdomain import active_domains
 from ..logfmt import event
@@ -148,17 +147,8 @@ def reconcile(conn: Any, config: HostConfig, launcher: Launcher, *, lock_dir: st
 @contextmanager
 def _serialized(runtime_dir: str) -> Iterator[None]:
     """One reconcile at a time on this host config's runtime dir (waits for the one running)."""
-    path = os.path.join(runtime_dir, "reconcile.lock")
-    try:
-        os.makedirs(runtime_dir, mode=0o755, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-    except OSError as err:
-        raise HostError(f"cannot open the reconcile lock: {err.strerror}", path=path, errno=err.errno) from err
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive(os.path.join(runtime_dir, "reconcile"), "reconcile"):
         yield
-    finally:
-        os.close(fd)
 
 
 def _reconciled(runtime_dir: str) -> object:
