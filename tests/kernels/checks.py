@@ -137,6 +137,19 @@ def counter(run: Run) -> str:
     return f"the agent's read signal chose {run.signal.signal!r}"
 
 
+def one_set(run: Run) -> str:
+    """A second agent joins the set the first loaded: the host's programs stay one set."""
+    before = programs_left()
+    second = ReadCounter.open(4_000_000)  # the pid of no process: it counts nothing
+    try:
+        after = programs_left()
+        assert second.signal == run.signal.signal, second.signal
+    finally:
+        second.close()
+    assert after == before, f"{before} programs before a second agent opened its counter, {after} after"
+    return f"a second agent's counter joined the {second.signal} set: {after} programs on the host, as before"
+
+
 def ten_reads(run: Run) -> str:
     assert run.reads is not None
     run.reads.take(64)
@@ -175,6 +188,26 @@ def block_device(run: Run) -> str:
         dev.close()
     assert hit2 == 512, f"the second read of {BLOCK_DEVICE} missed {512 - hit2} pages"
     return f"{BLOCK_DEVICE}: a 2 MiB pread counted {mib(read)} ({mib(hit)} hits), again {mib(again)} (all hits)"
+
+
+def many_disks(run: Run) -> str:
+    """A hundred images watched one after the other (an agent with many disks, agents starting together):
+    each watch attaches a probe for the image's page-cache key and closes it; none may be refused."""
+    images = []
+    for i in range(100):
+        images.append(WORK / f"disk{i}.raw")
+        images[-1].write_bytes(os.urandom(PAGE))
+    started = time.monotonic()
+    watched = [run.signal.watch(str(path), MiB) for path in images]
+    try:
+        assert all(w is not None for w in watched), f"{watched.count(None)} of 100 images not counted"
+        run.reader.pread(images[-1], 0, PAGE)
+        exactly(watched[-1], 1, 1)  # type: ignore[arg-type]
+    finally:
+        for w in watched:
+            if w is not None:
+                w.close()
+    return f"100 images watched in a row in {time.monotonic() - started:.1f} s, each counted"
 
 
 def tracepoint_set(run: Run) -> str:
@@ -310,7 +343,8 @@ def main() -> int:
     reader = Reader()
     run = Run(reader, ReadSignal("vmk", logger=logging.getLogger("vmk.agent"), pid_of=lambda _: reader.pid),
               random_image(WORK / "data.raw", 64 * MiB), expected)
-    checks = [counter, ten_reads, others_not_counted, block_device, *([tracepoint_set] if has_tracepoint else []),
+    checks = [counter, one_set, ten_reads, others_not_counted, block_device, many_disks,
+              *([tracepoint_set] if has_tracepoint else []),
               nothing_left, residency_scan, watch_pins, bpf_refused, psi]
     results = [check(fn.__name__.replace("_", "-"), fn, run) for fn in checks]
     reader.close()

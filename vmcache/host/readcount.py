@@ -296,15 +296,23 @@ def _find(order: tuple[type[ReadSet], ...]) -> _Found | None:
 
 
 def _complete(kind: type[ReadSet], progs: dict[int, list[int]]) -> _Found | None:
-    """The set ``kind`` of the programs ``progs`` (id -> map ids) when one is whole; else None."""
+    """The set ``kind`` of the programs ``progs`` (id -> map ids) when one is whole; else None.
+
+    A set's programs are those that share its ``vmc_qemus`` map (every program's first look-up); each
+    uses only some of the maps (the probe's entry program neither counts nor drops), so the set's maps
+    are those of all of them.
+    """
     if not progs:
         return None
-    maps = _maps_by_name(next(iter(progs.values())))
+    first = _maps_by_name(next(iter(progs.values())))
+    qemus = bpf.map_id(first["vmc_qemus"]) if "vmc_qemus" in first else None
+    _close_all(first.values())
+    members = {p: ids for p, ids in progs.items() if qemus in ids}
+    maps = _maps_by_name(sorted({i for ids in members.values() for i in ids}))
     if set(maps) < set(Maps.NAMES):
         _close_all(maps.values())
         return None
-    qemus = bpf.map_id(maps["vmc_qemus"])
-    links = _links_of({p for p, ids in progs.items() if qemus in ids})
+    links = _links_of(set(members))
     if len(links) != kind.LINKS:  # being loaded, or half gone: load a set of one's own
         _close_all([*links, *maps.values()])
         return None
