@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -71,6 +72,10 @@ def loaded() -> int:
 
 
 def main() -> int:
+    # 100 agents' counters in one process: each holds descriptors of the set's links and maps and two count
+    # maps per image (~1,100 in all), past the usual soft limit of 1,024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runtime", type=int, default=6)

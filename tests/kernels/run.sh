@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # vmcache on the kernels libvirt hosts run (make test-kernels).
 #
-#   tests/kernels/run.sh [KERNEL...]    KERNEL: host, 6.1, new (default: all three)
-#   tests/kernels/run.sh bench          bench/readcount_cost.py in the new kernel's VM (a benchmark: run
-#                                       it alone, under flock -x /run/lock/vmcache-quiet.lock)
+#   tests/kernels/run.sh [KERNEL...]    KERNEL: host, 6.1, new, newest (default: all four)
+#   tests/kernels/run.sh bench          bench/readcount_cost.py in the newest kernel's VM, where both
+#                                       counters load (a benchmark: run it alone, under
+#                                       flock -x /run/lock/vmcache-quiet.lock)
 #
 # tests/kernels/checks.py - exact read counts (ten 4 MiB preads, a block device, the agent's own loads
 # not counted, the tracepoint set where the kernel has it), the residency scan against mincore,
@@ -12,7 +13,10 @@
 #  - host: on this machine's kernel, with the checkout's .venv (a loop device for the block device);
 #  - 6.1: in a TCG VM booting Debian 12's own kernel, linux-image-cloud-amd64 of bookworm (6.1);
 #  - new: in a TCG VM booting the newest Debian cloud kernel that installs on bookworm (trixie's, else
-#    bookworm-backports': a 6.12), booted with psi=0 (RHEL 9's default) as well.
+#    bookworm-backports': a 6.12), booted with psi=0 (RHEL 9's default) as well;
+#  - newest: in a TCG VM booting trixie-backports' kernel (7.x: the first with both counters' events),
+#    which does not install on bookworm (it needs trixie's linux-base): extracted from its packages,
+#    with an initramfs of busybox and the modules a VM's root needs (tests/kernels/initramfs-init).
 #
 # The VMs' root is the clean host's cached debootstrap root (tests/host/nspawn.sh) with the new
 # kernel installed, made into an ext4 image once and cached in $VMCACHE_HOST_CACHE/kernels (read-only
@@ -32,6 +36,7 @@ VM_TIMEOUT=${VMCACHE_KERNELS_VM_TIMEOUT:-300}
 # Bump when the way the VMs' root is built changes (part of its cache key).
 KERNELS_RECIPE=1
 SUITES=(trixie bookworm-backports)
+NEWEST_SUITE=trixie-backports
 QUIET_LOCK=/run/lock/vmcache-quiet.lock
 
 RUN=
@@ -58,11 +63,14 @@ apt_scratch() {
 kernel_candidates() {
   local suite version pkg
   mkdir -p "$KCACHE/apt/lists/partial" "$KCACHE/apt/cache/archives/partial" "$KCACHE/debs"
-  for suite in "${SUITES[@]}"; do echo "deb $MIRROR $suite main"; done > "$KCACHE/apt/sources.list"
-  # Package lists younger than a day are used as they are.
-  if [ -z "$(find "$KCACHE/apt/lists" -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+  for suite in "${SUITES[@]}" "$NEWEST_SUITE"; do echo "deb $MIRROR $suite main"; done > "$KCACHE/apt/sources.new"
+  # Package lists younger than a day, of the same suites, are used as they are.
+  if ! cmp -s "$KCACHE/apt/sources.new" "$KCACHE/apt/sources.list" \
+      || [ -z "$(find "$KCACHE/apt/lists" -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+    mv "$KCACHE/apt/sources.new" "$KCACHE/apt/sources.list"
     apt_scratch apt-get update >/dev/null || say "apt-get update of ${SUITES[*]} failed: using the lists there are"
   fi
+  rm -f "$KCACHE/apt/sources.new"
   for suite in "${SUITES[@]}"; do
     version=$(apt_scratch apt-cache madison linux-image-cloud-amd64 | awk -v s="$suite" '$0 ~ s"/main" {print $3; exit}')
     [ -n "$version" ] || continue
@@ -149,6 +157,50 @@ build_base() {
   say "the VMs' root: $BASE built in $((SECONDS - started)) s: $(tr '\n' ' ' < "$BASE/kernels.txt")"
 }
 
+# NEWEST (a directory, cached): the newest suite's kernel, extracted (vmlinuz-K), and an initramfs for
+# it (initrd-K): busybox, tests/kernels/initramfs-init, and virtio_blk and overlay with what they need.
+extract_newest() {
+  local version k tmp m mod name started=$SECONDS
+  version=$(apt_scratch apt-cache madison linux-image-cloud-amd64 | awk -v s="$NEWEST_SUITE" '$0 ~ s"/main" {print $3; exit}')
+  [ -n "$version" ] || die "no linux-image-cloud-amd64 in $NEWEST_SUITE"
+  k=$(apt_scratch apt-cache show "linux-image-cloud-amd64=$version" | grep -o 'linux-image-[^ ,]*-cloud-amd64' | head -1)
+  k=${k#linux-image-}
+  NEWEST=$KCACHE/newest-$k-$( { echo "$KERNELS_RECIPE"; cat "$REPO/tests/kernels/initramfs-init" /bin/busybox; } \
+    | sha256sum | cut -c1-8)
+  if [ -f "$NEWEST/complete" ]; then say "newest: $k (cached)"; return 0; fi
+  tmp=$NEWEST.partial
+  rm -rf "$tmp"
+  mkdir -p "$tmp/debs" "$tmp/x" "$tmp/m/lib" "$tmp/initramfs"/{bin,dev,proc,root}
+  # 7.x splits the kernel (linux-binary-K) from its modules (linux-modules-K); before, linux-image-K had both
+  for m in "linux-binary-$k" "linux-modules-$k" "linux-image-$k"; do
+    (cd "$tmp/debs" && apt_scratch apt-get download "$m=$version" >/dev/null 2>&1) || true
+  done
+  for m in "$tmp"/debs/*.deb; do dpkg-deb -x "$m" "$tmp/x"; done
+  mv "$tmp/x/usr/lib/modules" "$tmp/m/lib/" 2>/dev/null || mv "$tmp/x/lib/modules" "$tmp/m/lib/"
+  [ -f "$tmp/m/lib/modules/$k/vmlinuz" ] || cp "$tmp/x/boot/vmlinuz-$k" "$tmp/m/lib/modules/$k/vmlinuz"
+  depmod -b "$tmp/m" "$k" 2>/dev/null
+  for mod in virtio_blk overlay; do
+    for m in $(modprobe -d "$tmp/m" -S "$k" --show-depends "$mod" | awk '$1 == "insmod" {print $2}'); do
+      name=$(basename "${m%.ko*}")
+      grep -qx "$name" "$tmp/initramfs/modules" 2>/dev/null && continue
+      case "$m" in
+        *.xz) xz -dc "$m" ;; *.zst) zstd -qdc "$m" ;; *) cat "$m" ;;
+      esac > "$tmp/initramfs/$name.ko"
+      echo "$name" >> "$tmp/initramfs/modules"
+    done
+  done
+  cp /bin/busybox "$tmp/initramfs/bin/busybox"
+  install -m 755 "$REPO/tests/kernels/initramfs-init" "$tmp/initramfs/init"
+  (cd "$tmp/initramfs" && find . | cpio -o -H newc --quiet) > "$tmp/initrd-$k"
+  mv "$tmp/m/lib/modules/$k/vmlinuz" "$tmp/vmlinuz-$k"
+  echo "$k $version ($NEWEST_SUITE), modules in its initramfs: $(tr '\n' ' ' < "$tmp/initramfs/modules")" > "$tmp/kernel.txt"
+  rm -rf "$tmp/debs" "$tmp/x" "$tmp/m" "$tmp/initramfs"
+  touch "$tmp/complete"
+  mv "$tmp" "$NEWEST"
+  find "$KCACHE" -maxdepth 1 -name 'newest-*' ! -name "${NEWEST##*/}" -exec rm -rf {} +  # one is kept
+  say "newest: $(cat "$NEWEST/kernel.txt"), extracted in $((SECONDS - started)) s"
+}
+
 # This run's disk: vmcache from its .deb over the VMs' root (the overlay's upper layer) and the checks.
 build_run_disk() {
   local started=$SECONDS dir=$RUN/disk merged=$RUN/disk/merged
@@ -175,15 +227,15 @@ build_run_disk() {
   say "this run's disk: $(dpkg-deb -W --showformat='${Package} ${Version}' "$RUN"/deb/vmcache_*_all.deb) in $((SECONDS - started)) s"
 }
 
-# Boot the VM of kernel VERSION (extra kernel command line after it); its console in $LOGS/VERSION.log
-# ($LOGS/bench-VERSION.log for the benchmark, which runs under the lock the caller holds).
+# Boot the VM of kernel VERSION from KERNEL and INITRD (extra kernel command line after them); its console
+# in $LOGS/VERSION.log ($LOGS/bench-VERSION.log for the benchmark, which runs under the caller's lock).
 boot() {
-  local version=$1 extra=$2 log=$LOGS/$1.log started=$SECONDS rc=0 lock=(flock -s "$QUIET_LOCK")
+  local version=$1 kernel=$2 initrd=$3 extra=$4 log=$LOGS/$1.log started=$SECONDS rc=0 lock=(flock -s "$QUIET_LOCK")
   if [[ " $extra " == *" vmk.run=bench "* ]]; then log=$LOGS/bench-$1.log lock=(); fi
   say "$version: booting in a TCG VM"
   "${lock[@]}" timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel tcg -m 2048 -smp 2 -nodefaults \
     -display none -serial "file:$log" -no-reboot -snapshot \
-    -kernel "$BASE/vmlinuz-$version" -initrd "$BASE/initrd.img-$version" \
+    -kernel "$kernel" -initrd "$initrd" \
     -append "root=/dev/vda ro console=ttyS0 panic=-1 init=/sbin/vmcache-kernels-init vmk.expect=probe $extra" \
     -drive "file=$BASE/base.img,format=raw,if=virtio,readonly=on" -drive "file=$RUN/run.img,format=raw,if=virtio" \
     -drive "file=$RUN/block.raw,format=raw,if=virtio" || rc=$?
@@ -224,7 +276,7 @@ host_checks() {
 [ "$(id -u)" = 0 ] || die "run as root (mounts, containers, BPF)"
 cd "$REPO"
 WANT=("$@")
-[ ${#WANT[@]} -gt 0 ] || WANT=(host 6.1 new)
+[ ${#WANT[@]} -gt 0 ] || WANT=(host 6.1 new newest)
 FAILED=()
 started=$SECONDS
 trap cleanup EXIT
@@ -234,22 +286,26 @@ RUN=$(mktemp -d /var/tmp/vmcache-kernels.XXXXXX)
 for want in "${WANT[@]}"; do
   case "$want" in
     host) host_checks ;;
-    6.1|new|bench) ;;
-    *) die "unknown kernel $want (host, 6.1, new, bench)" ;;
+    6.1|new|newest|bench) ;;
+    *) die "unknown kernel $want (host, 6.1, new, newest, bench)" ;;
   esac
 done
-if [[ " ${WANT[*]} " =~ " "(6\.1|new|bench)" " ]]; then
+if [[ " ${WANT[*]} " =~ " "(6\.1|new|newest|bench)" " ]]; then
   host_tools
   host_lock
   build_root
   build_base
+  if [[ " ${WANT[*]} " =~ " "(newest|bench)" " ]]; then extract_newest; fi
   build_run_disk
   exec 9>&-   # the cache is read no more: other clean-host runs may go on
   for want in "${WANT[@]}"; do
     case "$want" in
-      6.1) boot "$(awk '$1 == "6.1" {print $2}' "$BASE/kernels.txt")" "" ;;
-      new) boot "$(awk '$1 == "new" {print $2}' "$BASE/kernels.txt")" "psi=0" ;;
-      bench) boot "$(awk '$1 == "new" {print $2}' "$BASE/kernels.txt")" "vmk.run=bench" ;;
+      6.1|new)
+        k=$(awk -v w="$want" '$1 == w {print $2}' "$BASE/kernels.txt")
+        boot "$k" "$BASE/vmlinuz-$k" "$BASE/initrd.img-$k" "$([ "$want" = new ] && echo psi=0)" ;;
+      newest|bench)
+        k=$(awk '{print $1}' "$NEWEST/kernel.txt")
+        boot "$k" "$NEWEST/vmlinuz-$k" "$NEWEST/initrd-$k" "$([ "$want" = bench ] && echo vmk.run=bench)" ;;
     esac
   done
 fi
