@@ -9,7 +9,9 @@ to round (bench/order.py):
 - ``off``: no read-counting program loaded;
 - ``tracepoint``: the tracepoint set (``mm_filemap_get_pages`` and its
   companions), as 100 agents use it (100 QEMU pids and 100 images
-  registered), fio not among them: what every host read pays;
+  registered), fio not among them: what every host read pays (where an
+  agent runs already, its set is joined: ``off`` is not "no program"
+  then, and the line "programs loaded before" says so);
 - ``probe``: the same with the ``filemap_read`` probe (fentry/fexit).
 
 An arm this kernel refuses is reported as such and left out. Prints IOPS
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.order import round_order
 from vmcache.host import bpf
-from vmcache.host.readcount import ReadCounter, ReadCountError
+from vmcache.host.readcount import FileReads, ReadCounter, ReadCountError
 from vmcache.host.readsets import ORDER, ProbeSet, ReadSet, TracepointSet
 
 MiB = 1 << 20
@@ -50,20 +52,28 @@ def fio(path: str, runtime: int) -> float:
     return float(json.loads(out)["jobs"][0]["read"]["iops"])
 
 
-def attach(order: tuple[type[ReadSet], ...], images: list[str]) -> list[ReadCounter]:
-    """100 agents' worth of counters of the set ``order`` names (QEMU pids of no process). Raises
-    ReadCountError."""
-    counters: list[ReadCounter] = []
-    lock_dir = tempfile.mkdtemp(prefix="rd-cost-")
-    try:
-        for i, image in enumerate(images):
-            counters.append(ReadCounter.open(4_000_000 + i, lock_dir=lock_dir, order=order))
-            counters[-1].watch(image, MiB)
-    except BaseException:
-        for c in counters:
+class Agents:
+    """100 agents' worth of counters of the set ``order`` names (QEMU pids of no process), an image each."""
+
+    def __init__(self, order: tuple[type[ReadSet], ...], images: list[str]) -> None:
+        """Raises ReadCountError (nothing is left registered)."""
+        self.counters: list[ReadCounter] = []
+        self.watched: list[FileReads] = []
+        lock_dir = tempfile.mkdtemp(prefix="rd-cost-")
+        try:
+            for i, image in enumerate(images):
+                self.counters.append(ReadCounter.open(4_000_000 + i, lock_dir=lock_dir, order=order))
+                self.watched.append(self.counters[-1].watch(image, MiB))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Unregister every image and QEMU (from another agent's set too, where they joined one)."""
+        for w in self.watched:
+            w.close()
+        for c in self.counters:
             c.close()
-        raise
-    return counters
 
 
 def loaded() -> int:
@@ -98,7 +108,7 @@ def main() -> int:
                 if arm in refused:
                     continue
                 try:
-                    counters = attach(ARMS[arm], images) if ARMS[arm] else []
+                    agents = Agents(ARMS[arm], images) if ARMS[arm] else None
                 except ReadCountError as err:
                     refused[arm] = str(err)
                     print(f"round {rnd + 1} {arm:10s} refused: {err}", flush=True)
@@ -106,8 +116,8 @@ def main() -> int:
                 try:
                     iops = fio(args.file, args.runtime)
                 finally:
-                    for c in counters:
-                        c.close()
+                    if agents is not None:
+                        agents.close()
                 results.setdefault(arm, []).append(iops)
                 print(f"round {rnd + 1} {arm:10s} {iops:10.0f} IOPS", flush=True)
     finally:
