@@ -56,7 +56,8 @@ test-migrate: setup
 
 # The read counter and the agent's kernel fallbacks on the kernels hosts run (docs/install.md,
 # "Kernels"): tests/kernels/checks.py on this machine's kernel and in TCG VMs booting Debian 12's own
-# kernel (6.1) and the newest Debian cloud kernel that installs on bookworm, vmcache from its .deb.
+# kernel (6.1), the newest Debian cloud kernel that installs on bookworm and trixie-backports' (7.x),
+# vmcache from its .deb.
 test-kernels: setup
 	tests/kernels/run.sh
 
