@@ -186,7 +186,20 @@ def test_under_the_floor_nothing_new_and_lowest_priority_released_first(image: P
         assert report.released_for_pressure == 4 * MiB
         assert [r.span for r in pinner.pinned] == [a.span]
         assert vmlck() - base == 2 * MiB
+        assert report.under_floor
     assert vmlck() == base
+
+
+def test_under_the_floor_is_reported_even_when_the_plan_adds_nothing(image: Path) -> None:
+    """The agent's state says backing-off for as long as the host is under the floor, not only in a cycle
+    whose plan had something to add or release (the status otherwise reads 'running' under the floor)."""
+    floor = 1 * GiB
+    memory = {"available": 8 * GiB}
+    with Pinner(image, floor_bytes=floor, meminfo=lambda: fake_meminfo(memory["available"])()) as pinner:
+        assert not pinner.apply([], budget=SIZE).under_floor
+        memory["available"] = floor - 3 * MiB
+        report = pinner.apply([], budget=SIZE)
+        assert report.under_floor and not (report.skipped_for_floor or report.released_for_pressure)
 
 
 def test_a_limited_cgroup_s_room_limits_new_pins_and_releases_them_when_it_runs_out(

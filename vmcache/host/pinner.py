@@ -38,6 +38,7 @@ class _Run:
         self.removed: list[Region] = []
         self.failures: list[PinFailure] = []
         self.released_for_pressure = 0
+        self.under_floor = False
 
     def release(self, span: Span, reason: str) -> int:
         """Release pin ``span``; the bytes freed (0 when it failed: the failure is recorded)."""
@@ -149,7 +150,7 @@ class Pinner:
         wanted = pindiff.clip(regions, self._table.size())
         available, limit = self._available(recharge and self._table.apart())
         run = _Run(self._table, available)
-        pressure = run.available < self.floor_bytes
+        pressure = run.under_floor = run.available < self.floor_bytes
         stale, overlapping = pindiff.unplanned(self._table.regions(), wanted)
         for span in stale:
             run.release(span, "plan")
@@ -276,6 +277,7 @@ class Pinner:
             skipped_for_budget=todo.skipped_budget,
             skipped_for_floor=todo.skipped_floor,
             released_for_pressure=run.released_for_pressure,
+            under_floor=run.under_floor,
             failures=tuple(run.failures),
         )
         report.log(self._log)

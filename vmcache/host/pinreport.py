@@ -36,6 +36,7 @@ class PinReport:
     skipped_for_budget: int = 0
     skipped_for_floor: int = 0
     released_for_pressure: int = 0
+    under_floor: bool = False  # MemAvailable (or a cgroup's room) was under the floor: nothing new could be pinned
     failures: tuple[PinFailure, ...] = field(default=())
 
     def log(self, log: logging.Logger) -> None:

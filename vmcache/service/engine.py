@@ -262,7 +262,7 @@ class DiskEngine:
             recently_evicted_pages=res.nr_recently_evicted,
             bitmap_read=sample.status,
             mem_available_bytes=self._meminfo().available_bytes,
-            backing_off=bool(report.skipped_for_floor or report.released_for_pressure),
+            backing_off=bool(report.under_floor or report.skipped_for_floor or report.released_for_pressure),
             skipped_for_floor_bytes=report.skipped_for_floor,
             warm_restored_bytes=self.warm.restored_bytes if self.warm else 0,
             warm_total_bytes=self.warm.total_bytes if self.warm else 0,
