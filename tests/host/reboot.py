@@ -11,8 +11,8 @@ again (its /var/lib, images and hot-set copies as they were) and runs
     python -m tests.host.reboot before|after
 
 ``before``: two persistent domains of the test guest (idle: it reads
-nothing but its partition table), opted in with different budgets and
-``virsh autostart``; each "guest" reads its own hot zone (HMP qemu-io, as
+nothing but its partition table; it powers off on the ACPI power button),
+opted in with different budgets and ``virsh autostart``; each "guest" reads its own hot zone (HMP qemu-io, as
 the guest's own reads) until the agent keeps a set covering it in the live
 XML. At the reboot libvirt-guests shuts the guests down (ACPI), each agent
 sees its domain stop and saves the set to the host's copy alone (the
@@ -87,6 +87,13 @@ def holds(record: DiskHotSet | None, zone: tuple[int, int]) -> bool:
     return covered(spans, *zone)
 
 
+def console(guest: Guest) -> str:
+    try:
+        return (DIR / f"{guest.name}.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def define(conn: Any, guest: Guest, kernel: str) -> Any:
     create_disk(guest.image, 64 * MiB)
     xml = domain_xml(GuestSpec(name=guest.name, disk=str(guest.image), console_log=str(DIR / f"{guest.name}.log"),
@@ -117,6 +124,9 @@ def before() -> None:
         record = wait_for(saved, f"{guest.name}'s agent to keep a set covering the zone its guest reads",
                           timeout=120, step=1.0)
         assert dom.autostart() == 1 and dom.isPersistent() == 1
+        # libvirt-guests' ACPI shutdown at the reboot is lost on a guest that has not armed its power button yet
+        wait_for(lambda g=guest: "VMCACHE-GUEST-POWER-BUTTON" in console(g), f"{guest.name}'s guest to boot and "
+                 "arm its power button", timeout=120, step=0.5)
         expected[guest.name] = {"uuid": dom.UUIDString(), "zone": list(guest.zone)}
         say(f"{guest.name}: autostarted, the guest read {guest.zone[1] // MiB} MiB at {guest.zone[0] // MiB} MiB, "
             f"the live XML holds a set of {record.bytes // MiB} MiB ({len(record.regions)} regions)")
