@@ -24,7 +24,7 @@ for lib in $(ldd /usr/bin/fio | awk '/=>/ {print $3} /ld-linux/ {print $1}'); do
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
-for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_blk; do
+for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_blk button evdev; do
   f=$(modinfo -k "$kver" -n "$m")
   case "$f" in
     *.ko) cp "$f" "$root/lib/modules/$m.ko" ;;

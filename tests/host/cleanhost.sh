@@ -15,6 +15,13 @@
 # `systemd-nspawn -b` boots it (systemd PID 1, its own libvirtd started by
 # its units; nspawn shares this machine's network, for Debian's mirror and
 # PyPI) and tests/host/inside.sh runs in it as a transient systemd service.
+# With the Debian package (not with --no-deb) it is rebooted half-way:
+# inside.sh --until-reboot leaves two autostarted opted-in domains with
+# saved hot sets, `systemctl reboot` takes the container down, the images'
+# pages are evicted from this machine's page cache (checked: none left,
+# tests/host/evict.py), the same root boots again and inside.sh
+# --after-reboot checks that each domain came back warm from the host's
+# copy of its set, then goes on.
 # Everything (container, overlay, mounts) is torn down on exit, also on
 # failure or Ctrl-C. One run at a time per machine (flock).
 set -euo pipefail
@@ -30,7 +37,7 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   if [ -n "$CHECK_PID" ]; then kill -TERM "$CHECK_PID" 2>/dev/null || true; fi
-  if [ -n "$RUN_DIR" ]; then cp "$RUN_DIR/console.log" "$CACHE/last-run-console.log" 2>/dev/null || true; fi
+  if [ -n "$RUN_DIR" ]; then cat "$RUN_DIR"/console*.log > "$CACHE/last-run-console.log" 2>/dev/null || true; fi
   container_cleanup
   if [ -n "$RUN_DIR" ]; then rm -rf "$RUN_DIR"; fi
   exit "$rc"
@@ -44,6 +51,30 @@ boot() {
   trust_host_cas "$RUN_DIR/merged"
   say "booting $NAME: $(git -C "$REPO" log -1 --format='%h %s' | cut -c1-72)"
   container_boot "$NAME" "$RUN_DIR/merged" "$RUN_DIR/console.log"
+}
+
+# Reboot it: down with `systemctl reboot`, its images' pages out of this machine's page cache (a
+# container shares it: without this its reboot would find them cached), the same root up again.
+reboot_cold() {
+  local images=$RUN_DIR/upper/var/lib/libvirt/images/vmcache-host/reboot
+  container_reboot "$NAME"
+  [ -d "$images" ] || die "no $images to evict"
+  # shellcheck disable=SC2046
+  PYTHONPATH=$REPO python3 "$REPO/tests/host/evict.py" $(find "$images" -type f) >&2 || die "images still cached"
+  container_boot "$NAME" "$RUN_DIR/merged" "$RUN_DIR/console-rebooted.log"
+}
+
+# check ARGS...: tests/host/inside.sh ARGS in the container, as a transient unit (so in the
+# background and waited for: a signal interrupts `wait` at once and the trap tears the container
+# down, where a foreground child would delay it); its exit status.
+check() {
+  local rc=0
+  in_unit "$NAME" --working-directory=/root/vmcache -p RuntimeMaxSec="$RUN_TIMEOUT" \
+    --unit=vmcache-clean-host-check bash tests/host/inside.sh "$@" &
+  CHECK_PID=$!
+  wait "$CHECK_PID" || rc=$?
+  CHECK_PID=
+  return "$rc"
 }
 
 case "${1:-}" in
@@ -74,14 +105,18 @@ case "$1" in
     done
     boot
     rc=0
-    # In the background and waited for: a signal interrupts `wait` at once (the
-    # trap tears the container down), where a foreground child would delay it.
-    in_unit "$NAME" --working-directory=/root/vmcache -p RuntimeMaxSec="$RUN_TIMEOUT" \
-      --unit=vmcache-clean-host-check bash tests/host/inside.sh "${args[@]}" &
-    CHECK_PID=$!
-    wait "$CHECK_PID" || rc=$?
-    CHECK_PID=
-    in_container "$NAME" journalctl -b --no-pager > "$CACHE/last-run-journal.log" 2>&1 || true
+    if [[ " ${args[*]} " == *" --no-deb "* ]]; then
+      check "${args[@]}" || rc=$?
+    else
+      check --until-reboot "${args[@]}" || rc=$?
+      if [ "$rc" = 0 ]; then
+        rebooted=$SECONDS
+        reboot_cold
+        say "rebooted in $((SECONDS - rebooted)) s"
+        check --after-reboot "${args[@]}" || rc=$?
+      fi
+    fi
+    in_container "$NAME" journalctl --no-pager > "$CACHE/last-run-journal.log" 2>&1 || true
     if [ "$rc" = 0 ]; then
       say "PASSED in $((SECONDS - started)) s (boot, checks, teardown follows)"
     else

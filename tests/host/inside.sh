@@ -15,20 +15,31 @@
 #  4. `make demo-clean`, `make uninstall`: nothing of vmcache left.
 #  5. `make deb` (its build dependencies from Debian's mirror), apt install,
 #     the same checks against the package, upgrade over itself (an edited
-#     conffile kept), remove (agents stopped, hook gone, config kept), purge
-#     (config gone). Not with --no-deb.
+#     conffile kept), a reboot (below), remove (agents stopped, hook gone,
+#     config kept), purge (config gone). Not with --no-deb.
 #  6. with --full: `make test` (the whole suite, ~20+ minutes).
+#
+# The reboot: --until-reboot runs up to the package's upgrade, then
+# tests/host/reboot.py before (two autostarted opted-in domains, each with a
+# saved hot set) and stops; the caller (tests/host/cleanhost.sh) reboots the
+# container with the images evicted and runs --after-reboot: reboot.py after
+# (both domains autostarted, warm from the host's copies), then the rest.
+# Without either option, everything but the reboot.
 set -euo pipefail
 cd /root/vmcache
 DEB=1
 FULL=0
+PART=all
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-deb) DEB=0; shift ;;
     --full) FULL=1; shift ;;
+    --until-reboot) PART=until; shift ;;
+    --after-reboot) PART=after; shift ;;
     *) echo "inside: unknown option $1" >&2; exit 2 ;;
   esac
 done
+[ "$PART" = all ] || [ "$DEB" = 1 ] || { echo "inside: the reboot is the package's: not with --no-deb" >&2; exit 2; }
 export VMCACHE_CLEAN_HOST=1
 T0=$SECONDS
 step() { echo; echo "=== [$((SECONDS - T0)) s] $*"; }
@@ -104,65 +115,70 @@ check_read_signal() {
   ok "$line (metric label read_signal=\"$signal\", reads.inferred logged $logged time(s))"
 }
 
-step "1. a clean Debian 12 with systemd as PID 1"
-[ "$(cat /proc/1/comm)" = systemd ] && [ -d /run/systemd/system ] || fail "systemd is not PID 1"
-. /etc/os-release; ok "$PRETTY_NAME, systemd $(systemctl --version | head -1 | cut -d' ' -f2), $(systemctl is-system-running || true)"
-ok "cgroups: $(stat -fc %T /sys/fs/cgroup), controllers: '$(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null || true)'"
-[ -z "$(vmcache_files)" ] || fail "vmcache files before install: $(vmcache_files)"
+# 1-4: the README's path with `make install`.
+readme_path() {
+  step "1. a clean Debian 12 with systemd as PID 1"
+  [ "$(cat /proc/1/comm)" = systemd ] && [ -d /run/systemd/system ] || fail "systemd is not PID 1"
+  . /etc/os-release; ok "$PRETTY_NAME, systemd $(systemctl --version | head -1 | cut -d' ' -f2), $(systemctl is-system-running || true)"
+  ok "cgroups: $(stat -fc %T /sys/fs/cgroup), controllers: '$(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null || true)'"
+  [ -z "$(vmcache_files)" ] || fail "vmcache files before install: $(vmcache_files)"
 
-step "make setup"
-make setup
-step "libvirtd from its units (scripts/libvirtd.sh)"
-scripts/libvirtd.sh
-systemctl is-active -q libvirtd.service || fail "libvirtd.service is not active"
-ok "$(virsh -c qemu:///system version | tr '\n' ' ')"
-step "make install"
-make install
-[ -f /etc/systemd/system/vmcache-agent@.service ] || fail "no unit installed"
-[ "$(systemctl is-enabled vmcache.service)" = enabled ] && systemctl is-active -q vmcache.service \
-  || fail "vmcache.service is not enabled and active"
-grep -q vmcache-hook /etc/libvirt/hooks/qemu || fail "no hook installed"
-logrotate --debug /etc/logrotate.d/vmcache 2>&1 | grep -q 'rotating pattern: /var/log/vmcache/\*.log' \
-  || fail "/etc/logrotate.d/vmcache missing or not read by logrotate"
-# An operator's edit: shorter cycles, so the checks below take seconds.
-sed -i 's/^interval: .*/interval: 2s/' /etc/vmcache/vmcache.yaml
+  step "make setup"
+  make setup
+  step "libvirtd from its units (scripts/libvirtd.sh)"
+  scripts/libvirtd.sh
+  systemctl is-active -q libvirtd.service || fail "libvirtd.service is not active"
+  ok "$(virsh -c qemu:///system version | tr '\n' ' ')"
+  step "make install"
+  make install
+  [ -f /etc/systemd/system/vmcache-agent@.service ] || fail "no unit installed"
+  [ "$(systemctl is-enabled vmcache.service)" = enabled ] && systemctl is-active -q vmcache.service \
+    || fail "vmcache.service is not enabled and active"
+  grep -q vmcache-hook /etc/libvirt/hooks/qemu || fail "no hook installed"
+  logrotate --debug /etc/logrotate.d/vmcache 2>&1 | grep -q 'rotating pattern: /var/log/vmcache/\*.log' \
+    || fail "/etc/logrotate.d/vmcache missing or not read by logrotate"
+  # An operator's edit: shorter cycles, so the checks below take seconds.
+  sed -i 's/^interval: .*/interval: 2s/' /etc/vmcache/vmcache.yaml
 
-step "2. make demo (10-s windows)"
-VMCACHE_DEMO_SECONDS=10 make demo
-check_agent "$DEMO_UNIT" vmcache-demo
-check_read_signal "$DEMO_UNIT" vmcache-demo
-journalctl -u "$DEMO_UNIT" --no-pager -o cat | grep -q 'disk.managed' || fail "no agent log in the journal of $DEMO_UNIT"
-ok "the agent's log is in the journal of $DEMO_UNIT"
+  step "2. make demo (10-s windows)"
+  VMCACHE_DEMO_SECONDS=10 make demo
+  check_agent "$DEMO_UNIT" vmcache-demo
+  check_read_signal "$DEMO_UNIT" vmcache-demo
+  journalctl -u "$DEMO_UNIT" --no-pager -o cat | grep -q 'disk.managed' || fail "no agent log in the journal of $DEMO_UNIT"
+  ok "the agent's log is in the journal of $DEMO_UNIT"
 
-step "3. the systemd path (tests/host)"
-"${PYTEST[@]}" tests/host
+  step "3. the systemd path (tests/host)"
+  "${PYTEST[@]}" tests/host
 
-step "4. make demo-clean, make uninstall"
-make demo-clean
-# until the agent has stopped (deactivating: it still saves its hot set and lets go of its pins)
-for i in $(seq 1 30); do
-  case "$(systemctl is-active "$DEMO_UNIT")" in active|activating|deactivating) sleep 1 ;; *) break ;; esac
-done
-systemctl is-active -q "$DEMO_UNIT" && fail "$DEMO_UNIT still active after the domain was destroyed"
-! grep -qs demo/disk.raw /var/lib/vmcache/hotsets/*.xml || fail "make demo-clean left the demo's saved hot set"
-make uninstall
-[ -z "$(vmcache_files)" ] || fail "left after make uninstall: $(vmcache_files)"
-[ ! -e /etc/systemd/system/vmcache.service ] && [ ! -L /etc/systemd/system/multi-user.target.wants/vmcache.service ] \
-  || fail "vmcache.service left after make uninstall"
-[ "$(agents_running)" = 0 ] || fail "agents still running after make uninstall"
-[ -f /etc/vmcache/vmcache.yaml ] || fail "make uninstall removed the config"
-[ ! -e /etc/logrotate.d/vmcache ] || fail "make uninstall left /etc/logrotate.d/vmcache"
-rm -rf /etc/vmcache   # a new start for the package
-ok "nothing of vmcache left but /etc/vmcache/vmcache.yaml (kept, as documented)"
+  step "4. make demo-clean, make uninstall"
+  make demo-clean
+  # until the agent has stopped (deactivating: it still saves its hot set and lets go of its pins)
+  for i in $(seq 1 30); do
+    case "$(systemctl is-active "$DEMO_UNIT")" in active|activating|deactivating) sleep 1 ;; *) break ;; esac
+  done
+  systemctl is-active -q "$DEMO_UNIT" && fail "$DEMO_UNIT still active after the domain was destroyed"
+  ! grep -qs demo/disk.raw /var/lib/vmcache/hotsets/*.xml || fail "make demo-clean left the demo's saved hot set"
+  make uninstall
+  [ -z "$(vmcache_files)" ] || fail "left after make uninstall: $(vmcache_files)"
+  [ ! -e /etc/systemd/system/vmcache.service ] && [ ! -L /etc/systemd/system/multi-user.target.wants/vmcache.service ] \
+    || fail "vmcache.service left after make uninstall"
+  [ "$(agents_running)" = 0 ] || fail "agents still running after make uninstall"
+  [ -f /etc/vmcache/vmcache.yaml ] || fail "make uninstall removed the config"
+  [ ! -e /etc/logrotate.d/vmcache ] || fail "make uninstall left /etc/logrotate.d/vmcache"
+  rm -rf /etc/vmcache   # a new start for the package
+  ok "nothing of vmcache left but /etc/vmcache/vmcache.yaml (kept, as documented)"
+}
 
-if [ "$DEB" = 1 ]; then
+# 5, to the upgrade: the Debian package installed, checked, upgraded over itself.
+package_installed() {
   step "5. make deb"
   make deb
-  DEB=$(ls "$PWD"/build/deb/vmcache_*_all.deb)
-  step "the Debian package: apt install $DEB"
+  local deb
+  deb=$(ls "$PWD"/build/deb/vmcache_*_all.deb)
+  step "the Debian package: apt install $deb"
   apt-get update -q >/dev/null
   since=$(date '+%Y-%m-%d %H:%M:%S')
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$DEB" | tail -3
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$deb" | tail -3
   dpkg-query -W -f='${Status}\n' vmcache | grep -q 'install ok installed' || fail "not installed"
   [ -f /lib/systemd/system/vmcache-agent@.service ] || fail "no unit"
   grep -q '^ExecStart=/usr/bin/vmcache ' /lib/systemd/system/vmcache-agent@.service || fail "unit runs the wrong vmcache"
@@ -179,11 +195,14 @@ if [ "$DEB" = 1 ]; then
   "${PYTEST[@]}" tests/host -k "hook_starts or kill_9 or shutdown or reload"
 
   step "the Debian package: upgrade over itself"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall "$DEB" | tail -2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall "$deb" | tail -2
   grep -q '^interval: 2s' /etc/vmcache/vmcache.yaml || fail "the edited conffile was replaced"
   "${PYTEST[@]}" tests/host -k "hook_starts"
   ok "upgraded; the edited config kept; agents start"
+}
 
+# 5, the rest: apt remove and purge leave nothing.
+package_removed() {
   step "the Debian package: apt remove (with a running agent)"
   .venv/bin/python - <<'EOF'
 from pathlib import Path
@@ -211,7 +230,25 @@ EOF
     || fail "vmcache.service links left after purge"
   dpkg-query -W vmcache 2>/dev/null | grep -q . && fail "dpkg still knows vmcache" || true
   ok "purged: nothing left"
+}
+
+if [ "$PART" != after ]; then
+  readme_path
+  if [ "$DEB" = 1 ]; then package_installed; fi
 fi
+if [ "$PART" = until ]; then
+  step "the Debian package: a reboot, part 1 (tests/host/reboot.py before)"
+  # the journal kept across the reboot (the previous boot's agent logs are checked after it)
+  mkdir -p /var/log/journal && journalctl --flush
+  .venv/bin/python -m tests.host.reboot before
+  step "ready for the reboot after $((SECONDS - T0)) s"
+  exit 0
+fi
+if [ "$PART" = after ]; then
+  step "the Debian package: a reboot, part 2 (tests/host/reboot.py after)"
+  .venv/bin/python -m tests.host.reboot after
+fi
+if [ "$DEB" = 1 ]; then package_removed; fi
 
 if [ "$FULL" = 1 ]; then
   step "6. make test"

@@ -204,6 +204,21 @@ in_unit() {
     -p TimeoutStartSec=infinity --setenv=HOME=/root --setenv=LANG=C.UTF-8 "$@"
 }
 
+# container_reboot NAME: `systemctl reboot` in it and wait until it has gone down. systemd-nspawn
+# boots a rebooted container again by itself, except with --keep-unit (container_boot's), where it
+# exits 133 for its unit to restart it (systemd-nspawn@.service: RestartForceExitStatus=133): here the
+# caller boots the same root again (container_boot), after whatever a real reboot would also do.
+container_reboot() {
+  local name=$1 pid=${NSPAWN_PID[$1]} i rc=0
+  in_container "$name" systemctl reboot
+  for i in $(seq 1 $((BOOT_TIMEOUT * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && die "$name: still up ${BOOT_TIMEOUT} s after systemctl reboot"
+  wait "$pid" || rc=$?
+  unset "NSPAWN_PID[$name]"
+  [ "$rc" = 133 ] || { tail -20 "${CONSOLE[$name]}" >&2; die "$name: nspawn exited $rc after systemctl reboot, not 133"; }
+  say "$name went down for its reboot (nspawn exit status 133)"
+}
+
 # container_stop NAME: power it off (nspawn asks its systemd to), kill it after 30 s.
 container_stop() {
   local name=$1 pid=${NSPAWN_PID[$1]:-} i

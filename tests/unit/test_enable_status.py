@@ -162,13 +162,16 @@ def test_status_human_and_dead_agents(host, capsys, tmp_path):
 def test_status_shows_warm_start_progress_and_the_last_save(host, capsys, tmp_path):
     opts, _, _ = host
     write_status(status_path(f"{tmp_path}/run/agents", "web"), AgentStatus(
-        domain="web", pid=os.getpid(), state="running", hotset_saved_at=time.time() - 30,
+        domain="web", pid=os.getpid(), state="running", hotset_saved_at=time.time() - 30, hotset_source="host",
         disks=[DiskStatus("vda", "/img/a", "writethrough", True, budget_bytes=GiB, pinned_bytes=96 << 20,
-                          warm_restored_bytes=96 << 20, warm_total_bytes=256 << 20)]))
+                          warm_restored_bytes=96 << 20, warm_total_bytes=256 << 20),
+               DiskStatus("vdb", "/img/b", "writethrough", True, budget_bytes=GiB)]))
     assert main(["status", "web", "--host-config", opts[1], "--uri", URI]) == 0
     out = capsys.readouterr().out
     assert ", hot set saved 30s ago" in out.splitlines()[0] or ", hot set saved 31s ago" in out.splitlines()[0]
-    assert " warm 96MiB/256MiB" in out
+    vda, vdb = (next(ln for ln in out.splitlines() if ln.startswith(f"  {dev} ")) for dev in ("vda", "vdb"))
+    assert " warm 96MiB/256MiB from the host's copy" in vda
+    assert " warm" not in vdb  # a disk that started cold
 
 
 @pytest.mark.parametrize("signal, reason, line", [

@@ -22,16 +22,13 @@ from ..errors import VmcacheError
 from ..host.hotstore import HotStore
 from ..host.virtdomain import Affect, VirtDomain, connect
 from ..settings.config import HostConfig
-from ..settings.hotset import HotSet, newest
+from ..settings.hotset import PLACES, HotSet, newest
 from ..units import format_size
 from ._host import add_host_options, host_config
 from .enable import add_affect_options, affect
 
 NAME = "hotset"
 HELP = "show (or --clear) the hot set saved for a domain's warm start, and where it is kept"
-
-_WHERE = {"live": "the live definition", "persistent": "the persistent definition", "host": "the host's copy"}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("domain", help="libvirt domain name")
@@ -84,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             dom.set_hotset(None, flags)
         if store is not None and any(w == "host" for w, _ in places):
             store.remove(dom.uuid())
-        print(f"{args.domain}: saved hot set removed from " + ", ".join(_WHERE[w] for w, _ in places))
+        print(f"{args.domain}: saved hot set removed from " + ", ".join(PLACES[w] for w, _ in places))
         return 0
     found: list[tuple[str, HotSet]] = []
     report: dict[str, Any] = {}
@@ -104,19 +101,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for where, state in report.items():
         if "error" in state:
-            print(f"{args.domain}: {_WHERE[where]}: unusable: {state['error']}")
+            print(f"{args.domain}: {PLACES[where]}: unusable: {state['error']}")
     if chosen is None:
         print(f"{args.domain}: no saved hot set")
         return 0
     where, hotset = chosen
     age = max(0, int(time.time()) - hotset.saved)
     path = report[where]["path"]
-    print(f"{args.domain}: hot set from {_WHERE[where]}" + (f" ({path})" if path else "")
+    print(f"{args.domain}: hot set from {PLACES[where]}" + (f" ({path})" if path else "")
           + f", saved {_when(hotset.saved)} ({age}s ago), {len(hotset.disks)} disk(s)")
     for d in hotset.disks:
         print(f"  {d.dev}: {len(d.regions)} regions, {format_size(d.bytes)} of {d.image} "
               f"({format_size(d.size)}, id {d.image_id or 'none'}), blocks {format_size(d.block_size)}")
-    others = [f"{_WHERE[w]} saved {_when(h.saved)}" + (" (same)" if h == hotset else " (older)")
+    others = [f"{PLACES[w]} saved {_when(h.saved)}" + (" (same)" if h == hotset else " (older)")
               for w, h in found if w != where]
     if others:
         print("  also in: " + "; ".join(others))

@@ -26,6 +26,7 @@ from ..host.configfile import load_or_salvage
 from ..host.files import lock_holder
 from ..host.ledger import HostShare, Ledger
 from ..observe.status import AgentEntry, read_statuses
+from ..settings.hotset import PLACES
 from ..settings.rules import Rule
 from ..units import format_size
 from ._host import add_host_options
@@ -164,12 +165,19 @@ def render(rows: list[dict[str, Any]], now: float) -> str:
                 + (f" ({format_size(granule)} granules)" if isinstance(granule, int) else "")
                 + f" last cycle {f'{cycle:.3f}s' if isinstance(cycle, (int, float)) else '-'}"
                 f" {_ago(disk.get('last_cycle_at'), now)}"
-                + (f" warm {_size(disk.get('warm_restored_bytes'))}/{_size(disk.get('warm_total_bytes'))}"
-                   if disk.get("warm_total_bytes") else "")
+                + _warm(disk, row.get("hotset_source"))
                 + _reads(disk)
                 + (f" error: {disk['error']}" if disk.get("error") else "")
                 + (f"  ({'layer: ' if disk.get('layer_of') else ''}{disk['source']})" if disk.get("source") else ""))
     return "\n".join(lines)
+
+
+def _warm(disk: dict[str, Any], source: str | None) -> str:
+    """A disk's warm start: how much of the saved set is back, and which copy it came from."""
+    if not disk.get("warm_total_bytes"):
+        return ""
+    return (f" warm {_size(disk.get('warm_restored_bytes'))}/{_size(disk.get('warm_total_bytes'))}"
+            + (f" from {PLACES[source]}" if source in PLACES else ""))
 
 
 def host_line(share: HostShare | None) -> str | None:

@@ -65,6 +65,7 @@ __all__ = [
     "hotset_of",
     "mismatch",
     "newest",
+    "PLACES",
     "top_regions",
 ]
 
@@ -156,6 +157,10 @@ def mismatch(record: DiskHotSet, *, dev: str, image: str, size: int, image_id: s
     if record.image_id is not None and record.image_id != image_id:
         return f"saved for image id {record.image_id}, the image has {image_id or 'none'} (replaced?)"
     return None
+
+
+PLACES = {"live": "the live definition", "persistent": "the persistent definition", "host": "the host's copy"}
+"""Where a saved set may be read from (what :func:`newest` is given, the agent's status ``hotset_source``), in words."""
 
 
 def newest(found: Sequence[tuple[str, HotSet]]) -> tuple[str, HotSet] | None:
