@@ -81,3 +81,33 @@ def test_a_killed_agents_asks_go_with_its_domain_and_no_one_elses(tmp_path: Path
     assert set(doc) == {"/img/b"} and doc["/img/b"]["owner"] == "web-2"
     assert WarmPool(str(tmp_path / "none.json"), MiB, burst=1.0).forget_owner("web-1") == []   # nothing made
     assert not (tmp_path / "none.json").exists()
+
+
+def test_a_disk_asks_one_interval_of_the_rate_at_most_what_is_left_at_its_next_regions_density() -> None:
+    from vmcache.model.warm import WarmStart
+    from vmcache.model.warmshare import warm_ask
+
+    params = ModelParams(block_size=MiB, interval=10.0)
+    warm = WarmStart([(Region(0, 4 * MiB, 1.0), 0.25), (Region(8 * MiB, 2 * MiB, 1.5), 0.75)], params)
+    assert warm_ask(warm, params, MiB // 4) == (int(2.5 * MiB), 0.75 / params.read_amplitude)  # 2 x 0.75 > 4 x 0.25
+    assert warm_ask(warm, params, MiB) == (6 * MiB, 0.75 / params.read_amplitude)             # no more than the set
+    assert warm_ask(None, params, MiB) is None
+    warm.update(np.arange(0, 10, dtype=np.int64))
+    assert warm.done and warm_ask(warm, params, MiB) is None
+
+
+def test_one_device_budget_serves_the_densest_waiting_ask_first_and_forgets_a_silent_one() -> None:
+    from vmcache.model.warmshare import DeviceBudget
+
+    rate, burst = 10 * MiB, 10.0
+    dev = DeviceBudget.full(rate, burst, 0.0)                          # 100 MiB
+    assert dev.take("a", 150 * MiB, 0.2, 0.0, rate=rate, burst=burst) == 100 * MiB
+    assert dev.asks["a"].want == 50 * MiB                               # still asked for
+    assert dev.take("b", 30 * MiB, 0.1, 5.0, rate=rate, burst=burst) == 0   # 50 MiB back, a (denser) waits for it
+    assert dev.take("a", 50 * MiB, 0.2, 5.0, rate=rate, burst=burst) == 50 * MiB and "a" not in dev.asks
+    dev.give_back("a", 20 * MiB, rate=rate, burst=burst)
+    assert dev.tokens == 20 * MiB
+    dev.take("c", 500 * MiB, 0.9, 5.0, rate=rate, burst=burst)         # c waits for 480 MiB ...
+    assert dev.take("b", 30 * MiB, 0.1, 10.0, rate=rate, burst=burst) == 0
+    assert dev.take("b", 30 * MiB, 0.1, 26.0, rate=rate, burst=burst) == 30 * MiB   # ... until it went silent
+    assert "c" not in dev.asks

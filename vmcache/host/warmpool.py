@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import HostError
-from ..model.warmshare import WarmAsk, warm_grant
+from ..model.warmshare import DeviceBudget, WarmAsk
 from .files import exclusive, write_atomic
 
 __all__ = ["WarmPool", "device_of"]
@@ -58,20 +58,10 @@ class WarmPool:
         with exclusive(self.path, "warm-up budget"):
             state = self._load()
             now = self._clock()
-            dev = state.setdefault(device, {"tokens": self.rate * self.burst, "at": now, "asks": {}})
-            dev["tokens"] = min(self.rate * self.burst, dev["tokens"] + self.rate * max(0.0, now - dev["at"]))
-            dev["at"] = now
-            asks = {k: WarmAsk(int(a["want"]), float(a["priority"]), float(a["at"])) for k, a in dev["asks"].items()
-                    if now - float(a["at"]) <= 2 * self.burst}
-            asks[who] = WarmAsk(max(0, want), priority, now)
-            granted = warm_grant(dev["tokens"], asks, who, now, fresh=2 * self.burst)
-            dev["tokens"] -= granted
-            left = asks[who].want - granted
-            owners = {k: str(a.get("owner", "")) for k, a in dev["asks"].items()} | {who: owner}
-            dev["asks"] = {k: {"want": a.want, "priority": a.priority, "at": a.at, "owner": owners[k]}
-                           for k, a in asks.items() if k != who or left > 0}
-            if who in dev["asks"]:
-                dev["asks"][who]["want"] = left
+            raw = state.get(device)
+            dev = DeviceBudget.full(self.rate, self.burst, now) if raw is None else _budget(raw)
+            granted = dev.take(who, want, priority, now, rate=self.rate, burst=self.burst)
+            state[device] = _entry(dev, _owners(raw) | {who: owner})
             self._save(state)
         return granted
 
@@ -83,9 +73,10 @@ class WarmPool:
         with exclusive(self.path, "warm-up budget"):
             state = self._load()
             if device in state:
-                dev = state[device]
-                dev["tokens"] = min(self.rate * self.burst, dev["tokens"] + unused)
-                dev["asks"].pop(who, None)
+                raw = state[device]
+                dev = _budget(raw)
+                dev.give_back(who, unused, rate=self.rate, burst=self.burst)
+                state[device] = _entry(dev, _owners(raw))
                 self._save(state)
 
     def forget(self, who: str) -> None:
@@ -137,3 +128,21 @@ def _valid(dev: dict[str, Any]) -> bool:
             and isinstance(asks, dict)
             and all(isinstance(a, dict) and all(isinstance(a.get(k), (int, float)) for k in ("want", "priority", "at"))
                     for a in asks.values()))
+
+
+def _budget(dev: dict[str, Any]) -> DeviceBudget:
+    """A device's entry of the file as the pure budget (owners apart)."""
+    asks = {k: WarmAsk(int(a["want"]), float(a["priority"]), float(a["at"])) for k, a in dev["asks"].items()}
+    return DeviceBudget(float(dev["tokens"]), float(dev["at"]), asks)
+
+
+def _owners(dev: dict[str, Any] | None) -> dict[str, str]:
+    """Each ask's domain in a device's entry of the file (none for a device not in it)."""
+    return {k: str(a.get("owner", "")) for k, a in (dev or {}).get("asks", {}).items()}
+
+
+def _entry(dev: DeviceBudget, owners: dict[str, str]) -> dict[str, Any]:
+    """The budget as the file keeps it, each ask with the domain that owns it."""
+    return {"tokens": dev.tokens, "at": dev.at,
+            "asks": {k: {"want": a.want, "priority": a.priority, "at": a.at, "owner": owners.get(k, "")}
+                     for k, a in dev.asks.items()}}

@@ -1,11 +1,12 @@
 """One disk's side of the host's warm-up budget: ask it before a cycle restores, give back what was not read.
 
 vmcache.host.warmpool keeps the budget (one per backing device, shared by
-every agent of the host); vmcache.model.warmshare says who goes first.
-This asks for at most one interval's worth of the host's rate, no more
-than the saved set still to restore, at the density of the set's next
-region; when the pool cannot be read the disk restores at ``warm_rate`` on
-its own, as an agent alone on the host would (one warning line).
+every agent of the host); vmcache.model.warmshare says what a disk asks
+(:func:`~vmcache.model.warmshare.warm_ask`: at most one interval's worth,
+at the density of the set's next region - the replay's host mode asks the
+same) and who goes first. When the pool cannot be read the disk restores
+at ``warm_rate`` on its own, as an agent alone on the host would (one
+warning line).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..host.warmpool import WarmPool, device_of
 from ..logfmt import event
 from ..model.params import ModelParams
 from ..model.warm import WarmStart
+from ..model.warmshare import warm_ask
 
 __all__ = ["WarmBudget"]
 
@@ -43,14 +45,10 @@ class WarmBudget:
         if warm is None or warm.done:
             self.close()
             return None
-        pending = warm.held()
-        if not pending:
+        ask = warm_ask(warm, self._params, self._pool.rate)
+        if ask is None:
             return None
-        first = pending[0]
-        bs = self._params.block_size
-        blocks = max(1, -(-first.end // bs) - first.start // bs)
-        density = first.priority / blocks / (self._params.read_amplitude or self._params.write_amplitude or 1.0)
-        want = min(int(self._pool.rate * self._params.interval), max(0, warm.total_bytes - warm.restored_bytes))
+        want, density = ask
         try:
             granted = self._pool.take(self._device, self._image, want, density, self._owner)
         except HostError as err:
