@@ -120,7 +120,9 @@ def test_the_read_model_is_refused_for_a_single_trace(tmp_path: Path, capsys: py
 @pytest.mark.parametrize("vm, message", [
     ("t.csv", "--vm[0]: 't.csv': needs budget=SIZE"),
     ("t.csv,budget=1M,min=2M", "--vm[0] min: '2M': must not be above the budget"),
-    ("t.csv,budget=1M,colour=red", "--vm[0]: 't.csv,budget=1M,colour=red': use TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE]"),
+    ("t.csv,budget=1M,colour=red", "--vm[0]: 't.csv,budget=1M,colour=red': use TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE][,start=DURATION]"),
+    ("t.csv,budget=1M,start=5s", "--vm[0] start: '5s': is past the trace's last request"),
+    ("t.csv,budget=1M --policy lru", "--policy: ['lru']: host mode runs its arms; only --policy warm (a restart)"),
     ("t.csv,budget=1M --cache-unit 24K", "--cache-unit: 24576: must divide --block-size (65536)"),
 ])
 def test_cli_host_mode_bad_vm(tmp_path: Path, capsys: pytest.CaptureFixture[str], vm: str, message: str,

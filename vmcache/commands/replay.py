@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError, HostError
 from ..settings.config import HostConfig
-from ..units import format_size, number_or_text, parse_size
+from ..units import format_size, number_or_text, parse_duration, parse_size
 from ._args import duration_arg, size_arg
 
 NAME = "replay"
@@ -32,6 +32,7 @@ DEFAULT_FRACTIONS = (64, 16, 4)
 POLICY_CHOICES = ("vmcache", "inferred", "lru", "linux", "belady", "static", "warm", "warm-heat", "snapshot",
                   "most-read")
 GENERATE_KINDS = ("zoned", "zipf", "moving", "stream")
+VM_FORM = "TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE][,start=DURATION]"
 
 
 def _rate(text: str) -> int | None:
@@ -89,8 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of device reads per request against memory")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
     host = parser.add_argument_group("host mode: several VMs against one pinned cap (instead of TRACE)")
-    host.add_argument("--vm", action="append", default=[], metavar="TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE]",
-                      help="one VM: its trace, metadata budget, guaranteed minimum, name, image size; repeat")
+    host.add_argument("--vm", action="append", default=[], metavar=VM_FORM,
+                      help="one VM: its trace, metadata budget, guaranteed minimum, name, image size, and where "
+                           "in its trace it starts (start=DURATION: the requests from there on, shifted to 0); "
+                           "repeat. With --policy warm: the VMs restart from the sets a first run saved, their "
+                           "warm-ups through one host budget of --warm-rate and each at --warm-rate")
     host.add_argument("--cap", type=_budgets, action="append", metavar="SIZE[,SIZE...]",
                       help="the host's pinned_cap (repeat or comma-separate)")
     host.add_argument("--memory", type=size_arg, default=None,
@@ -168,8 +172,8 @@ def _vm(text: str, index: int) -> Any:
     given: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or key not in ("budget", "min", "name", "size") or key in given:
-            raise ConfigError(f"--vm[{index}]", text, "use TRACE,budget=SIZE[,min=SIZE][,name=N][,size=SIZE]")
+        if not sep or key not in ("budget", "min", "name", "size", "start") or key in given:
+            raise ConfigError(f"--vm[{index}]", text, f"use {VM_FORM}")
         given[key] = value
     if "budget" not in given:
         raise ConfigError(f"--vm[{index}]", text, "needs budget=SIZE")
@@ -179,6 +183,10 @@ def _vm(text: str, index: int) -> Any:
         raise ConfigError(f"--vm[{index}] min", given["min"], "must not be above the budget")
     size = parse_size(given["size"], key=f"--vm[{index}] size") if "size" in given else None
     trace = _read(path, None)
+    if "start" in given:
+        trace = trace.since(parse_duration(given["start"], key=f"--vm[{index}] start"))
+        if len(trace) == 0:
+            raise ConfigError(f"--vm[{index}] start", given["start"], "is past the trace's last request")
     if size is not None and size < trace.end:
         raise ConfigError(f"--vm[{index}] size", given["size"], f"the trace reaches byte {trace.end}")
     name = given.get("name") or os.path.splitext(os.path.basename(path))[0]
@@ -209,6 +217,10 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
     vms = [_vm(text, i) for i, text in enumerate(args.vm)]
     caps = sorted({c for group in args.cap for c in group})
     exact = (args.read_model or HostConfig.read_model) == "counted"  # the agents' default unless told
+    if args.policy:
+        if set(args.policy) != {"warm"}:
+            raise ConfigError("--policy", args.policy, "host mode runs its arms; only --policy warm (a restart)")
+        return _run_restart(args, params, vms, caps, exact)
     try:
         results = host.replay_host(vms, caps, block_size=args.block_size, params=params, memory=args.memory,
                                    rest=args.rest, prefetch_rate=args.prefetch_rate, cache_unit=args.cache_unit,
@@ -241,6 +253,33 @@ def _run_host(args: argparse.Namespace, params: Any) -> int:
         _write_plot(args.plot, report.plot_png([r.total for r in results],
                                                title="host: device reads per request vs pinned cap",
                                                x_label=f"pinned cap (memory: {memory})"))
+    return 0
+
+
+def _run_restart(args: argparse.Namespace, params: Any, vms: list[Any], caps: list[int], exact: bool) -> int:
+    """``--vm ... --policy warm``: the VMs' cold run, then their restart from the sets it saved, paced by one host
+    budget and by a rate each (vmcache.replay.hostwarm)."""
+    from ..replay import hostwarm, restartreport
+
+    if args.fill != "whole":
+        raise ConfigError("--fill", args.fill, "a restart restores its sets: pins fill whole")
+    prefetch = HostConfig.prefetch_rate if args.prefetch_rate is None else args.prefetch_rate
+    warm = args.warm_rate or HostConfig.warm_rate
+    if prefetch is None:
+        raise ConfigError("--prefetch-rate", "unlimited", "a restart is paced: give a rate")
+    try:
+        results = hostwarm.replay_restart(vms, caps, block_size=args.block_size, warm_rate=warm,
+                                          prefetch_rate=prefetch, params=params, memory=args.memory, rest=args.rest,
+                                          cache_unit=args.cache_unit, exact=exact)
+    except ValueError as err:
+        raise ConfigError("--vm", args.vm, str(err)) from None
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=1))
+        return 0
+    print(f"restart: {len(vms)} VMs, blocks {format_size(args.block_size)}, interval {params.interval:g}s, prefetch "
+          f"{format_size(prefetch)}/s each, memory " + (format_size(args.memory) if args.memory else "2 x cap")
+          + "; a first run together (cold, the benefit split) saves each VM's set, a second starts from it")
+    print(restartreport.restart_tables(results))
     return 0
 
 

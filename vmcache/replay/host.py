@@ -31,8 +31,9 @@ the ledger at the start of a cycle. Deterministic: same traces, same results.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,6 +43,7 @@ from ..model.cycle import Cycle
 from ..model.params import ModelParams
 from ..model.region import Region
 from ..model.share import Demand, demand_of, split
+from ..model.warm import WarmStart
 from . import sampling
 from .accesses import BlockTrace, cycle_ends, to_blocks
 from .baselines import linux, lru, rest_cache
@@ -50,7 +52,8 @@ from .measures import PolicyResult, loads_extra, measure
 from .sim import Memory
 from .trace import Trace
 
-__all__ = ["HostVm", "HostResult", "ARMS", "SPLITS", "static_grants", "replay_host"]
+__all__ = ["HostVm", "HostResult", "ARMS", "SPLITS", "Merged", "Restart", "RestartHook", "prepare", "run_split",
+           "static_grants", "replay_host"]
 
 SPLITS = ("first-come", "equal", "proportional", "benefit")
 SHARED = {"lru": lru, "linux": linux}
@@ -105,6 +108,27 @@ def static_grants(how: str, vms: list[HostVm], cap: int) -> dict[str, int]:
     raise ValueError(f"not a static split: {how!r}")
 
 
+class RestartHook(Protocol):
+    """What a restart runs around each VM's cycle (vmcache.replay.hostwarm): before its step, after it,
+    and once the step's regions are pinned."""
+
+    def before(self, name: str, cycle: Cycle, now: float) -> None: ...
+
+    def after(self, name: str, cycle: Cycle, now: float) -> None: ...
+
+    def pinned(self, name: str, cycle: Cycle, now: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A split arm's run as a restart: each VM's cycle starts from ``warm[name]`` (a first cycle at the
+    start seeds it, as an agent's does), restores at ``warm_rate`` of its own unless ``hook`` pays it."""
+
+    warm: Mapping[str, WarmStart]
+    hook: RestartHook
+    warm_rate: int | None = None
+
+
 @dataclass
 class _Vm:
     """One VM's cycle and pins in a split arm (model blocks are the VM's own, 0-based; ``offset`` in units)."""
@@ -123,7 +147,7 @@ class _Vm:
 
 
 @dataclass
-class _Merged:
+class Merged:
     """All VMs' accesses in time order, in one space of cache units (VM i's from ``offsets[i]``)."""
 
     bt: BlockTrace
@@ -133,7 +157,7 @@ class _Merged:
     units: list[int]  # each VM's, a whole number of model blocks
 
 
-def _merge(vms: list[HostVm], unit: int, per: int) -> _Merged:
+def _merge(vms: list[HostVm], unit: int, per: int) -> Merged:
     parts = [to_blocks(vm.trace, unit, vm.size_bytes) for vm in vms]
     units = [-(-p.nblocks // per) * per for p in parts]  # a VM's model blocks start at a block boundary
     offsets = np.cumsum([0] + units)[:-1].tolist()
@@ -148,10 +172,10 @@ def _merge(vms: list[HostVm], unit: int, per: int) -> _Merged:
     bt = BlockTrace(joined("block", offsets), joined("time"), joined("write"), unit,
                     sum(units), joined("pages"), joined("costly"), joined("request", requests))
     sizes = [vm.size_bytes if vm.size_bytes is not None else p.nblocks * unit for vm, p in zip(vms, parts)]
-    return _Merged(bt, which, offsets, sizes, units)
+    return Merged(bt, which, offsets, sizes, units)
 
 
-def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm], hits: NDArray[np.bool_],
+def _results(arm: str, cap: int, memory: int, merged: Merged, vms: list[HostVm], hits: NDArray[np.bool_],
              loads: Loads | None = None) -> tuple[PolicyResult, dict[str, PolicyResult]]:
     """The arm's figures over all VMs and per VM; ``loads``: what the VMs' pins loaded (split arms)."""
     bt = merged.bt
@@ -174,6 +198,22 @@ def _results(arm: str, cap: int, memory: int, merged: _Merged, vms: list[HostVm]
         per_vm[vm.name] = measure(arm, cap, bt, hits, select=mine, memory_bytes=memory,
                                   **extra(i, bt.requests(mine)))
     return total, per_vm
+
+
+def prepare(vms: list[HostVm], block_size: int, params: ModelParams | None,
+            cache_unit: int | None) -> tuple[ModelParams, Merged]:
+    """Every VM's model (``params`` at ``block_size``) and their accesses merged in time order, in units of
+    ``cache_unit`` (default the block). Raises ValueError for no VMs, duplicate names or a cache unit that
+    does not divide the block."""
+    if not vms:
+        raise ValueError("no VMs")
+    if len({vm.name for vm in vms}) != len(vms):
+        raise ValueError("VM names must be unique")
+    p = ModelParams(**{**(params or ModelParams()).__dict__, "block_size": block_size})
+    unit = block_size if cache_unit is None else cache_unit
+    if unit < 1 or block_size % unit:
+        raise ValueError(f"cache unit {unit} does not divide the block size {block_size}")
+    return p, _merge(vms, unit, block_size // unit)
 
 
 def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: ModelParams | None = None,
@@ -202,18 +242,11 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
     memory, a cache unit that does not divide the block or a trace past its
     VM's size.
     """
-    if not vms:
-        raise ValueError("no VMs")
-    if len({vm.name for vm in vms}) != len(vms):
-        raise ValueError("VM names must be unique")
     unknown = set(arms) - set(ARMS)
     if unknown:
         raise ValueError(f"unknown arms: {', '.join(sorted(unknown))} (known: {', '.join(ARMS)})")
-    p = ModelParams(**{**(params or ModelParams()).__dict__, "block_size": block_size})
-    unit = block_size if cache_unit is None else cache_unit
-    if unit < 1 or block_size % unit:
-        raise ValueError(f"cache unit {unit} does not divide the block size {block_size}")
-    merged = _merge(vms, unit, block_size // unit)
+    p, merged = prepare(vms, block_size, params, cache_unit)
+    unit = merged.bt.block_size
     out: list[HostResult] = []
     for cap in caps:
         mem = memory if memory is not None else int(cap * memory_factor)
@@ -225,7 +258,7 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
                 total, per_vm = _results(arm, cap, mem, merged, vms, SHARED[arm](merged.bt, capacity))
                 out.append(HostResult(arm, cap, mem, total, per_vm))
                 continue
-            hits, states, loads = _run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate, fill, exact)
+            hits, states, loads = run_split(arm, merged, vms, cap, capacity, p, rest, prefetch_rate, fill, exact)
             total, per_vm = _results(arm, cap, mem, merged, vms, hits, loads)
             cycles = max(1, len(cycle_ends(merged.bt, p.interval)))
             out.append(HostResult(arm, cap, mem, total, per_vm,
@@ -234,20 +267,26 @@ def replay_host(vms: list[HostVm], caps: list[int], *, block_size: int, params: 
     return out
 
 
-def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity: int,
+def run_split(arm: str, merged: Merged, vms: list[HostVm], cap: int, capacity: int,
                params: ModelParams, rest: str, prefetch_rate: int | None, fill: bool = True,
-               exact: bool = False) -> tuple[NDArray[np.bool_], list[_Vm], Loads]:
+               exact: bool = False, restart: Restart | None = None) -> tuple[NDArray[np.bool_], list[_Vm], Loads]:
     """Hits per access of one split arm, the VMs' states at the end and what their pins loaded.
 
     Each VM's cycle runs under the grant of the previous split; its demand
     curve after the step feeds the next split (the agents' one-cycle lag).
+    ``restart``: every VM starts from its saved set, a first cycle at the
+    trace's start on no access (vmcache.replay.sim's ``warm`` arm).
     """
     bt = merged.bt
     per = params.block_size // bt.block_size
-    states = [_Vm(vm, i, off, units, size, Cycle(params, units // per, prefetch_rate=prefetch_rate,
+    warm_rate = restart.warm_rate if restart else None
+    states = [_Vm(vm, i, off, units, size, Cycle(params, units // per, prefetch_rate=prefetch_rate, warm_rate=warm_rate,
                                                            residency_unit=bt.block_size, fill=fill),
                   np.zeros(0, dtype=np.int64))
               for i, (vm, off, units, size) in enumerate(zip(vms, merged.offsets, merged.units, merged.sizes))]
+    if restart is not None:
+        for s in states:
+            s.cycle.warm = restart.warm.get(s.vm.name)
     benefit = arm == "benefit"
     grants = _benefit_grants(states, None, cap) if benefit else static_grants(arm, vms, cap)
     hits = bytearray(len(bt))
@@ -258,27 +297,35 @@ def _run_split(arm: str, merged: _Merged, vms: list[HostVm], cap: int, capacity:
     block, write = bt.block.tolist(), bt.write.tolist()
     t0 = float(bt.time[0])
     begin = 0
-    for k, end in enumerate(cycle_ends(bt, params.interval)):
+    first = 0 if restart is None else -1  # a restart's first cycle: at the start, on no access
+    for k, end in enumerate([0] * -first + cycle_ends(bt, params.interval), start=first):
         memory.serve(block, write, begin, end, hits)
         served = np.frombuffer(bytes(hits[begin:end]), dtype=bool)
         resident = np.sort(np.fromiter(memory.resident(), dtype=np.int64))
         wanted = []
+        now = t0 + params.interval * (k + 1)
         for s in states:
             s.granted = grants[s.vm.name]
-            _step(s, merged, begin, end, served, resident, t0 + params.interval * (k + 1), exact)
+            if restart:
+                restart.hook.before(s.vm.name, s.cycle, now)
+            _step(s, merged, begin, end, served, resident, now, exact)
+            if restart:
+                restart.hook.after(s.vm.name, s.cycle, now)
             wanted.append(sampling.units_of(s.pinned, per, s.units) + s.offset)
             s.grant_sum += s.granted
             s.pinned_sum += int(s.pinned.size) * params.block_size
-        loads.add(t0 + params.interval * (k + 1), memory.pin(np.concatenate(wanted), fill))
+        loads.add(now, memory.pin(np.concatenate(wanted), fill))
         for s in states:
             s.cycle.pinned(s.current)
+            if restart:
+                restart.hook.pinned(s.vm.name, s.cycle, now)
         begin = end
         if benefit:
             grants = _benefit_grants(states, params, cap)
     return np.frombuffer(bytes(hits), dtype=bool).copy(), states, loads
 
 
-def _step(s: _Vm, merged: _Merged, begin: int, end: int, hit: NDArray[np.bool_], resident: NDArray[np.int64],
+def _step(s: _Vm, merged: Merged, begin: int, end: int, hit: NDArray[np.bool_], resident: NDArray[np.int64],
           now: float, exact: bool = False) -> None:
     """One VM's cycle at the end of an interval, on its accesses in [begin, end) and its residency.
 

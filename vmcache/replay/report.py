@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ..units import format_size
 from .measures import PolicyResult
+from .restartreport import aligned
 
 __all__ = ["MEASURES", "table", "host_table", "rows_json", "plot_png", "COLOURS"]
 
@@ -107,9 +108,7 @@ def host_table(results: list[Any]) -> str:
             shown = f"/{format_size(int(grant))}" if grant is not None else ""
             cells.append(f"{r.vms[n].reads_per_request:.4f}{shown}")
         lines.append([format_size(r.cap), r.arm] + cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-                     for line in lines)
+    return aligned(lines, left=2)
 
 
 def rows_json(results: list[PolicyResult]) -> list[dict[str, Any]]:

@@ -54,8 +54,8 @@ from .loads import WASTE_HORIZON, Loads
 from .measures import PolicyResult, loads_extra, measure
 from .trace import Trace
 
-__all__ = ["POLICIES", "ARMS", "WARM", "WARM_HEAT", "RESTS", "Memory", "VmcacheRun", "saved_hotset", "vmcache",
-           "replay"]
+__all__ = ["POLICIES", "ARMS", "WARM", "WARM_HEAT", "RESTS", "Memory", "VmcacheRun", "cycle_hotset", "saved_hotset",
+           "vmcache", "replay"]
 
 POLICIES = ("vmcache", "inferred", "lru", "linux", "belady")
 """The default policies: both vmcache arms, the host's baselines and the bound."""
@@ -124,12 +124,21 @@ class VmcacheRun:
     """The units cached at the end, pinned or not."""
 
 
-def saved_hotset(run: VmcacheRun, params: ModelParams, size_bytes: int, *, ordered: bool = True) -> WarmStart:
-    """The hot set a replay ended with, through the record the agent saves (top regions, heat to 1/256,
-    first-read cycles); ``ordered`` False: restored in heat order, as a set saved without an order."""
+def cycle_hotset(cycle: Cycle, *, budget: int, size_bytes: int) -> tuple[list[Region], tuple[int, ...]]:
+    """What the disk of ``cycle`` saves now (vmcache.model.saveset, up to ``budget``): the regions, priority =
+    their heat, and per region the cycle in which the guest first read it."""
+    hot = saved_regions(cycle.tally.counts, cycle.model.active, cycle.params, budget=budget, size_bytes=size_bytes)
+    return hot, cycle.tally.first_cycles(hot, cycle.params)
+
+
+def saved_hotset(hot: list[Region], first: tuple[int, ...], params: ModelParams, size_bytes: int, *,
+                 ordered: bool = True) -> WarmStart:
+    """The hot set a replay ended with (:func:`cycle_hotset`), through the record the agent saves (top
+    regions, heat to 1/256, first-read cycles); ``ordered`` False: restored in heat order, as a set saved
+    without an order."""
     from ..settings.hotset import DiskHotSet, HotSet, build_hotset, parse_hotset
 
-    record = DiskHotSet("vda", "/replay", size_bytes, None, params.block_size, tuple(run.hot), run.first)
+    record = DiskHotSet("vda", "/replay", size_bytes, None, params.block_size, tuple(hot), first)
     (disk,) = parse_hotset(build_hotset(HotSet(saved=0, disks=(record,)))).disks
     return WarmStart(((r, disk.mean_heat(r)) for r in disk.regions), params, disk.order() if ordered else None)
 
@@ -224,8 +233,7 @@ def vmcache(bt: BlockTrace, capacity: int, *, params: ModelParams, pin_budget: i
 def _ended(run: VmcacheRun, hits: bytearray, cycle: Cycle, memory: Memory, *, budget: int, size: int) -> VmcacheRun:
     """``run`` with what the end of the trace leaves: the hits, the set the disk saves, the cache's units."""
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
-    run.hot = saved_regions(cycle.tally.counts, cycle.model.active, cycle.params, budget=budget, size_bytes=size)
-    run.first = cycle.tally.first_cycles(run.hot, cycle.params)
+    run.hot, run.first = cycle_hotset(cycle, budget=budget, size_bytes=size)
     run.resident = np.fromiter(memory.resident(), dtype=np.int64)
     return run
 
@@ -246,7 +254,7 @@ def _arm_results(names: list[str], bt: BlockTrace, budget: int, capacity: int, p
     for name in names:
         extra: dict[str, Any] = {}
         if name in (WARM, WARM_HEAT):
-            warm = saved_hotset(first(), p, size, ordered=name == WARM)
+            warm = saved_hotset(first().hot, first().first, p, size, ordered=name == WARM)
             run = vmcache(bt, capacity, params=p, pin_budget=pin_budget, size_bytes=size_bytes, warm=warm, **options)
             extra = {"warm_saved_blocks": warm.total_bytes // p.block_size,
                      "warm_restored_blocks": warm.restored_bytes // p.block_size}

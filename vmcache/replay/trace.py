@@ -82,6 +82,12 @@ class Trace:
     def duration(self) -> float:
         return float(self.time[-1] - self.time[0]) if len(self) else 0.0
 
+    def since(self, start: float) -> Trace:
+        """The requests from ``start`` seconds on, their times shifted so that ``start`` is 0 (a VM that
+        began its hour there)."""
+        keep = self.time >= start
+        return Trace(self.time[keep] - start, self.write[keep], self.offset[keep], self.length[keep])
+
     @classmethod
     def from_lists(cls, time: list[float], write: list[bool], offset: list[int], length: list[int]) -> Trace:
         return cls(np.asarray(time, dtype=np.float64), np.asarray(write, dtype=bool),
