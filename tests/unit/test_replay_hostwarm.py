@@ -46,8 +46,10 @@ def test_one_host_budget_bounds_what_all_vms_load_a_cycle_and_the_last_vm_waits(
     assert alone.host_loaded_per_cycle()[0] > 2 * per_cycle[0]
     saved = sum(vm.saved_bytes for vm in shared.vms)
     assert saved == sum(vm.saved_bytes for vm in alone.vms) and saved > 4 * WARM * 10
+    assert shared.last_most_s is not None and shared.last_most_s <= shared.last_done_s
     for vm in shared.vms:
         assert vm.restored_bytes + vm.given_up_bytes == vm.saved_bytes
+        assert vm.most_s is not None and vm.done_s is not None and vm.most_s <= vm.done_s
         assert vm.restore_unread_bytes <= vm.restore_loaded_bytes
 
 

@@ -43,12 +43,14 @@ from .host import HostVm, Merged, Restart, prepare, run_split
 from .loads import WASTE_HORIZON, Loads, read_within
 from .sim import cycle_hotset, saved_hotset
 
-__all__ = ["PACINGS", "HEADS", "RestartVm", "RestartResult", "SharedBudget", "replay_restart"]
+__all__ = ["PACINGS", "HEADS", "MOST", "RestartVm", "RestartResult", "SharedBudget", "replay_restart"]
 
 SHARED, PER_AGENT = "shared", "per-agent"
 PACINGS = (SHARED, PER_AGENT)
 HEADS = (60.0, 300.0)
 """Seconds from the restart over which each VM's device reads are counted."""
+MOST = 0.9
+"""The share of a saved set whose restore :attr:`RestartVm.most_s` times."""
 
 
 @dataclass
@@ -59,6 +61,7 @@ class _Progress:
     restored: int = 0
     given_up: int = 0
     done_at: float | None = None
+    most_at: float | None = None
 
 
 class _Watch:
@@ -79,6 +82,8 @@ class _Watch:
         if warm is None or p is None:
             return
         p.restored, p.given_up = warm.restored_bytes, warm.given_up_bytes
+        if p.most_at is None and (warm.done or p.restored >= MOST * p.saved):
+            p.most_at = now - self.t0
         if warm.done and p.done_at is None:
             p.done_at = now - self.t0
 
@@ -117,6 +122,8 @@ class RestartVm:
     given_up_bytes: int
     done_s: float | None
     """Seconds from the restart until every saved region was restored or given up (None: not by the end)."""
+    most_s: float | None
+    """Seconds from the restart until 90% of the set was restored (or its restore ended)."""
     reads: dict[float, int]
     """Device reads (guest misses) over the first ``h`` seconds, per ``h`` of :data:`HEADS`."""
     cold_reads: dict[float, int]
@@ -130,7 +137,7 @@ class RestartVm:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "saved_bytes": self.saved_bytes, "restored_bytes": self.restored_bytes,
-                "given_up_bytes": self.given_up_bytes, "done_s": self.done_s,
+                "given_up_bytes": self.given_up_bytes, "done_s": self.done_s, "most_s": self.most_s,
                 **{f"device_reads_{h:g}s": n for h, n in self.reads.items()},
                 **{f"cold_device_reads_{h:g}s": n for h, n in self.cold_reads.items()},
                 "restore_loaded_bytes": self.restore_loaded_bytes, "restore_unread_bytes": self.restore_unread_bytes,
@@ -149,9 +156,13 @@ class RestartResult:
 
     @property
     def last_done_s(self) -> float | None:
-        """When the last VM's set was back (None: one never was)."""
-        done = [vm.done_s for vm in self.vms if vm.saved_bytes]
-        return None if any(d is None for d in done) else max((d for d in done if d is not None), default=0.0)
+        """When the last VM's restore ended (None: one never did)."""
+        return _last([vm.done_s for vm in self.vms if vm.saved_bytes])
+
+    @property
+    def last_most_s(self) -> float | None:
+        """When the last VM had 90% of its set back (None: one never had)."""
+        return _last([vm.most_s for vm in self.vms if vm.saved_bytes])
 
     def host_loaded_per_cycle(self) -> tuple[int, ...]:
         """Bytes all VMs' pins loaded per cycle: what the device was asked for."""
@@ -161,9 +172,13 @@ class RestartResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"pacing": self.pacing, "cap_bytes": self.cap, "warm_rate": self.warm_rate,
-                "interval_s": self.interval, "last_done_s": self.last_done_s,
+                "interval_s": self.interval, "last_done_s": self.last_done_s, "last_most_s": self.last_most_s,
                 "host_loaded_per_cycle_bytes": list(self.host_loaded_per_cycle()),
                 "vms": [vm.to_json() for vm in self.vms]}
+
+
+def _last(times: list[float | None]) -> float | None:
+    return None if any(t is None for t in times) else max((t for t in times if t is not None), default=0.0)
 
 
 def replay_restart(vms: list[HostVm], caps: list[int], *, block_size: int, warm_rate: int, prefetch_rate: int,
@@ -220,7 +235,7 @@ def _figures(merged: Merged, i: int, name: str, hits: NDArray[np.bool_], cold: N
     unread = ~read_within(bt, times[restore], units[restore], WASTE_HORIZON)
     cycle = np.rint((times[own] - t0) / interval).astype(np.int64)
     per_cycle = np.bincount(cycle, minlength=1) * bt.block_size if cycle.size else np.zeros(1, np.int64)
-    return RestartVm(name, p.saved, p.restored, p.given_up, p.done_at, {h: head(hits, h) for h in HEADS},
+    return RestartVm(name, p.saved, p.restored, p.given_up, p.done_at, p.most_at, {h: head(hits, h) for h in HEADS},
                      {h: head(cold, h) for h in HEADS}, int(restore.sum()) * bt.block_size,
                      int(unread.sum()) * bt.block_size, tuple(int(b) for b in per_cycle))
 

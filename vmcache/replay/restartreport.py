@@ -22,16 +22,17 @@ def aligned(lines: Sequence[Sequence[str]], left: int = 1) -> str:
                      for line in lines)
 
 
-def _ratio(n: int, cold: int) -> str:
-    return f"{n} ({n / cold:.2f}x)" if cold else str(n)
+def _when(seconds: float | None, saved: int = 1) -> str:
+    """A time from the restart: ``-`` for a VM with nothing saved, ``never`` for one not reached."""
+    return "-" if not saved else ("never" if seconds is None else f"{seconds:g}s")
 
 
 def _per_vm(r: RestartResult) -> str:
-    lines = [["vm", "saved", "restored", "back at", *(f"reads {h:g}s (cold)" for h in HEADS),
+    lines = [["vm", "saved", "restored", "90% at", "ended at", *(f"reads {h:g}s (cold)" for h in HEADS),
               *(f"x cold {h:g}s" for h in HEADS), "restore loaded", "unread 5 min"]]
     for vm in r.vms:
         lines.append([vm.name, format_size(vm.saved_bytes), format_size(vm.restored_bytes),
-                      "-" if not vm.saved_bytes else ("never" if vm.done_s is None else f"{vm.done_s:g}s"),
+                      _when(vm.most_s, vm.saved_bytes), _when(vm.done_s, vm.saved_bytes),
                       *(f"{vm.reads[h]} ({vm.cold_reads[h]})" for h in HEADS),
                       *(f"{vm.reads[h] / vm.cold_reads[h]:.3f}" if vm.cold_reads[h] else "-" for h in HEADS),
                       format_size(vm.restore_loaded_bytes), format_size(vm.restore_unread_bytes)])
@@ -39,7 +40,7 @@ def _per_vm(r: RestartResult) -> str:
     cold = {h: sum(vm.cold_reads[h] for vm in r.vms) for h in HEADS}
     lines.append(["all", format_size(sum(vm.saved_bytes for vm in r.vms)),
                   format_size(sum(vm.restored_bytes for vm in r.vms)),
-                  "never" if r.last_done_s is None else f"{r.last_done_s:g}s",
+                  _when(r.last_most_s), _when(r.last_done_s),
                   *(f"{total[h]} ({cold[h]})" for h in HEADS),
                   *(f"{total[h] / cold[h]:.3f}" if cold[h] else "-" for h in HEADS),
                   format_size(sum(vm.restore_loaded_bytes for vm in r.vms)),
@@ -66,8 +67,8 @@ def restart_tables(results: list[RestartResult], cycles: int = 12) -> str:
     out = []
     for r in results:
         rate = format_size(r.warm_rate) + "/s" + (" for the host" if r.pacing == "shared" else " each")
-        out.append(f"restart, pacing {r.pacing} (warm-up {rate}), cap {format_size(r.cap)}: the last VM's set back "
-                   + ("never" if r.last_done_s is None else f"at {r.last_done_s:g}s"))
+        out.append(f"restart, pacing {r.pacing} (warm-up {rate}), cap {format_size(r.cap)}: the last VM had 90% of "
+                   f"its set back at {_when(r.last_most_s)}, its restore ended at {_when(r.last_done_s)}")
         out.append(_per_vm(r))
         out.append(f"MiB/s each VM's pins loaded per {r.interval:g}s cycle (bytes / {r.interval:g}s), by the "
                    "cycle's time from the restart:")
