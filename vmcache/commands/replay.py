@@ -89,16 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fio-file", metavar="NAME", help="fio iolog naming several files: replay this one")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of device reads per request against memory")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
-    host = parser.add_argument_group("host mode: several VMs against one pinned cap (instead of TRACE)")
-    host.add_argument("--vm", action="append", default=[], metavar=VM_FORM,
-                      help="one VM: its trace, metadata budget, guaranteed minimum, name, image size, and where "
-                           "in its trace it starts (start=DURATION: the requests from there on, shifted to 0); "
-                           "repeat. With --policy warm: the VMs restart from the sets a first run saved, their "
-                           "warm-ups through one host budget of --warm-rate and each at --warm-rate")
-    host.add_argument("--cap", type=_budgets, action="append", metavar="SIZE[,SIZE...]",
-                      help="the host's pinned_cap (repeat or comma-separate)")
-    host.add_argument("--memory", type=size_arg, default=None,
-                      help="the host page cache every arm gets (default: 2 x the cap)")
+    _host_arguments(parser)
     gen = parser.add_argument_group("trace generation (instead of a replay)")
     gen.add_argument("--generate", choices=GENERATE_KINDS, help="write a synthetic trace to --out")
     gen.add_argument("--out", metavar="FILE.csv", help="where --generate writes")
@@ -110,6 +101,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--dwell", type=float, default=None,
                      help="moving: seconds for the hot spot to move by its width (default 1200)")
     gen.add_argument("--theta", type=float, default=None, help="zipf: exponent (default 1.0)")
+
+
+def _host_arguments(parser: argparse.ArgumentParser) -> None:
+    """The host mode's options (``--vm``, ``--cap``, ``--memory``)."""
+    host = parser.add_argument_group("host mode: several VMs against one pinned cap (instead of TRACE)")
+    host.add_argument("--vm", action="append", default=[], metavar=VM_FORM,
+                      help="one VM: its trace, metadata budget, guaranteed minimum, name, image size, and where "
+                           "in its trace it starts (start=DURATION: the requests from there on, shifted to 0); "
+                           "repeat. With --policy warm: the VMs restart from the sets a first run saved, their "
+                           "warm-ups through one host budget of --warm-rate and each at --warm-rate")
+    host.add_argument("--cap", type=_budgets, action="append", metavar="SIZE[,SIZE...]",
+                      help="the host's pinned_cap (repeat or comma-separate)")
+    host.add_argument("--memory", type=size_arg, default=None,
+                      help="the host page cache every arm gets (default: 2 x the cap)")
 
 
 def _model_params(items: list[str], block_size: int, interval: float | None) -> Any:
