@@ -92,3 +92,38 @@ def test_a_zone_the_guest_read_and_left_is_saved_after_its_pin_went_and_restored
     dom.destroy()
     agent_gone(env, name)
     dom.undefine()
+
+
+NEW = (32 * MiB, 4 * MiB)
+
+
+def _spans(env: LiveEnv, name: str, affect: Affect) -> list[tuple[int, int]]:
+    hotset = VirtDomain(env.conn, name).hotset(affect)
+    record = hotset.disk("vda") if hotset else None
+    return [(r.start, r.length) for r in record.regions] if record else []
+
+
+def test_what_a_migration_carries_is_the_zone_the_guest_reads_now_not_the_one_it_read_most(env: LiveEnv) -> None:
+    """The live definition's set (what a live migration carries, rewritten every cycle) puts first what the
+    guest read in about the last minute; the persistent one (a start's) keeps what it read most. Budget: one
+    zone. The guest reads ZONE a hundred times, then NEW every 2 s: NEW must take over the live set while
+    ZONE, read three times as much, stays the persistent one's."""
+    name = PREFIX + "moved"
+    image = env.disk(name, 64 * MiB)
+    dom = env.domain(name, image=image, persistent=True, budget="4M")
+    wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
+    for _ in range(100):
+        guest_read(dom, *ZONE)
+    wait_for(lambda: covered(_spans(env, name, Affect.LIVE), *ZONE), "the live set to be the zone read", step=1.0)
+
+    def moved() -> bool:
+        guest_read(dom, *NEW)
+        return covered(_spans(env, name, Affect.LIVE), *NEW)
+
+    wait_for(moved, "the live set to follow the zone the guest reads now", step=2.0, timeout=240)
+    assert not covered(_spans(env, name, Affect.LIVE), *ZONE)  # one zone's budget
+    wait_for(lambda: covered(_spans(env, name, Affect.CONFIG), *ZONE), "the persistent set to be the most read")
+    assert not covered(_spans(env, name, Affect.CONFIG), *NEW), env.agent_log(name)[-3000:]
+    dom.destroy()
+    agent_gone(env, name)
+    dom.undefine()

@@ -73,9 +73,12 @@ class FakeEngine:
         self.residency: Any = FakeResidency(size)
         self.warm: WarmStart | None = None
         self.last: Any = type("Stats", (), {"backing_off": backing_off})()
+        self.asked: list[bool] = []  # per hot_regions call, whether it asked for the recent ranking
+        self.now: list[Region] | None = None  # what the recent ranking gives, where it differs
 
-    def hot_regions(self) -> list[Region]:
-        return self._regions
+    def hot_regions(self, *, recent: bool = False) -> list[Region]:
+        self.asked.append(recent)
+        return self.now if recent and self.now is not None else self._regions
 
     def first_reads(self, regions: list[Region]) -> tuple[int, ...]:
         return tuple(range(1, len(regions) + 1))
@@ -382,6 +385,7 @@ def test_follow_writes_the_live_set_when_its_regions_change_and_saves_fully_when
     engine = FakeEngine(first, 64 * MiB)
     disks = [Disk("vda", image, engine)]
     keeper.follow(disks)
+    assert engine.asked == [True]  # the live set ranks what the guest reads now first (vmcache.model.saveset)
     assert dom.writes == [Affect.LIVE] and int(Affect.CONFIG) not in dom.saved and store.load("0e3c2a9e-8a43-4a55-9d0a-3c1c2a4f5b61") is None
     now[0] = 110.0
     engine._regions = [Region(8 * MiB, 4 * MiB, 9.0)]      # heat moved, the ranges did not
@@ -393,11 +397,18 @@ def test_follow_writes_the_live_set_when_its_regions_change_and_saves_fully_when
     (record,) = parse_hotset(dom.saved[int(Affect.LIVE)]).disks
     assert [(r.start, r.length) for r in record.regions] == [(24 * MiB, 2 * MiB)]
     now[0] = 400.0                                          # hotset_interval after the first cycle
+    engine.now = [Region(40 * MiB, 2 * MiB, 5.0)]           # read a minute: first in what a migration carries
     keeper.follow(disks)
-    assert dom.writes[-1] == Affect.LIVE | Affect.CONFIG and store.load("0e3c2a9e-8a43-4a55-9d0a-3c1c2a4f5b61") is not None
+    # the full save: the most read for a start (persistent, host), what the guest reads now for a migration
+    assert dom.writes[-2:] == [Affect.LIVE, Affect.CONFIG] and engine.asked[-2:] == [False, True]
+    spans = {flag: [(r.start, r.length) for r in parse_hotset(dom.saved[int(flag)]).disks[0].regions]
+             for flag in (Affect.LIVE, Affect.CONFIG)}
+    assert spans == {Affect.LIVE: [(40 * MiB, 2 * MiB)], Affect.CONFIG: [(24 * MiB, 2 * MiB)]}
+    assert store.load("0e3c2a9e-8a43-4a55-9d0a-3c1c2a4f5b61") is not None
     now[0] = 410.0
     keeper.follow(disks)                                    # just saved, nothing changed
-    assert len(dom.writes) == 3
+    assert len(dom.writes) == 4
+    engine.now = None
     engine._regions = []                                    # nothing held: the live element goes
     keeper.follow(disks)
     assert dom.writes[-1] == Affect.LIVE and int(Affect.LIVE) not in dom.saved

@@ -111,3 +111,34 @@ def test_a_cycle_tallies_the_reads_it_counts() -> None:
     cycle.step(none, none, [], size_bytes=n * MiB, budget=8 * MiB, now=30.0)  # nothing counted: nothing added
     assert cycle.tally.counts.index.tolist() == [5, 6]
     assert cycle.tally.counts.value.tolist() == pytest.approx([8.0, 2.0], rel=1e-3)
+
+
+def test_what_a_migration_carries_is_a_zone_read_for_a_minute_before_one_read_for_hours() -> None:
+    """The guest read blocks 0-3 every 2 s for three hours, then moved to blocks 50-53 a minute before the
+    save: the most-read ranking still saves the old zone, the recent one (what a migration carries) the new."""
+    tally = ReadTally()
+    t = 0.0
+    while t < 3 * 3600:
+        tally.add(_counts({b: 8.0 for b in range(4)}), t)
+        t += 2.0
+    moved = t
+    while t < moved + 60:
+        tally.add(_counts({b: 8.0 for b in range(50, 54)}), t)
+        t += 2.0
+    tally.add(BlockValues.empty(), t)
+    most = saved_regions(tally.counts, NO_HEAT, P, budget=4 * MiB, size_bytes=100 * MiB)
+    now = saved_regions(tally.counts, NO_HEAT, P, recent=tally.recent, budget=4 * MiB, size_bytes=100 * MiB)
+    assert [r.span for r in most] == [(0, 4 * MiB)]
+    assert [r.span for r in now] == [(50 * MiB, 4 * MiB)]
+    # room for both: the new zone first, then the old by its tally
+    both = saved_regions(tally.counts, NO_HEAT, P, recent=tally.recent, budget=8 * MiB, size_bytes=100 * MiB)
+    assert sorted(r.span for r in both) == [(0, 4 * MiB), (50 * MiB, 4 * MiB)]
+
+
+def test_blocks_not_read_now_keep_their_tally_s_order_behind_those_read_now() -> None:
+    tally = ReadTally()
+    tally.add(_counts({1: 50.0, 2: 40.0, 3: 30.0}), 0.0)
+    tally.add(_counts({9: 2.0}), 3600.0)  # an hour on: 1-3 are long out of the recent count
+    assert tally.recent.value.tolist() == pytest.approx([0.0, 0.0, 0.0, 2.0], abs=1e-6)
+    regions = saved_regions(tally.counts, NO_HEAT, P, recent=tally.recent, budget=3 * MiB, size_bytes=100 * MiB)
+    assert sorted(r.span for r in regions) == [(1 * MiB, 2 * MiB), (9 * MiB, MiB)]

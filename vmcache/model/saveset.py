@@ -18,6 +18,12 @@ better than the heat at the save (docs/replay.md, "What a hot set saves").
 The tally also keeps the cycle since the start in which the guest first
 read each block (:meth:`ReadTally.first_cycles`): saved with each region,
 it is the order a warm start restores them in (vmcache.model.warm).
+
+What a live migration carries is a bet on the next minutes of a guest that
+goes on running, not on a start: there the blocks the guest reads now come
+first (:attr:`ReadTally.recent`, halved every :data:`RECENT_HALF_LIFE`),
+then the most read, so that a workload that moved a minute before arrives
+with its new hot set however long it read the old one.
 """
 
 from __future__ import annotations
@@ -33,12 +39,19 @@ from .heat import ActiveHeat
 from .params import PAGE_SIZE, ModelParams
 from .region import Region
 
-__all__ = ["TALLY_BLOCKS", "TALLY_HALF_LIFE", "ReadTally", "saved_regions"]
+__all__ = ["RECENT_HALF_LIFE", "RECENT_PAGES", "TALLY_BLOCKS", "TALLY_HALF_LIFE", "ReadTally", "saved_regions"]
 
 TALLY_HALF_LIFE = 6 * 3600.0
 """Seconds in which a block's read count halves: long enough that the reads after a start still
 count hours later (an hour of a real trace ranked no better with any half-life above an hour, and
 worse at a quarter of one), short enough that a guest whose work moved is followed within a day."""
+
+RECENT_HALF_LIFE = 30.0
+"""Seconds in which a block's recent read count halves: a zone the guest has read for a minute outweighs
+one it read for hours until then (3/4 of the steady count against 1/4)."""
+
+RECENT_PAGES = 1.0
+"""A block read less than this (decayed) in the recent count is not read now: its rank is its tally's."""
 
 TALLY_BLOCKS = 65536
 """Blocks a tally keeps: once it holds twice as many, the least read go (64 GiB of 1 MiB blocks)."""
@@ -58,6 +71,7 @@ class ReadTally:
         self._blocks: Index = np.zeros(0, np.int64)
         self._counts: NDArray[np.float64] = np.zeros(0, np.float64)
         self._first: NDArray[np.float64] = np.zeros(0, np.float64)  # seconds from the start to the first read
+        self._recent: NDArray[np.float64] = np.zeros(0, np.float64)  # the same count, halved every RECENT_HALF_LIFE
         self._start: float | None = None
         self._last: float | None = None
 
@@ -66,12 +80,18 @@ class ReadTally:
         """The blocks read, and each one's decayed count of pages (sorted)."""
         return BlockValues(self._blocks, self._counts.astype(np.float32))
 
+    @property
+    def recent(self) -> BlockValues:
+        """The blocks read, and each one's count of pages decayed within about a minute (sorted)."""
+        return BlockValues(self._blocks, self._recent.astype(np.float32))
+
     def add(self, pages: BlockValues, now: float) -> None:
         """One cycle's reads (pages per block, sorted) at ``now``. Raises ValueError for a ``now`` not finite."""
         if not math.isfinite(now):
             raise ValueError(f"now must be finite, got {now!r}")
         if self._last is not None and now > self._last:
             self._counts *= 0.5 ** ((now - self._last) / self._half_life)
+            self._recent *= 0.5 ** ((now - self._last) / RECENT_HALF_LIFE)
         self._last = now if self._last is None else max(now, self._last)
         if self._start is None:
             self._start = now
@@ -83,12 +103,15 @@ class ReadTally:
         counts = np.zeros(blocks.size, np.float64)
         counts[old] = self._counts
         counts[positions(blocks, read)] += pages.value[pages.value > 0]
+        recent = np.zeros(blocks.size, np.float64)
+        recent[old] = self._recent
+        recent[positions(blocks, read)] += pages.value[pages.value > 0]
         first = np.full(blocks.size, max(0.0, self._last - self._start))
         first[old] = self._first
         if blocks.size > 2 * self._keep:
             kept = np.sort(np.argsort(-counts, kind="stable")[:self._keep])
-            blocks, counts, first = blocks[kept], counts[kept], first[kept]
-        self._blocks, self._counts, self._first = blocks, counts, first
+            blocks, counts, first, recent = blocks[kept], counts[kept], first[kept], recent[kept]
+        self._blocks, self._counts, self._first, self._recent = blocks, counts, first, recent
 
     def first_cycles(self, regions: Sequence[Region], params: ModelParams) -> tuple[int, ...]:
         """Per region, the cycle since the start in which the guest first read one of its blocks, counted
@@ -104,15 +127,18 @@ class ReadTally:
         """Forget the blocks past a disk shrunk to ``nblocks``."""
         keep = self._blocks < nblocks
         self._blocks, self._counts, self._first = self._blocks[keep], self._counts[keep], self._first[keep]
+        self._recent = self._recent[keep]
 
 
 def saved_regions(counts: BlockValues, active: ActiveHeat, params: ModelParams, *, budget: int,
-                  size_bytes: int) -> list[Region]:
+                  size_bytes: int, recent: BlockValues | None = None) -> list[Region]:
     """The regions a disk saves: its most read blocks within ``budget`` bytes, highest priority first.
 
     Blocks are ranked by ``counts`` (a :class:`ReadTally`'s), then by own
     heat (``active``), ties by offset; every block with either is a
-    candidate. The longest head of that ranking is taken whose regions
+    candidate. With ``recent`` (the tally's :attr:`~ReadTally.recent`, for
+    what a migration carries) the blocks read at least
+    :data:`RECENT_PAGES` in it come first, ranked by it. The longest head of that ranking is taken whose regions
     fit, merged as a warm start's planner will pin them: runs at most
     ``merge_gap`` blocks apart are one region (the gap counts against the
     budget), and beyond ``max_regions`` regions the smallest gaps are
@@ -131,7 +157,12 @@ def saved_regions(counts: BlockValues, active: ActiveHeat, params: ModelParams, 
     if most == 0:
         return []
     read = counts.index < nblocks
-    ranked = _top(counts.index[read], counts.value[read], active, most)
+    ranked = np.zeros(0, np.int64)
+    if recent is not None:
+        now = (recent.index < nblocks) & (recent.value >= RECENT_PAGES)
+        ranked = _top(recent.index[now], recent.value[now], active, most)
+        read &= ~member(counts.index, np.sort(ranked))
+    ranked = np.concatenate((ranked, _top(counts.index[read], counts.value[read], active, most - ranked.size)))
     if ranked.size < most:  # then the blocks with heat of their own the guest's counted reads do not cover
         rest = (active.own > 0) & (active.blocks < nblocks) & ~member(active.blocks, np.sort(ranked))
         ranked = np.concatenate((ranked, _top(active.blocks[rest], active.own[rest], None, most - ranked.size)))
@@ -156,6 +187,8 @@ def saved_regions(counts: BlockValues, active: ActiveHeat, params: ModelParams, 
 def _top(blocks: Index, value: NDArray[np.float32], active: ActiveHeat | None, most: int) -> Index:
     """The ``most`` of ``blocks`` (sorted) with the highest ``value``, then own heat (``active``), then the lowest
     offset, in that order: the rank is taken among those as high as the ``most``-th only."""
+    if most <= 0:
+        return np.zeros(0, np.int64)
     if blocks.size > most:
         some = value >= np.partition(value, blocks.size - most)[blocks.size - most]
         blocks, value = blocks[some], value[some]

@@ -138,13 +138,14 @@ class DiskEngine:
         """Heat per block, dense (empty before the first cycle; O(nblocks): for pictures)."""
         return self._cycle.model.heat
 
-    def hot_regions(self) -> list[Region]:
-        """What a hot set saves: the blocks the guest read most, up to the budget (vmcache.model.saveset);
-        empty before the first cycle."""
+    def hot_regions(self, *, recent: bool = False) -> list[Region]:
+        """What a hot set saves: the blocks the guest read most, up to the budget (vmcache.model.saveset),
+        with ``recent`` those it reads now first (what a migration carries); empty before the first cycle."""
         if self.residency is None:
             return []
-        return saved_regions(self._cycle.tally.counts, self._cycle.model.active, self.params, budget=self.budget,
-                             size_bytes=self.residency.size_bytes)
+        tally = self._cycle.tally
+        return saved_regions(tally.counts, self._cycle.model.active, self.params, budget=self.budget,
+                             size_bytes=self.residency.size_bytes, recent=tally.recent if recent else None)
 
     def first_reads(self, regions: Sequence[Region]) -> tuple[int, ...]:
         """Per region, the cycle since this start in which the guest first read it (from 1; 0: not read)."""

@@ -193,14 +193,15 @@ class HotSetKeeper:
                managed: Callable[[DomainSettings | None], bool] = _by_metadata) -> None:
         """After a cycle: the full save when it is due (:meth:`save`), else the live definition's set
         rewritten if its regions changed since it was last written (one libvirt call; nothing when they
-        did not). Never raises."""
+        did not). The live set is what a migration carries: the blocks the guest reads now first
+        (vmcache.model.saveset). Never raises."""
         if self.due():
             self.save(disks, live=True, managed=managed)
             return
         if not self.every:
             return
         try:
-            hotset = HotSet(saved=int(self._wall()), disks=tuple(self._records(disks)))
+            hotset = HotSet(saved=int(self._wall()), disks=tuple(self._records(disks, recent=True)))
         except VmcacheError as err:
             self._log.warning(event("hotset.save_failed", error=err))
             return
@@ -261,10 +262,8 @@ class HotSetKeeper:
         wrote = []
         if flags is not None:
             try:  # nothing held (the guest left every region): no element, the next start is a cold one
-                dom.set_hotset(hotset if hotset.disks else None, flags)
+                self._write_xml(dom, hotset, disks, flags)
                 wrote.append("xml")
-                if flags & Affect.LIVE:
-                    self._live = _spans(hotset)
             except VmcacheError as err:
                 self._log.warning(event("hotset.save_failed", error=err))
         if self._store is not None and self._save_host(hotset):
@@ -276,6 +275,16 @@ class HotSetKeeper:
                              live=live, config=bool(flags and flags & Affect.CONFIG), to="+".join(wrote),
                              cpu_ms=f"{(time.process_time() - started) * 1e3:.2f}"))
         return True
+
+    def _write_xml(self, dom: HotSetDomain, hotset: HotSet, disks: Iterable[ManagedDisk], flags: Affect) -> None:
+        """``hotset`` into the persistent definition; the live one gets what :meth:`follow` writes there (what
+        a migration carries), so that a save does not swap it for a cycle. Raises VmcacheError."""
+        if flags & Affect.LIVE:
+            live = HotSet(saved=hotset.saved, disks=tuple(self._records(disks, recent=True)))
+            dom.set_hotset(live if live.disks else None, Affect.LIVE)
+            self._live = _spans(live)
+        if flags & Affect.CONFIG:
+            dom.set_hotset(hotset if hotset.disks else None, Affect.CONFIG)
 
     def _xml_flags(self, dom: HotSetDomain, live: bool,
                    managed: Callable[[DomainSettings | None], bool]) -> Affect | None:
@@ -314,7 +323,7 @@ class HotSetKeeper:
             self._log.info(event("hotset.pruned", files=len(pruned)))
         return True
 
-    def _records(self, disks: Iterable[ManagedDisk]) -> Iterable[DiskHotSet]:
+    def _records(self, disks: Iterable[ManagedDisk], *, recent: bool = False) -> Iterable[DiskHotSet]:
         for disk in disks:
             engine = disk.engine
             record = self._warming.get(disk.target)
@@ -325,7 +334,7 @@ class HotSetKeeper:
             if kept is not None and kept.image == disk.image and engine.last is not None and engine.last.backing_off:
                 yield kept  # floor or pressure cut what it holds: not a measure of what is hot
                 continue
-            regions = engine.hot_regions() if engine.residency is not None else []
+            regions = engine.hot_regions(recent=recent) if engine.residency is not None else []
             if not regions:
                 continue  # nothing to warm: and an image gets an id only when it has a set
             try:
