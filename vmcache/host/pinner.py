@@ -150,11 +150,11 @@ class Pinner:
         wanted = pindiff.clip(regions, self._table.size())
         available, limit = self._available(recharge and self._table.apart())
         run = _Run(self._table, available)
-        pressure = run.under_floor = run.available < self.floor_bytes
+        run.under_floor = run.available < self.floor_bytes
         stale, overlapping = pindiff.unplanned(self._table.regions(), wanted)
         for span in stale:
             run.release(span, "plan")
-        headroom = 0 if pressure else max(0, run.available - self.floor_bytes)
+        headroom = 0 if run.under_floor else max(0, run.available - self.floor_bytes)
         todo = pindiff.diff(self._table.regions(), wanted, overlapping, budget=budget, headroom=headroom)
         for span in todo.release:
             run.release(span, "budget")
@@ -168,7 +168,7 @@ class Pinner:
         for span in todo.orphans:
             if span in self._table:
                 run.release(span, "budget")
-        if pressure:
+        if run.under_floor:
             self._relieve(run, "pressure" if limit == "floor" else limit, fill)
         return self._report(run, todo)
 

@@ -100,12 +100,11 @@ class ReadTally:
             return
         blocks = union(self._blocks, read)
         old = positions(blocks, self._blocks)
-        counts = np.zeros(blocks.size, np.float64)
-        counts[old] = self._counts
-        counts[positions(blocks, read)] += pages.value[pages.value > 0]
-        recent = np.zeros(blocks.size, np.float64)
-        recent[old] = self._recent
-        recent[positions(blocks, read)] += pages.value[pages.value > 0]
+        at, added = positions(blocks, read), pages.value[pages.value > 0]
+        counts, recent = np.zeros(blocks.size, np.float64), np.zeros(blocks.size, np.float64)
+        counts[old], recent[old] = self._counts, self._recent
+        counts[at] += added
+        recent[at] += added
         first = np.full(blocks.size, max(0.0, self._last - self._start))
         first[old] = self._first
         if blocks.size > 2 * self._keep:
