@@ -128,3 +128,40 @@ def test_what_a_migration_carries_is_the_zone_the_guest_reads_now_not_the_one_it
     dom.destroy()
     agent_gone(env, name)
     dom.undefine()
+
+
+ONCE = (40 * MiB, 8 * MiB)
+
+
+def test_a_migration_carries_the_zone_the_guest_goes_back_to_not_what_it_read_once(env: LiveEnv) -> None:
+    """A migration's destination reads every carried block whole from the storage: only blocks whose reads
+    mostly found their pages cached (the guest goes back to them) are worth it. The guest reads ZONE over and
+    over and ONCE a MiB at a time, once (a web server's new files, a scan): the live set (what a migration
+    carries) holds ZONE and nothing of ONCE, while the persistent one (a start's: the guest's own cache is
+    empty then too) holds both."""
+    name = PREFIX + "once"
+    image = env.disk(name, 64 * MiB)
+    dom = env.domain(name, image=image, persistent=True, budget="16M")
+    wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
+    for off in range(ONCE[0], ONCE[0] + ONCE[1], MiB):
+        guest_read(dom, *ZONE)
+        guest_read(dom, off, MiB)
+    for _ in range(20):
+        guest_read(dom, *ZONE)
+
+    def saved_both() -> bool:
+        guest_read(dom, *ZONE)
+        spans = _spans(env, name, Affect.CONFIG)
+        return covered(spans, *ZONE) and covered(spans, *ONCE)
+
+    wait_for(saved_both, "the persistent set to hold both zones", step=1.0)
+    def carried_zone() -> bool:
+        guest_read(dom, *ZONE)
+        return covered(_spans(env, name, Affect.LIVE), *ZONE)
+
+    wait_for(carried_zone, "the live set to hold the zone read again", step=1.0)
+    live = _spans(env, name, Affect.LIVE)
+    assert not any(s < ONCE[0] + ONCE[1] and ONCE[0] < s + n for s, n in live), (live, env.agent_log(name)[-3000:])
+    dom.destroy()
+    agent_gone(env, name)
+    dom.undefine()

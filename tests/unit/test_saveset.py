@@ -12,7 +12,7 @@ from vmcache.model.cycle import Cycle
 from vmcache.model.heat import ActiveHeat
 from vmcache.model.params import ModelParams
 from vmcache.model.reads import GuestReads
-from vmcache.model.saveset import ReadTally, saved_regions
+from vmcache.model.saveset import ReadTally, carried_regions, saved_regions
 
 MiB = 1 << 20
 P = replace(ModelParams(), block_size=MiB)
@@ -115,7 +115,7 @@ def test_a_cycle_tallies_the_reads_it_counts() -> None:
 
 def test_what_a_migration_carries_is_a_zone_read_for_a_minute_before_one_read_for_hours() -> None:
     """The guest read blocks 0-3 every 2 s for three hours, then moved to blocks 50-53 a minute before the
-    save: the most-read ranking still saves the old zone, the recent one (what a migration carries) the new."""
+    save: the most-read ranking still saves the old zone, what a migration carries the new."""
     tally = ReadTally()
     t = 0.0
     while t < 3 * 3600:
@@ -127,18 +127,63 @@ def test_what_a_migration_carries_is_a_zone_read_for_a_minute_before_one_read_fo
         t += 2.0
     tally.add(BlockValues.empty(), t)
     most = saved_regions(tally.counts, NO_HEAT, P, budget=4 * MiB, size_bytes=100 * MiB)
-    now = saved_regions(tally.counts, NO_HEAT, P, recent=tally.recent, budget=4 * MiB, size_bytes=100 * MiB)
+    now = carried_regions(tally, NO_HEAT, P, budget=4 * MiB, size_bytes=100 * MiB)
     assert [r.span for r in most] == [(0, 4 * MiB)]
     assert [r.span for r in now] == [(50 * MiB, 4 * MiB)]
     # room for both: the new zone first, then the old by its tally
-    both = saved_regions(tally.counts, NO_HEAT, P, recent=tally.recent, budget=8 * MiB, size_bytes=100 * MiB)
+    both = carried_regions(tally, NO_HEAT, P, budget=8 * MiB, size_bytes=100 * MiB)
     assert sorted(r.span for r in both) == [(0, 4 * MiB), (50 * MiB, 4 * MiB)]
+
+
+def test_a_migration_carries_only_blocks_the_guest_goes_back_to_not_pages_it_read_once() -> None:
+    """Blocks 0-3: read over and over (hits once cached); 20-27: each page read once, every read a miss (a web
+    server's new files); 40: a scan whose readahead brought in more than it read. Only 0-3 are carried,
+    whatever the budget, while the start's set (the most read) takes them all."""
+    tally = ReadTally()
+    for k in range(30):
+        t = 2.0 * k
+        tally.add(_counts({0: 64.0, 1: 64.0, 2: 64.0, 3: 64.0}), t, _counts({0: 64.0, 1: 64.0, 2: 64.0, 3: 64.0})
+                  if k == 0 else None)
+        once = {20 + k % 8: 32.0, 40: 16.0}
+        tally.add(_counts(once), t + 1, _counts({20 + k % 8: 32.0, 40: 32.0}))
+    carried = carried_regions(tally, NO_HEAT, P, budget=64 * MiB, size_bytes=100 * MiB)
+    assert [r.span for r in carried] == [(0, 4 * MiB)]
+    saved = saved_regions(tally.counts, NO_HEAT, P, budget=64 * MiB, size_bytes=100 * MiB)
+    assert sum(r.length for r in saved) >= 13 * MiB
+    # a page read twice proves as much as it costs, not more: a block half hits is not carried
+    half = ReadTally()
+    half.add(_counts({7: 10.0}), 0.0, _counts({7: 5.0}))
+    assert carried_regions(half, NO_HEAT, P, budget=8 * MiB, size_bytes=100 * MiB) == []
+    half.add(_counts({7: 2.0}), 1.0)
+    assert [r.span for r in carried_regions(half, NO_HEAT, P, budget=8 * MiB, size_bytes=100 * MiB)] == [(7 * MiB, MiB)]
+
+
+def test_where_reads_are_not_counted_a_migration_carries_the_blocks_with_heat_of_their_own() -> None:
+    heat = _heat({20: 0.3, 59: 0.2, 60: 0.8}, own={20: 0.3, 60: 0.8})
+    tally = ReadTally()
+    assert not tally.counted
+    regions = carried_regions(tally, heat, P, budget=10 * MiB, size_bytes=100 * MiB)
+    assert sorted(r.span for r in regions) == [(20 * MiB, MiB), (60 * MiB, MiB)]
+    tally.add(BlockValues.empty(), 0.0)  # counted, nothing read: nothing proven, nothing carried
+    assert tally.counted
+    assert carried_regions(tally, heat, P, budget=10 * MiB, size_bytes=100 * MiB) == []
 
 
 def test_blocks_not_read_now_keep_their_tally_s_order_behind_those_read_now() -> None:
     tally = ReadTally()
     tally.add(_counts({1: 50.0, 2: 40.0, 3: 30.0}), 0.0)
     tally.add(_counts({9: 2.0}), 3600.0)  # an hour on: 1-3 are long out of the recent count
-    assert tally.recent.value.tolist() == pytest.approx([0.0, 0.0, 0.0, 2.0], abs=1e-6)
-    regions = saved_regions(tally.counts, NO_HEAT, P, recent=tally.recent, budget=3 * MiB, size_bytes=100 * MiB)
+    assert tally.reused(recent=True).index.tolist() == [9]
+    assert tally.reused(recent=False).index.tolist() == [1, 2, 3, 9]
+    regions = carried_regions(tally, NO_HEAT, P, budget=3 * MiB, size_bytes=100 * MiB)
     assert sorted(r.span for r in regions) == [(1 * MiB, 2 * MiB), (9 * MiB, MiB)]
+
+
+def test_a_cycle_tallies_which_of_the_reads_it_counts_were_hits() -> None:
+    n = 100
+    cycle = Cycle(P, n)
+    none = BlockValues.empty()
+    cycle.step(none, none, [], size_bytes=n * MiB, budget=8 * MiB, now=10.0,
+               reads=GuestReads(_counts({5: 8.0, 6: 8.0}), _counts({5: 8.0, 6: 1.0})))
+    assert cycle.tally.reused(recent=True).index.tolist() == [6]  # 5: every page a miss
+    assert cycle.tally.reused(recent=False).index.tolist() == [6]

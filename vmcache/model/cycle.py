@@ -216,7 +216,7 @@ class Cycle:
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
         if reads is not None:
-            self.tally.add(listed(reads.pages, n, "reads.pages"), now)
+            self.tally.add(listed(reads.pages, n, "reads.pages"), now, listed(reads.missed, n, "reads.missed"))
         if reads is None:
             judged, evidence = self._relative_reads(res, grown, evidence, seen_sample)
             self.model.step_blocks(judged, wr, self._masked(), now, seen=evidence)

@@ -19,11 +19,18 @@ The tally also keeps the cycle since the start in which the guest first
 read each block (:meth:`ReadTally.first_cycles`): saved with each region,
 it is the order a warm start restores them in (vmcache.model.warm).
 
-What a live migration carries is a bet on the next minutes of a guest that
-goes on running, not on a start: there the blocks the guest reads now come
-first (:attr:`ReadTally.recent`, halved every :data:`RECENT_HALF_LIFE`),
-then the most read, so that a workload that moved a minute before arrives
-with its new hot set however long it read the old one.
+What a live migration carries (:func:`carried_regions`) is a bet on the next
+minutes of a guest that goes on running, on a destination whose cache is
+empty: every block carried is read whole from the storage there, and pays
+only if the guest reads it again. So where reads are counted it carries only
+blocks with proven reuse - most of the guest's reads of them found the page
+already cached (hits, :data:`REUSE_SHARE`) - the blocks it reads now first
+(:meth:`ReadTally.reused`, halved every :data:`RECENT_HALF_LIFE`), then the
+most read, so that a workload that moved a minute before arrives with its
+new hot set however long it read the old one. A guest that reads each page
+once (a web server serving new files, a scan) carries nothing, and its
+destination reads what the kernel alone would (docs/replay.md, "What a
+migration carries").
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ from .heat import ActiveHeat
 from .params import PAGE_SIZE, ModelParams
 from .region import Region
 
-__all__ = ["RECENT_HALF_LIFE", "RECENT_PAGES", "TALLY_BLOCKS", "TALLY_HALF_LIFE", "ReadTally", "saved_regions"]
+__all__ = ["RECENT_HALF_LIFE", "RECENT_PAGES", "REUSE_SHARE", "TALLY_BLOCKS", "TALLY_HALF_LIFE", "ReadTally",
+           "carried_regions", "saved_regions"]
 
 TALLY_HALF_LIFE = 6 * 3600.0
 """Seconds in which a block's read count halves: long enough that the reads after a start still
@@ -52,6 +60,11 @@ one it read for hours until then (3/4 of the steady count against 1/4)."""
 
 RECENT_PAGES = 1.0
 """A block read less than this (decayed) in the recent count is not read now: its rank is its tally's."""
+
+REUSE_SHARE = 0.5
+"""A block a migration carries: more than this share of the guest's (decayed) reads of it found the page
+cached. A page read once is a miss and proves nothing; a block whose pages the guest goes back to is a hit
+most of the time once cached."""
 
 TALLY_BLOCKS = 65536
 """Blocks a tally keeps: once it holds twice as many, the least read go (64 GiB of 1 MiB blocks)."""
@@ -72,6 +85,8 @@ class ReadTally:
         self._counts: NDArray[np.float64] = np.zeros(0, np.float64)
         self._first: NDArray[np.float64] = np.zeros(0, np.float64)  # seconds from the start to the first read
         self._recent: NDArray[np.float64] = np.zeros(0, np.float64)  # the same count, halved every RECENT_HALF_LIFE
+        self._hits: NDArray[np.float64] = np.zeros(0, np.float64)  # of the counts, the pages found cached
+        self._recent_hits: NDArray[np.float64] = np.zeros(0, np.float64)  # of the recent ones
         self._start: float | None = None
         self._last: float | None = None
 
@@ -81,36 +96,53 @@ class ReadTally:
         return BlockValues(self._blocks, self._counts.astype(np.float32))
 
     @property
-    def recent(self) -> BlockValues:
-        """The blocks read, and each one's count of pages decayed within about a minute (sorted)."""
-        return BlockValues(self._blocks, self._recent.astype(np.float32))
+    def counted(self) -> bool:
+        """Whether the guest's reads were ever given (counted exactly): without them the tally is empty."""
+        return self._start is not None
 
-    def add(self, pages: BlockValues, now: float) -> None:
-        """One cycle's reads (pages per block, sorted) at ``now``. Raises ValueError for a ``now`` not finite."""
+    def reused(self, *, recent: bool) -> BlockValues:
+        """The blocks with proven reuse (more than :data:`REUSE_SHARE` of their reads hits), each one's
+        count (``recent``: the recent count, those read at least :data:`RECENT_PAGES` in it)."""
+        counts, hits = (self._recent, self._recent_hits) if recent else (self._counts, self._hits)
+        keep = (hits > REUSE_SHARE * counts) & (counts >= (RECENT_PAGES if recent else 0.0)) & (counts > 0)
+        return BlockValues(self._blocks[keep], counts[keep].astype(np.float32))
+
+    def add(self, pages: BlockValues, now: float, missed: BlockValues | None = None) -> None:
+        """One cycle's reads (pages per block, sorted) at ``now``, and of them the pages that ``missed`` the
+        cache (:class:`~vmcache.model.reads.GuestReads`; None: none did). Raises ValueError for a ``now``
+        not finite."""
         if not math.isfinite(now):
             raise ValueError(f"now must be finite, got {now!r}")
         if self._last is not None and now > self._last:
-            self._counts *= 0.5 ** ((now - self._last) / self._half_life)
-            self._recent *= 0.5 ** ((now - self._last) / RECENT_HALF_LIFE)
+            slow, fast = 0.5 ** ((now - self._last) / self._half_life), 0.5 ** ((now - self._last) / RECENT_HALF_LIFE)
+            self._counts *= slow
+            self._hits *= slow
+            self._recent *= fast
+            self._recent_hits *= fast
         self._last = now if self._last is None else max(now, self._last)
         if self._start is None:
             self._start = now
-        read = pages.index[pages.value > 0]
+        some = pages.value > 0
+        read, added = pages.index[some], pages.value[some].astype(np.float64)
         if read.size == 0:
             return
+        hits = added if missed is None else np.maximum(added - missed.at(read), 0.0)
         blocks = union(self._blocks, read)
-        old = positions(blocks, self._blocks)
-        at, added = positions(blocks, read), pages.value[pages.value > 0]
-        counts, recent = np.zeros(blocks.size, np.float64), np.zeros(blocks.size, np.float64)
-        counts[old], recent[old] = self._counts, self._recent
-        counts[at] += added
-        recent[at] += added
+        old, at = positions(blocks, self._blocks), positions(blocks, read)
+        arrays = []
+        for kept, new in ((self._counts, added), (self._recent, added), (self._hits, hits), (self._recent_hits, hits)):
+            grown = np.zeros(blocks.size, np.float64)
+            grown[old] = kept
+            grown[at] += new
+            arrays.append(grown)
         first = np.full(blocks.size, max(0.0, self._last - self._start))
         first[old] = self._first
+        arrays.append(first)
         if blocks.size > 2 * self._keep:
-            kept = np.sort(np.argsort(-counts, kind="stable")[:self._keep])
-            blocks, counts, first, recent = blocks[kept], counts[kept], first[kept], recent[kept]
-        self._blocks, self._counts, self._first, self._recent = blocks, counts, first, recent
+            kept = np.sort(np.argsort(-arrays[0], kind="stable")[:self._keep])
+            blocks, arrays = blocks[kept], [a[kept] for a in arrays]
+        self._blocks = blocks
+        self._counts, self._recent, self._hits, self._recent_hits, self._first = arrays
 
     def first_cycles(self, regions: Sequence[Region], params: ModelParams) -> tuple[int, ...]:
         """Per region, the cycle since the start in which the guest first read one of its blocks, counted
@@ -126,28 +158,45 @@ class ReadTally:
         """Forget the blocks past a disk shrunk to ``nblocks``."""
         keep = self._blocks < nblocks
         self._blocks, self._counts, self._first = self._blocks[keep], self._counts[keep], self._first[keep]
-        self._recent = self._recent[keep]
+        self._recent, self._hits, self._recent_hits = self._recent[keep], self._hits[keep], self._recent_hits[keep]
 
 
 def saved_regions(counts: BlockValues, active: ActiveHeat, params: ModelParams, *, budget: int,
-                  size_bytes: int, recent: BlockValues | None = None) -> list[Region]:
-    """The regions a disk saves: its most read blocks within ``budget`` bytes, highest priority first.
+                  size_bytes: int) -> list[Region]:
+    """The regions a disk saves for its next start: its most read blocks within ``budget`` bytes, highest
+    priority first.
 
     Blocks are ranked by ``counts`` (a :class:`ReadTally`'s), then by own
     heat (``active``), ties by offset; every block with either is a
-    candidate. With ``recent`` (the tally's :attr:`~ReadTally.recent`, for
-    what a migration carries) the blocks read at least
-    :data:`RECENT_PAGES` in it come first, ranked by it. The longest head of that ranking is taken whose regions
+    candidate. The longest head of that ranking is taken whose regions
     fit, merged as a warm start's planner will pin them: runs at most
     ``merge_gap`` blocks apart are one region (the gap counts against the
     budget), and beyond ``max_regions`` regions the smallest gaps are
-    closed. A region's
-    priority is its heat summed over its blocks, each block counted at
-    least at ``threshold``: a block read long ago has lost its heat but
-    is what the next start is likely to read, and a warm start gives up
-    a region held under ``threshold / keep_factor``. Raises ValueError for
-    a negative budget or size.
+    closed. A region's priority is its heat summed over its blocks, each
+    block counted at least at ``threshold``: a block read long ago has lost
+    its heat but is what the next start is likely to read, and a warm start
+    gives up a region held under ``threshold / keep_factor``. Raises
+    ValueError for a negative budget or size.
     """
+    return _fitted((counts,), active, params, budget=budget, size_bytes=size_bytes, own_heat=True)
+
+
+def carried_regions(tally: ReadTally, active: ActiveHeat, params: ModelParams, *, budget: int,
+                    size_bytes: int) -> list[Region]:
+    """The regions a live migration carries, as :func:`saved_regions` fits and orders them: where reads
+    are counted (:attr:`ReadTally.counted`), only the blocks with proven reuse (:meth:`ReadTally.reused`),
+    those read now first, ranked by their recent count, then the rest by their tally; where they are not,
+    the blocks with heat of their own (the read signal inferred from residency cannot tell a hit)."""
+    if not tally.counted:
+        return saved_regions(tally.counts, active, params, budget=budget, size_bytes=size_bytes)
+    return _fitted((tally.reused(recent=True), tally.reused(recent=False)), active, params, budget=budget,
+                   size_bytes=size_bytes, own_heat=False)
+
+
+def _fitted(levels: Sequence[BlockValues], active: ActiveHeat, params: ModelParams, *, budget: int,
+            size_bytes: int, own_heat: bool) -> list[Region]:
+    """The blocks of ``levels`` in turn, each ranked by its values (then own heat), then with ``own_heat`` the
+    blocks with heat of their own, the longest head that fits ``budget`` merged into regions."""
     if budget < 0 or size_bytes < 0:
         raise ValueError(f"budget and size_bytes must not be negative, got {budget}, {size_bytes}")
     bs = params.block_size
@@ -155,14 +204,11 @@ def saved_regions(counts: BlockValues, active: ActiveHeat, params: ModelParams, 
     most = budget // bs
     if most == 0:
         return []
-    read = counts.index < nblocks
     ranked = np.zeros(0, np.int64)
-    if recent is not None:
-        now = (recent.index < nblocks) & (recent.value >= RECENT_PAGES)
-        ranked = _top(recent.index[now], recent.value[now], active, most)
-        read &= ~member(counts.index, np.sort(ranked))
-    ranked = np.concatenate((ranked, _top(counts.index[read], counts.value[read], active, most - ranked.size)))
-    if ranked.size < most:  # then the blocks with heat of their own the guest's counted reads do not cover
+    for level in levels:
+        take = (level.index < nblocks) & ~member(level.index, np.sort(ranked))
+        ranked = np.concatenate((ranked, _top(level.index[take], level.value[take], active, most - ranked.size)))
+    if own_heat and ranked.size < most:  # then the blocks with heat of their own the guest's counted reads do not cover
         rest = (active.own > 0) & (active.blocks < nblocks) & ~member(active.blocks, np.sort(ranked))
         ranked = np.concatenate((ranked, _top(active.blocks[rest], active.own[rest], None, most - ranked.size)))
     file_end = -(-size_bytes // PAGE_SIZE) * PAGE_SIZE

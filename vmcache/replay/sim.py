@@ -45,7 +45,7 @@ from ..model.blocks import blocks_of
 from ..model.cycle import Cycle
 from ..model.params import ModelParams
 from ..model.region import Region
-from ..model.saveset import saved_regions
+from ..model.saveset import carried_regions, saved_regions
 from ..model.warm import WarmStart
 from . import restore, sampling
 from .accesses import BlockTrace, cycle_ends, to_blocks
@@ -120,6 +120,8 @@ class VmcacheRun:
     """What the disk saves at the end (vmcache.model.saveset), priority = their heat."""
     first: tuple[int, ...] = ()
     """Per region of ``hot``, the cycle in which the guest first read it (from 1; 0: not read)."""
+    carried: list[Region] = field(default_factory=list)
+    """What a live migration at the end would carry (vmcache.model.saveset ``carried_regions``)."""
     resident: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     """The units cached at the end, pinned or not."""
 
@@ -234,6 +236,7 @@ def _ended(run: VmcacheRun, hits: bytearray, cycle: Cycle, memory: Memory, *, bu
     """``run`` with what the end of the trace leaves: the hits, the set the disk saves, the cache's units."""
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
     run.hot, run.first = cycle_hotset(cycle, budget=budget, size_bytes=size)
+    run.carried = carried_regions(cycle.tally, cycle.model.active, cycle.params, budget=budget, size_bytes=size)
     run.resident = np.fromiter(memory.resident(), dtype=np.int64)
     return run
 

@@ -39,7 +39,7 @@ from ..model.reads import GuestReads
 from ..model.region import Region
 from ..model.share import Curve, demand_of
 from ..model.stats import CycleStats
-from ..model.saveset import saved_regions
+from ..model.saveset import carried_regions, saved_regions
 from ..model.warm import WarmStart
 from .enginepolicy import EnginePolicy
 from .warmbudget import WarmBudget
@@ -140,12 +140,14 @@ class DiskEngine:
 
     def hot_regions(self, *, recent: bool = False) -> list[Region]:
         """What a hot set saves: the blocks the guest read most, up to the budget (vmcache.model.saveset),
-        with ``recent`` those it reads now first (what a migration carries); empty before the first cycle."""
+        with ``recent`` what a migration carries (the blocks the guest goes back to, those it reads now first;
+        vmcache.model.saveset ``carried_regions``); empty before the first cycle."""
         if self.residency is None:
             return []
-        tally = self._cycle.tally
-        return saved_regions(tally.counts, self._cycle.model.active, self.params, budget=self.budget,
-                             size_bytes=self.residency.size_bytes, recent=tally.recent if recent else None)
+        tally, active, size = self._cycle.tally, self._cycle.model.active, self.residency.size_bytes
+        if recent:
+            return carried_regions(tally, active, self.params, budget=self.budget, size_bytes=size)
+        return saved_regions(tally.counts, active, self.params, budget=self.budget, size_bytes=size)
 
     def first_reads(self, regions: Sequence[Region]) -> tuple[int, ...]:
         """Per region, the cycle since this start in which the guest first read it (from 1; 0: not read)."""
