@@ -1,31 +1,36 @@
-"""make demo's measurement: what vmcache does for the demo guest once its page cache is swept.
+"""make demo's measurement: what vmcache does for the demo guest when it starts on an empty page cache.
 
-    .venv/bin/python scripts/demo_effect.py DOMAIN IMAGE CONSOLE [--seconds 20] [--budget 256M]
+    .venv/bin/python scripts/demo_effect.py DOMAIN IMAGE CONSOLE [--seconds 20] [--learn 45]
 
 The domain runs the demo guest (fio 4k random 80/20 read/write, sync, 80%
-of the I/O on the first 10% of its disk) and is defined with vmcache's
-metadata switched off. Two windows, measured on the host (the guest's
-I/O requests from libvirt's block statistics, the host disk's reads from
-/proc/diskstats), each right after the image's page cache lost everything
-nothing locks:
+of the I/O on the first 10% of its disk) and is opted in. A host reboot,
+a restart after an eviction or a live migration starts a VM on a page
+cache that holds nothing of its disk: that is where vmcache pays. So:
 
-1. from the guest's start on an evicted image, the kernel alone;
-2. after ``vmcache enable`` and the agent pinning its hot set, the image
-   evicted again (``vmtouch -e``: what a backup's sweep, a neighbour or a
-   reclaim does; locked pages stay).
+1. the guest runs ``--learn`` seconds while its agent counts what it reads,
+   then is powered off: the agent saves its hot set as it stops;
+2. restarted on an evicted image with vmcache switched off (``vmcache
+   disable --config``): the kernel alone, measured ``--seconds`` from the
+   moment fio begins;
+3. restarted on an evicted image with vmcache on again: its agent restores
+   the saved set while the guest boots; measured the same way. The domain
+   keeps running.
 
-Prints one line per window and the ratio. Exits 1 when the agent never
-pins (its log says why).
+The guest's I/O requests come from libvirt's block statistics, the host
+disk's reads from /proc/diskstats. Prints one line per window and the
+ratio. Exits 1 when the agent saves no hot set (its log says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import libvirt
 
@@ -53,30 +58,58 @@ def window(dom: libvirt.virDomain, seconds: float) -> tuple[float, float]:
     return ops / (t1 - t0), (disk_sectors_read() - sectors) * 512 / MIB
 
 
-def status(name: str) -> dict | None:
-    import json
+def vmcache(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["vmcache", *args], capture_output=True, text=True)
 
-    done = subprocess.run(["vmcache", "status", name, "--json"], capture_output=True, text=True)
+
+def agent_running(name: str) -> bool:
+    done = vmcache("status", name, "--json")
     try:
         found = json.loads(done.stdout) if done.returncode == 0 else []
     except ValueError:
-        return None
-    return found[0] if found and found[0].get("running") else None
+        return False
+    return bool(found and found[0].get("running"))
 
 
-def wait_for_pins(name: str, timeout: float) -> dict | None:
-    """Shows ``vmcache status`` every 10 s until the agent holds 90% of its demand; its last status."""
-    deadline, shown, last = time.monotonic() + timeout, 0.0, None
+def saved_bytes(name: str) -> int:
+    """Bytes of the hot set the domain's next start restores (the newest of its XML's and the host's copy)."""
+    done = vmcache("hotset", name, "--json")
+    try:
+        saved: dict[str, Any] | None = json.loads(done.stdout) if done.returncode == 0 else None
+    except ValueError:
+        return 0
+    return sum(d.get("bytes", 0) for d in (saved or {}).get("disks", []))
+
+
+def wait(what: str, ready: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        last = status(name)
-        if time.monotonic() - shown >= 10:
-            subprocess.run(["vmcache", "status", name])
-            shown = time.monotonic()
-        demand, pinned = (last or {}).get("demand_bytes") or 0, (last or {}).get("pinned_bytes") or 0
-        if demand and pinned >= 0.9 * demand:
-            return last
-        time.sleep(1)
-    return last if last and last.get("pinned_bytes") else None
+        if ready():
+            return True
+        time.sleep(0.5)
+    print(f"demo: gave up waiting {timeout:.0f} s for {what}", file=sys.stderr)
+    return False
+
+
+def fio_began(console: Path) -> bool:
+    return console.exists() and b"VMCACHE-FIO-BEGIN" in console.read_bytes()
+
+
+def power_off(dom: libvirt.virDomain, name: str) -> None:
+    if dom.isActive():
+        dom.destroy()
+    wait("the agent to stop", lambda: not agent_running(name), 30)
+
+
+def cold_start(dom: libvirt.virDomain, image: Path, console: Path) -> float | None:
+    """Evict the image (as a reboot leaves it), start the domain, wait until the guest's fio begins; the MiB
+    read from the host's disks meanwhile (the guest's boot, and a warm start's restore), None: fio never began."""
+    subprocess.run(["vmtouch", "-q", "-e", str(image)], check=True)
+    sectors = disk_sectors_read()
+    dom.create()
+    if not wait("the guest's fio to begin", lambda: fio_began(console), 120):
+        return None
+    return (disk_sectors_read() - sectors) * 512 / MIB
 
 
 def main() -> int:
@@ -84,32 +117,46 @@ def main() -> int:
     p.add_argument("domain")
     p.add_argument("image", type=Path)
     p.add_argument("console", type=Path)
-    p.add_argument("--seconds", type=float, default=20.0, help="each window (default 20)")
-    p.add_argument("--budget", default="256M")
+    p.add_argument("--seconds", type=float, default=20.0, help="each measured window (default 20)")
+    p.add_argument("--learn", type=float, default=45.0, help="the first run, while the agent learns (default 45)")
     args = p.parse_args()
-    dom = libvirt.open("qemu:///system").lookupByName(args.domain)
-    deadline = time.monotonic() + 120
-    while b"VMCACHE-FIO-BEGIN" not in args.console.read_bytes() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    print(f"demo: measuring {args.seconds:g} s with the page cache empty and no vmcache (the kernel alone)")
-    cold = window(dom, args.seconds)
-    subprocess.run(["vmcache", "enable", args.domain, "--budget", args.budget, "--live", "--config"], check=True)
-    print("demo: vmcache enabled; waiting for its agent to pin the hot set")
-    pinned = wait_for_pins(args.domain, 120)
-    if pinned is None:
-        print("demo: the agent pinned nothing in 2 minutes: see its log", file=sys.stderr)
+    name = args.domain
+    dom = libvirt.open("qemu:///system").lookupByName(name)
+    if not wait("the guest's fio to begin", lambda: fio_began(args.console), 120):
         return 1
-    subprocess.run(["vmtouch", "-q", "-e", str(args.image)], check=True)
-    print(f"demo: the image's page cache swept (vmtouch -e: what a backup or a neighbour does); vmcache's "
-          f"{pinned['pinned_bytes'] / MIB:.0f} MiB stay. Measuring {args.seconds:g} s")
-    kept = window(dom, args.seconds)
-    print(f"\ndemo: the guest's I/O (fio 4k random 80/20 read/write, sync), {args.seconds:g} s each, right after "
-          "its cache was emptied:")
-    for what, (iops, read) in (("kernel alone, cache empty:        ", cold),
-                               ("vmcache, cache swept but its pins:", kept)):
-        print(f"  {what} {iops:7.0f} IOPS, {read:6.1f} MiB read from the host's disk")
-    print(f"  vmcache / kernel alone: {kept[0] / cold[0]:.2f}x. A miss costs what this host's disk takes for a 4 KiB "
-          "read; on slow or\n  network storage the gap is wider (docs/benchmarks.md).")
+    print(f"demo: the guest runs {args.learn:g} s while vmcache counts what it reads")
+    time.sleep(args.learn)
+    subprocess.run(["vmcache", "status", name])
+    power_off(dom, name)
+    saved = saved_bytes(name)
+    if not saved:
+        print(f"demo: the agent saved no hot set: see /var/log/vmcache/agent-{name}.log", file=sys.stderr)
+        return 1
+    print(f"demo: {name} powered off; its agent saved a hot set of {saved / MIB:.0f} MiB as it stopped")
+
+    vmcache("disable", name, "--config")
+    print(f"\ndemo: restart 1 on an evicted image, vmcache switched off (the kernel alone); "
+          f"measuring {args.seconds:g} s")
+    booting = [cold_start(dom, args.image, args.console)]
+    if booting[0] is None:
+        return 1
+    cold = window(dom, args.seconds)
+    power_off(dom, name)
+    vmcache("enable", name, "--config")
+    print(f"demo: restart 2 on an evicted image, vmcache on: its agent restores the saved set while the guest "
+          f"boots; measuring {args.seconds:g} s")
+    booting.append(cold_start(dom, args.image, args.console))
+    if booting[1] is None:
+        return 1
+    warm = window(dom, args.seconds)
+    print(f"\ndemo: the guest's I/O (fio 4k random 80/20 read/write, sync) in its first {args.seconds:g} s after a "
+          "restart on an empty page cache:")
+    rows = (("kernel alone:      ", cold, booting[0]), ("vmcache warm start:", warm, booting[1]))
+    for what, (iops, read), boot in rows:
+        print(f"  {what} {iops:7.0f} IOPS, {read:6.1f} MiB read from the host's disk ({boot:.0f} MiB while it booted)")
+    print(f"  vmcache / kernel alone: {warm[0] / cold[0]:.2f}x. vmcache read its saved set in large reads while the "
+          "guest booted;\n  a miss costs what this host's disk takes for a 4 KiB read, and on slow or network "
+          "storage the gap\n  is wider (docs/benchmarks.md).")
     return 0
 
 

@@ -140,8 +140,8 @@ readme_path() {
   # An operator's edit: shorter cycles, so the checks below take seconds.
   sed -i 's/^interval: .*/interval: 2s/' /etc/vmcache/vmcache.yaml
 
-  step "2. make demo (10-s windows)"
-  VMCACHE_DEMO_SECONDS=10 make demo
+  step "2. make demo (10-s windows, 20 s to learn)"
+  VMCACHE_DEMO_SECONDS=10 VMCACHE_DEMO_LEARN=20 make demo
   check_agent "$DEMO_UNIT" vmcache-demo
   check_read_signal "$DEMO_UNIT" vmcache-demo
   journalctl -u "$DEMO_UNIT" --no-pager -o cat | grep -q 'disk.managed' || fail "no agent log in the journal of $DEMO_UNIT"
