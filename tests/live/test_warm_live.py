@@ -29,7 +29,7 @@ from vmcache.settings.hotset import HOTSET_NAMESPACE, MAX_TEXT, DiskHotSet, HotS
 
 from tests.live.livelib import MiB, LiveEnv, agents_env, cache_metadata, wait_for  # noqa: E402
 
-from tests.live.guestlib import covered, mapped, guest_write, write_until_pinned  # noqa: E402
+from tests.live.guestlib import covered, guest_read, guest_write, mapped, write_until_pinned  # noqa: E402
 from tests.pagecache_util import drop, vmlck  # noqa: E402
 
 pytestmark = pytest.mark.live
@@ -50,7 +50,8 @@ def agent_gone(env: LiveEnv, name: str) -> None:
 
 
 def first_run(env: LiveEnv, name: str) -> tuple[Any, Path, DiskHotSet]:
-    """An opted-in domain whose guest wrote two regions, pinned and saved in its XML; (dom, image, record)."""
+    """An opted-in domain whose guest wrote two regions and reads them back, pinned and saved in its XML;
+    (dom, image, record)."""
     image = env.disk(name, 64 * MiB)
     dom = env.domain(name, image=image, persistent=True)
     wait_for(lambda: (s := env.status(name)) and s["state"] == "running", "the agent's first cycle")
@@ -58,15 +59,26 @@ def first_run(env: LiveEnv, name: str) -> tuple[Any, Path, DiskHotSet]:
     # long, 0.17-0.20 if 2 MiB, around the threshold (0.2): such a one may never be pinned
     write_until_pinned(dom, 8 * MiB, 4 * MiB, lambda: env.pinned(name), "the written regions to be pinned",
                        more=[(40 * MiB, 4 * MiB)])
-    record = wait_saved(env, name, 8 * MiB)
+
+    def read_back() -> None:
+        guest_read(dom, 8 * MiB, 4 * MiB)
+        guest_read(dom, 40 * MiB, 4 * MiB)
+
+    record = wait_saved(env, name, 8 * MiB, read_back)
     assert record.image == str(image) and record.size == 64 * MiB and record.image_id
     assert record.bytes <= BUDGET
     return dom, image, record
 
 
-def wait_saved(env: LiveEnv, name: str, at_least: int) -> DiskHotSet:
-    """Wait for the agent to save a hot set of ``at_least`` bytes for vda in the live XML; that record."""
+def wait_saved(env: LiveEnv, name: str, at_least: int, read_back: Callable[[], object] | None = None) -> DiskHotSet:
+    """Wait for the agent to save a hot set of ``at_least`` bytes for vda in the live XML; that record.
+
+    ``read_back``: the guest's reads, once a poll. Where reads are counted the live set (what a migration, a
+    save or a managed save carries, the guest's memory with it) holds only blocks the guest reads again.
+    """
     def saved() -> DiskHotSet | None:
+        if read_back is not None:
+            read_back()
         hotset = VirtDomain(env.conn, name).hotset(Affect.LIVE)
         record = hotset.disk("vda") if hotset else None
         return record if record is not None and record.bytes >= at_least else None

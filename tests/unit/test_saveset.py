@@ -187,3 +187,15 @@ def test_a_cycle_tallies_which_of_the_reads_it_counts_were_hits() -> None:
                reads=GuestReads(_counts({5: 8.0, 6: 8.0}), _counts({5: 8.0, 6: 1.0})))
     assert cycle.tally.reused(recent=True).index.tolist() == [6]  # 5: every page a miss
     assert cycle.tally.reused(recent=False).index.tolist() == [6]
+
+
+def test_a_warm_start_s_blocks_the_guest_has_not_read_yet_are_carried_after_the_proven_ones() -> None:
+    """Restored and not read yet (a guest paused, or migrated right after its start): still a start's bet,
+    carried behind the blocks with proven reuse, by own heat."""
+    tally = ReadTally()
+    tally.add(_counts({3: 8.0}), 0.0)  # hits only: proven
+    heat = _heat({20: 0.5, 30: 0.9}, own={20: 0.5, 30: 0.9})
+    unjudged = np.array([20, 30], np.int64)
+    regions = carried_regions(tally, heat, P, budget=2 * MiB, size_bytes=100 * MiB, unjudged=unjudged)
+    assert sorted(r.span for r in regions) == [(3 * MiB, MiB), (30 * MiB, MiB)]
+    assert [r.span for r in carried_regions(tally, heat, P, budget=8 * MiB, size_bytes=100 * MiB)] == [(3 * MiB, MiB)]

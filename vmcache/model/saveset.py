@@ -27,7 +27,9 @@ blocks with proven reuse - most of the guest's reads of them found the page
 already cached (hits, :data:`REUSE_SHARE`) - the blocks it reads now first
 (:meth:`ReadTally.reused`, halved every :data:`RECENT_HALF_LIFE`), then the
 most read, so that a workload that moved a minute before arrives with its
-new hot set however long it read the old one. A guest that reads each page
+new hot set however long it read the old one; then what a warm start
+restored that the guest has not read yet (still a start's bet, not judged
+yet: a guest migrated right after its start). A guest that reads each page
 once (a web server serving new files, a scan) carries nothing, and its
 destination reads what the kernel alone would (docs/replay.md, "What a
 migration carries").
@@ -182,15 +184,19 @@ def saved_regions(counts: BlockValues, active: ActiveHeat, params: ModelParams, 
 
 
 def carried_regions(tally: ReadTally, active: ActiveHeat, params: ModelParams, *, budget: int,
-                    size_bytes: int) -> list[Region]:
+                    size_bytes: int, unjudged: Index | None = None) -> list[Region]:
     """The regions a live migration carries, as :func:`saved_regions` fits and orders them: where reads
     are counted (:attr:`ReadTally.counted`), only the blocks with proven reuse (:meth:`ReadTally.reused`),
-    those read now first, ranked by their recent count, then the rest by their tally; where they are not,
-    the blocks with heat of their own (the read signal inferred from residency cannot tell a hit)."""
+    those read now first, ranked by their recent count, then the rest by their tally, then the ``unjudged``
+    blocks (sorted: a warm start's the guest has not had its chance to read yet, still a start's bet) by
+    their own heat; where they are not, the blocks with heat of their own (the read signal inferred from
+    residency cannot tell a hit)."""
     if not tally.counted:
         return saved_regions(tally.counts, active, params, budget=budget, size_bytes=size_bytes)
-    return _fitted((tally.reused(recent=True), tally.reused(recent=False)), active, params, budget=budget,
-                   size_bytes=size_bytes, own_heat=False)
+    levels = [tally.reused(recent=True), tally.reused(recent=False)]
+    if unjudged is not None and unjudged.size:
+        levels.append(BlockValues(unjudged, BlockValues(active.blocks, active.own).at(unjudged)))
+    return _fitted(levels, active, params, budget=budget, size_bytes=size_bytes, own_heat=False)
 
 
 def _fitted(levels: Sequence[BlockValues], active: ActiveHeat, params: ModelParams, *, budget: int,

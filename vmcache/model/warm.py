@@ -124,6 +124,13 @@ class WarmStart:
                        key=lambda i: (due[i], not saved[i], -regions[i].priority, regions[i].start))
         return [regions[i] for i in order]
 
+    def unjudged(self) -> NDArray[np.int64]:
+        """The blocks the guest has not had its chance to read yet (sorted): those of the regions not restored
+        yet, and those restored whole it has not read since (as of the last :meth:`unread`)."""
+        spans = [np.arange(first, end, dtype=np.int64) for first, end, _, _ in self._pending]
+        blocks: NDArray[np.int64] = np.union1d(np.concatenate([self._unread, *spans]), []).astype(np.int64)
+        return blocks
+
     def held(self) -> list[Region]:
         """The regions not restored yet: the planner counts them as held (its ``current``)."""
         return [p[3] for p in self._pending]

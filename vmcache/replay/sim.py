@@ -236,7 +236,8 @@ def _ended(run: VmcacheRun, hits: bytearray, cycle: Cycle, memory: Memory, *, bu
     """``run`` with what the end of the trace leaves: the hits, the set the disk saves, the cache's units."""
     run.hits = np.frombuffer(bytes(hits), dtype=bool).copy()
     run.hot, run.first = cycle_hotset(cycle, budget=budget, size_bytes=size)
-    run.carried = carried_regions(cycle.tally, cycle.model.active, cycle.params, budget=budget, size_bytes=size)
+    run.carried = carried_regions(cycle.tally, cycle.model.active, cycle.params, budget=budget, size_bytes=size,
+                                  unjudged=None if cycle.warm is None else cycle.warm.unjudged())
     run.resident = np.fromiter(memory.resident(), dtype=np.int64)
     return run
 

@@ -146,7 +146,9 @@ class DiskEngine:
             return []
         tally, active, size = self._cycle.tally, self._cycle.model.active, self.residency.size_bytes
         if recent:
-            return carried_regions(tally, active, self.params, budget=self.budget, size_bytes=size)
+            warm = self._cycle.warm
+            return carried_regions(tally, active, self.params, budget=self.budget, size_bytes=size,
+                                   unjudged=None if warm is None else warm.unjudged())
         return saved_regions(tally.counts, active, self.params, budget=self.budget, size_bytes=size)
 
     def first_reads(self, regions: Sequence[Region]) -> tuple[int, ...]:
