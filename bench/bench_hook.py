@@ -141,6 +141,11 @@ def main() -> int:
         finally:
             kill_agents(f"{tmp}/run/agents")
             Path(cache_path(str(config), CACHE_DIR)).unlink(missing_ok=True)
+    return report(results, runs)
+
+
+def report(results: dict[str, list[float]], runs: int) -> int:
+    """The latencies' table and the goal's verdict; the exit status (1: missed)."""
     worst = 0.0
     print(f"hook latency over {runs} runs each (ms): median p90 max")
     for name, values in results.items():
@@ -152,7 +157,6 @@ def main() -> int:
         print(f"  {name:8s} {median * 1000:7.1f} {p90 * 1000:7.1f} {values[-1] * 1000:7.1f}")
     print(f"goal: median < {GOAL_SECONDS * 1000:.0f} ms: {'met' if worst < GOAL_SECONDS else 'MISSED'}")
     return 0 if worst < GOAL_SECONDS else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

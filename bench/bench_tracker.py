@@ -108,14 +108,18 @@ def main() -> int:
                         print("MISMATCH between written and read extents", file=sys.stderr)
                         return 1
                 vm.driver("block-dirty-bitmap-remove", node=STORAGE_NODE, name=TEMPLATE)
-        print(f"machine: {machine()}")
-        print(
-            f"one cycle, 1 TiB raw, {args.extents} dirty extents: median {statistics.median(cycle_times) * 1000:.1f} ms, "
-            f"p90 {sorted(cycle_times)[int(0.9 * (len(cycle_times) - 1))] * 1000:.1f} ms, "
-            f"min {min(cycle_times) * 1000:.1f} ms, max {max(cycle_times) * 1000:.1f} ms over {len(cycle_times)} rounds; "
-            f"NBD read median {statistics.median(nbd_times) * 1000:.1f} ms"
-        )
+        summary(args.extents, cycle_times, nbd_times)
     return 0
+
+
+def summary(extents: int, cycle_times: list[float], nbd_times: list[float]) -> None:
+    print(f"machine: {machine()}")
+    print(
+        f"one cycle, 1 TiB raw, {extents} dirty extents: median {statistics.median(cycle_times) * 1000:.1f} ms, "
+        f"p90 {sorted(cycle_times)[int(0.9 * (len(cycle_times) - 1))] * 1000:.1f} ms, "
+        f"min {min(cycle_times) * 1000:.1f} ms, max {max(cycle_times) * 1000:.1f} ms over {len(cycle_times)} rounds; "
+        f"NBD read median {statistics.median(nbd_times) * 1000:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -84,6 +84,23 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--host-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a host config setting for the vmcache arms' agents over the installed config, e.g. "
                         "fill=cached (repeat; written to the run's host.yaml; the pair's config gets it too)")
+    _scenario_arguments(p)
+    args = p.parse_args()
+    arms = every_arm()
+    if args.arms:
+        unknown = set(args.arms.split(",")) - set(arms)
+        if unknown:
+            p.error(f"unknown arms: {', '.join(sorted(unknown))} (scenario-device-mode: "
+                    f"{'|'.join(SCENARIOS)}-{'|'.join(DEVICES)}-evicted|kernel|vmcache|oracle|warm|partition, "
+                    f"the modes a scenario can run in)")
+        args.selected = [arms[n] for n in args.arms.split(",")]
+    else:
+        args.selected = list(SETS[args.set])
+    return args
+
+
+def _scenario_arguments(p: argparse.ArgumentParser) -> None:
+    """The guest's, the neighbours' and the scenarios' settings, and where the run's files go."""
     p.add_argument("--disk-gib", type=int, default=2, help="image size (default 2 GiB)")
     p.add_argument("--memory-mib", type=int, default=384, help="guest RAM (default 384)")
     p.add_argument("--neighbour-gib", type=int, default=2,
@@ -110,18 +127,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--keep-image", action="store_true", help="keep the image for the next run")
     p.add_argument("--guest-dir", default="/var/lib/vmcache/guest")
     p.add_argument("--out", default=".bench", help="raw results go to OUT/e2e-<time>/")
-    args = p.parse_args()
-    arms = every_arm()
-    if args.arms:
-        unknown = set(args.arms.split(",")) - set(arms)
-        if unknown:
-            p.error(f"unknown arms: {', '.join(sorted(unknown))} (scenario-device-mode: "
-                    f"{'|'.join(SCENARIOS)}-{'|'.join(DEVICES)}-evicted|kernel|vmcache|oracle|warm|partition, "
-                    f"the modes a scenario can run in)")
-        args.selected = [arms[n] for n in args.arms.split(",")]
-    else:
-        args.selected = list(SETS[args.set])
-    return args
 
 
 def references(arms: list[Arm]) -> dict[str, str]:
