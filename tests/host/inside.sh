@@ -99,11 +99,13 @@ EOF
 # The signal of the guest's reads the agent uses, in `vmcache status` and the metric label; where
 # the kernel cannot count them (BPF refused, no tracepoint), the reason logged once.
 check_read_signal() {
-  local unit=$1 name=$2 line signal logged url
+  local unit=$1 name=$2 line signal logged url invocation
   line=$(vmcache status "$name" | grep -o 'guest reads: .*' || true)
   [ -n "$line" ] || { vmcache status "$name" || true; fail "no 'guest reads:' line in vmcache status"; }
   signal=$(vmcache status "$name" --json | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)[0]["read_signal"])')
-  logged=$(journalctl -u "$unit" --no-pager -o cat | grep -c 'reads.inferred' || true)
+  # this run of the unit's: make demo restarts its domain, each start an agent of its own
+  invocation=$(systemctl show -p InvocationID --value "$unit")
+  logged=$(journalctl -u "$unit" "_SYSTEMD_INVOCATION_ID=$invocation" --no-pager -o cat | grep -c 'reads.inferred' || true)
   case "$signal" in
     probe|tracepoint) [ "$logged" = 0 ] || fail "counted reads, yet reads.inferred logged $logged times" ;;
     inferred) [ "$logged" = 1 ] || fail "inferred reads logged $logged times, not once" ;;
