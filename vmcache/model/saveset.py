@@ -106,7 +106,9 @@ class ReadTally:
         """The blocks with proven reuse (more than :data:`REUSE_SHARE` of their reads hits), each one's
         count (``recent``: the recent count, those read at least :data:`RECENT_PAGES` in it)."""
         counts, hits = (self._recent, self._recent_hits) if recent else (self._counts, self._hits)
-        keep = (hits > REUSE_SHARE * counts) & (counts >= (RECENT_PAGES if recent else 0.0)) & (counts > 0)
+        keep = hits > REUSE_SHARE * counts  # never where nothing was read: hits are at most the counts
+        if recent:
+            keep &= counts >= RECENT_PAGES
         return BlockValues(self._blocks[keep], counts[keep].astype(np.float32))
 
     def add(self, pages: BlockValues, now: float, missed: BlockValues | None = None) -> None:

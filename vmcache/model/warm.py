@@ -128,7 +128,7 @@ class WarmStart:
         """The blocks the guest has not had its chance to read yet (sorted): those of the regions not restored
         yet, and those restored whole it has not read since (as of the last :meth:`unread`)."""
         spans = [np.arange(first, end, dtype=np.int64) for first, end, _, _ in self._pending]
-        blocks: NDArray[np.int64] = np.union1d(np.concatenate([self._unread, *spans]), []).astype(np.int64)
+        blocks: NDArray[np.int64] = np.unique(np.concatenate([self._unread, *spans]))
         return blocks
 
     def held(self) -> list[Region]:
