@@ -255,3 +255,16 @@ def test_a_command_held_back_by_a_libvirt_job_defers_the_read_and_loses_nothing(
     assert t.read().extents.tolist() == []
     assert t.read().extents.tolist() == [[63 * MiB, 1 * MiB]]
     t.stop()
+
+
+def test_a_removal_held_back_after_the_read_keeps_the_writes_read_and_goes_at_the_next_read(replay) -> None:
+    # a block resize is a libvirt job: the removal of the bitmap just read is held back, the writes are not
+    t = replay("tracker-cycles-raw")
+    t.start()
+    t.monitor = busy = BusyOnce(t.monitor, "block-dirty-bitmap-remove")
+    first = t.read()
+    assert busy.refused == 1
+    assert first.status is BitmapRead.OK and first.extents.tolist() == [[0, G], [1 * MiB, 4 * G]]
+    assert t.read().extents.tolist() == []   # the held-back removal went first, as the recording has it
+    assert t.read().extents.tolist() == [[63 * MiB, 1 * MiB]]
+    t.stop()

@@ -335,8 +335,13 @@ class DirtyTracker:
         return failed
 
     def _retry_removals(self) -> None:
+        """Remove the bitmaps already read; one held back by a libvirt job (a block resize, a snapshot) waits
+        for the next read: the writes it held were read, and must not be lost with its removal."""
         if self._read_done:
-            self._read_done = self._remove_bitmaps(self._read_done, missing_ok=True)
+            try:
+                self._read_done = self._remove_bitmaps(self._read_done, missing_ok=True)
+            except MonitorBusyError:  # not sent; those removed before it go again as "not found"
+                pass
 
     def _remove_stale(self, nodes: list[dict[str, Any]]) -> None:
         """A crashed agent may have left bitmaps, an export, a view node and its NBD server."""
