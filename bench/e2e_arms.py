@@ -13,7 +13,9 @@ through the delay device bench/delaydev.py, ``none`` the real disk); a
   oracle     the true hot range (first 10% of the image; a trace's most-read blocks) locked before boot
   warm       vmcache, and the domain XML carries the hot set an earlier vmcache run saved (warm start)
   inferred   vmcache, its agents on `read_model: inferred` (the default before 2026-11-28): the two
-             read models side by side in one run
+             read models side by side in one run; beside vmcache, what counting reads in BPF costs
+  nopin      vmcache with `pinned_cap: 0`: the agent's cycle, write tracking and read counting, no pin;
+             beside vmcache, what its pins cost (page tables, memory), beside kernel what the rest costs
   partition  no agent; each VM's memory cgroup capped (a static partition, libvirt <memtune> hard_limit):
              QEMU's anon + the budget beside a neighbour (the neighbour gets the rest), an equal share
              of the cache between VMs
@@ -30,9 +32,9 @@ from dataclasses import dataclass
 
 SAME, SIBLING = "same", "sibling"
 
-AGENT_MODES = ("vmcache", "warm", "inferred")   # the modes whose domains opt in: the hook starts an agent
+AGENT_MODES = ("vmcache", "warm", "inferred", "nopin")   # the modes whose domains opt in: the hook starts an agent
 # Agent modes whose agents run under other host settings than the installed ones (over --host-setting).
-MODE_HOST_SETTINGS = {"inferred": {"read_model": "inferred"}}
+MODE_HOST_SETTINGS = {"inferred": {"read_model": "inferred"}, "nopin": {"pinned_cap": "0"}}
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Scenario:
         """The modes this scenario can run in."""
         if self.vms > 1:
             return ("kernel", "vmcache", "partition", "inferred")   # no oracle: both hot sets do not fit the cache
-        modes = ("evicted", "kernel", "vmcache", "oracle", "warm", "inferred")
+        modes = ("evicted", "kernel", "vmcache", "oracle", "warm", "inferred", "nopin")
         return (*modes, "partition") if self.layout == SIBLING else modes
 
 
