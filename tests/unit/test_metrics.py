@@ -181,6 +181,20 @@ def test_counted_reads_appear_with_the_first_count_and_go_with_the_disk(agent: A
     assert value(agent.registry, "vmcache_guest_read_bytes_total", **DISK) is None
 
 
+def test_what_the_pins_saved_adds_up_and_the_kernels_retention_follows_the_last_judgement(agent: AgentMetrics) -> None:
+    disk = agent.disk("vda", DISK["source_file"])
+    disk.observe_reads(40 * MiB, 36 * MiB, 0, saved_bytes=8 * MiB, retention=64.0)
+    disk.observe_reads(4 * MiB, 4 * MiB, 0, saved_bytes=MiB, retention=float("inf"))
+    assert value(agent.registry, "vmcache_pin_saved_bytes_total", **DISK) == 9 * MiB
+    assert value(agent.registry, "vmcache_kernel_retention_seconds", **DISK) == float("inf")
+    disk.observe_reads(4 * MiB, 4 * MiB, 0, saved_bytes=0, retention=None)   # too few re-reads now
+    assert value(agent.registry, "vmcache_kernel_retention_seconds", **DISK) is None
+    with pytest.raises(ValueError):
+        disk.observe_reads(MiB, MiB, 0, saved_bytes=-1)
+    agent.remove_disk("vda")
+    assert value(agent.registry, "vmcache_pin_saved_bytes_total", **DISK) is None
+
+
 def test_errors_are_counted_by_bounded_kind(agent: AgentMetrics) -> None:
     agent.count_error(BitmapReadError("nbd gone"))
     agent.count_error(PinError)

@@ -155,3 +155,23 @@ def test_pins_that_hold_less_than_they_count_show_what_they_hold():
     gone = _row(AgentEntry("/run/vmcache/agents/d.json", status, running=False))
     assert "locked" not in render([gone], now=0.0)  # the kernel unlocked it all when the agent ended
     assert AgentStatus(domain="d", pid=1, disks=status.disks[2:]).locked_bytes is None
+
+
+def test_a_disks_line_says_what_its_pins_saved_and_how_long_the_kernel_keeps_a_page():
+    from vmcache.commands.status import render
+
+    disk = DiskStatus(target="vda", source="/a.raw", cache="writethrough", eligible=True, pinned_bytes=8 << 20)
+    disk.update_reads(40 << 20, 30 << 20, elapsed=10.0, saved_bytes=6 << 20, retention=64.0)
+    disk.update_reads(4 << 20, 4 << 20, elapsed=10.0, saved_bytes=1 << 20, retention=64.0)
+    status = AgentStatus(domain="d", pid=1, disks=[disk])
+    back = AgentStatus.from_json(json.loads(json.dumps(status.to_json())))
+    assert back.disks[0].pin_saved_bytes == 7 << 20 and back.disks[0].kernel_retention_seconds == 64.0
+    line = render([{**status.to_json(), "running": True}], now=0.0).splitlines()[-1]
+    assert "pins saved ~7MiB of device reads (the kernel keeps a page read again ~64s)" in line
+    disk.update_reads(1 << 20, 1 << 20, elapsed=10.0, saved_bytes=0, retention=float("inf"))
+    assert json.loads(json.dumps(status.to_json()))["disks"][0]["kernel_retention_seconds"] == -1
+    assert "the kernel keeps what is read again" in render([{**status.to_json(), "running": True}], now=0.0)
+    unjudged = DiskStatus(target="vda", source="/a.raw", cache="writethrough", eligible=True)
+    unjudged.update_reads(1 << 20, 1 << 20, elapsed=10.0)   # inferred decisions: nothing judged, nothing said
+    assert "pins saved" not in render([{**AgentStatus(domain="d", pid=1, disks=[unjudged]).to_json(),
+                                        "running": True}], now=0.0)

@@ -118,7 +118,18 @@ def _reads(disk: dict[str, Any]) -> str:
     if not isinstance(read, int) or not isinstance(hit, int):
         return ""
     ratio = f"{100 * hit / read:.1f}% hits" if read else "no reads"
-    return f" read {format_size(disk.get('read_bytes_per_second') or 0)}/s, {ratio} of {format_size(read)}"
+    return (f" read {format_size(disk.get('read_bytes_per_second') or 0)}/s, {ratio} of {format_size(read)}"
+            + _value(disk))
+
+
+def _value(disk: dict[str, Any]) -> str:
+    """What the disk's pins are worth: the hits they served that the kernel alone would likely have missed."""
+    saved, keeps = disk.get("pin_saved_bytes"), disk.get("kernel_retention_seconds")
+    if not isinstance(saved, int):
+        return ""
+    kernel = ("the kernel keeps what is read again" if keeps == -1 else "too few re-reads to judge the kernel"
+              if not isinstance(keeps, (int, float)) else f"the kernel keeps a page read again ~{keeps:.0f}s")
+    return f"; pins saved ~{format_size(saved)} of device reads ({kernel})"
 
 
 def render(rows: list[dict[str, Any]], now: float) -> str:

@@ -68,6 +68,7 @@ from .exact import PinShare, ReadBack, read_input
 from .heat import HeatModel
 from .loadgate import LoadGate
 from .params import PAGE_SIZE, ModelParams
+from .pinvalue import PinValue
 from .planner import plan_active
 from .prefetch import PrefetchBucket
 from .reads import GuestReads
@@ -135,6 +136,8 @@ class Cycle:
         """Bytes the host's warm-up budget granted the next step's restore (None: filled at warm_rate)."""
         self.tally = ReadTally()
         """The guest's counted reads per block over hours: what a saved hot set ranks by."""
+        self.pin_value = PinValue(nblocks)
+        """The counted reads the pins served that the kernel alone would likely have missed."""
 
     @property
     def restoring(self) -> bool:
@@ -173,6 +176,7 @@ class Cycle:
             return False
         self.model.resize(nblocks)
         self.tally.resize(nblocks)
+        self.pin_value.resize(nblocks)
         self._ours = self._ours[self._ours < nblocks]
         self._prev = None
         return True
@@ -216,7 +220,9 @@ class Cycle:
         self.load_gate.update(res, self._ours, self.model.active.blocks)
         read_miss, grown = self._read_miss(res, wr, size_bytes)
         if reads is not None:
-            self.tally.add(listed(reads.pages, n, "reads.pages"), now, listed(reads.missed, n, "reads.missed"))
+            pages, missed = listed(reads.pages, n, "reads.pages"), listed(reads.missed, n, "reads.missed")
+            self.tally.add(pages, now, missed)
+            self.pin_value.add(pages, missed, pinned_blocks, now)
         if reads is None:
             judged, evidence = self._relative_reads(res, grown, evidence, seen_sample)
             self.model.step_blocks(judged, wr, self._masked(), now, seen=evidence)

@@ -103,12 +103,21 @@ class DiskStatus:
     guest_read_bytes: int | None = None      # read by the guest since the agent started (None: not counted)
     guest_read_hit_bytes: int | None = None  # of those, found in the page cache
     read_bytes_per_second: float | None = None  # in the last cycle
+    pin_saved_bytes: int | None = None  # of the hits, those the kernel alone would likely have missed (estimate)
+    kernel_retention_seconds: float | None = None  # how long the kernel keeps an unpinned page read again
 
-    def update_reads(self, read_bytes: int, hit_bytes: int, *, elapsed: float) -> None:
-        """Add one cycle's counted reads of the guest; ``elapsed`` seconds since the previous cycle."""
+    def update_reads(self, read_bytes: int, hit_bytes: int, *, elapsed: float, saved_bytes: int | None = None,
+                     retention: float | None = None) -> None:
+        """Add one cycle's counted reads of the guest; ``elapsed`` seconds since the previous cycle;
+        ``saved_bytes`` of the hits the pins saved, ``retention`` the kernel's (vmcache.model.pinvalue)."""
         self.guest_read_bytes = (self.guest_read_bytes or 0) + read_bytes
         self.guest_read_hit_bytes = (self.guest_read_hit_bytes or 0) + hit_bytes
         self.read_bytes_per_second = read_bytes / elapsed if elapsed > 0 else 0.0
+        if saved_bytes is not None:
+            self.pin_saved_bytes = (self.pin_saved_bytes or 0) + saved_bytes
+        # JSON has no infinity: a kernel that kept every page read again is reported as -1
+        self.kernel_retention_seconds = None if retention is None else (-1.0 if retention == float("inf")
+                                                                         else retention)
 
     def update(self, stats: CycleStats, *, elapsed: float, wall_time: float) -> None:
         """Take the figures of one engine cycle; ``elapsed`` seconds since the previous one."""

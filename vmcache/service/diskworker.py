@@ -169,8 +169,13 @@ class DiskWorker:
         if reads is not None and self._file_reads is not None:
             pages, hits = reads.totals()
             dropped, self._dropped = self._file_reads.dropped - self._dropped, self._file_reads.dropped
-            self._metrics.observe_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, dropped)
-            self.status.update_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, elapsed=elapsed)
+            value = self.engine.pin_value
+            saved = None if value is None else int(value.last_saved_pages) * PAGE_SIZE
+            retention = None if value is None else value.retention()
+            self._metrics.observe_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, dropped, saved_bytes=saved,
+                                        retention=retention)
+            self.status.update_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, elapsed=elapsed, saved_bytes=saved,
+                                     retention=retention)
         return stats
 
     def _check_deleted(self) -> bool:

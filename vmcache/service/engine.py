@@ -35,6 +35,7 @@ from ..model.blocks import BlockValues, binned, blocks_mask, blocks_of, member
 from ..model.cycle import Cycle, evidence_per_block
 from ..model.extents import BitmapRead, DirtyRead, extents_to_block_values
 from ..model.params import PAGE_SIZE, ModelParams
+from ..model.pinvalue import PinValue
 from ..model.reads import GuestReads
 from ..model.region import Region
 from ..model.share import Curve, demand_of
@@ -196,6 +197,11 @@ class DiskEngine:
             image_size=size, disk=disk, title=title, image=self.image, when=datetime.now())
 
     # The cycle --------------------------------------------------------------------------
+
+    @property
+    def pin_value(self) -> PinValue | None:
+        """What the pins saved, judged on the counted reads (None where the cycle infers reads)."""
+        return self._cycle.pin_value if self._decide_on_reads and self.last_reads is not None else None
 
     def cycle(self) -> CycleStats:
         """Sample, run the pure cycle (vmcache.model.cycle), apply; return what happened.

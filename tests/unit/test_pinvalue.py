@@ -1,0 +1,75 @@
+"""PinValue: the reads a disk's pins served that the kernel alone would likely have missed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vmcache.model.blocks import BlockValues
+from vmcache.model.pinvalue import PinValue
+
+
+def bv(d: dict[int, float]) -> BlockValues:
+    keys = sorted(d)
+    return BlockValues(np.array(keys, np.int64), np.array([d[k] for k in keys], np.float32))
+
+
+NONE = np.zeros(0, np.int64)
+
+
+def test_a_pin_read_at_a_gap_the_kernel_misses_at_saves_its_hits_and_one_it_keeps_saves_nothing() -> None:
+    v = PinValue(100)
+    # unpinned blocks 10..19 read at t=0, then again 100 s later: all missed (the kernel dropped them);
+    # unpinned blocks 20..29 read at t=0 and again 1 s later: all hits
+    v.add(bv({b: 4 for b in range(10, 30)}), bv({b: 4 for b in range(10, 30)}), NONE, 0.0)
+    v.add(bv({b: 4 for b in range(20, 30)}), bv({}), NONE, 1.0)
+    assert v.add(bv({b: 4 for b in range(10, 20)}), bv({b: 4 for b in range(10, 20)}), NONE, 100.0) == 0.0
+    assert v.retention() == 64.0            # the first gap bin where most re-reads missed: [64, 128) s
+    # a pinned block read at t=0 and again 100 s later: its 8 hits would have missed
+    pinned = np.array([50], np.int64)
+    v.add(bv({50: 8}), bv({50: 8}), pinned, 0.0)  # loaded by that read (missed): worth nothing
+    assert v.add(bv({50: 8}), bv({}), pinned, 100.0) == pytest.approx(8.0)
+    # and read again 1 s later, a gap the kernel keeps: nothing saved
+    assert v.add(bv({50: 8}), bv({}), pinned, 101.0) == 0.0
+    assert v.saved_pages == pytest.approx(8.0)
+
+
+def test_no_evidence_of_the_kernel_missing_claims_no_saving() -> None:
+    v = PinValue(10)
+    pinned = np.array([1], np.int64)
+    v.add(bv({1: 8}), bv({}), pinned, 0.0)
+    assert v.add(bv({1: 8}), bv({}), pinned, 1000.0) == 0.0
+    assert v.retention() is None and v.saved_pages == 0.0
+
+
+def test_a_kernel_that_keeps_everything_read_again_has_infinite_retention() -> None:
+    v = PinValue(64)
+    v.add(bv({b: 1 for b in range(40)}), bv({b: 1 for b in range(40)}), NONE, 0.0)
+    v.add(bv({b: 1 for b in range(40)}), bv({}), NONE, 500.0)
+    assert v.retention() == math.inf
+    # first reads of unpinned blocks all missed: a restored pin's first read is worth its hits
+    pinned = np.array([60], np.int64)
+    assert v.add(bv({60: 4}), bv({}), pinned, 501.0) == pytest.approx(4.0)
+
+
+def test_evidence_fades_with_the_half_life() -> None:
+    v = PinValue(64, half_life=10.0)
+    v.add(bv({b: 1 for b in range(32)}), bv({b: 1 for b in range(32)}), NONE, 0.0)
+    assert not np.isnan(v.miss_share()[-1])
+    v.add(bv({}), bv({}), NONE, 100.0)       # 2**-10 of 32 pages left: too little to believe
+    assert np.isnan(v.miss_share()[-1])
+
+
+def test_resize_keeps_the_last_reads_and_reads_past_the_end_are_ignored() -> None:
+    v = PinValue(4)
+    v.add(bv({1: 1, 9: 1}), bv({}), NONE, 0.0)
+    v.resize(16)
+    v.add(bv({9: 1}), bv({}), NONE, 1.0)   # block 9 is new to the map: a first read
+    v.resize(2)
+    v.add(bv({1: 1}), bv({}), NONE, 2.0)
+    with pytest.raises(ValueError):
+        v.add(bv({}), bv({}), NONE, math.nan)
+    with pytest.raises(ValueError):
+        PinValue(-1)

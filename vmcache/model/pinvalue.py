@@ -1,0 +1,109 @@
+"""What a disk's pins are worth: the reads they served that the kernel alone would likely have missed (pure).
+
+A read of a pinned page is always a hit. Whether the kernel alone would have
+had it depends on how long it keeps a page it is not asked to keep, and the
+counted reads of the unpinned blocks say that: a block read again after a
+gap of ``g`` seconds was found cached (hits) or not (misses). Gaps are
+binned by powers of two (a first read since the start is a bin of its own),
+each bin's hits and reads decayed with a half-life, so the estimate follows
+the host's pressure as it changes. A pinned block's hits read after gap
+``g`` are worth ``hits x miss share of g's bin`` among the unpinned blocks:
+what the kernel would have read from the device for them. A bin with no
+unpinned evidence counts nothing: the estimate never claims a saving it has
+not seen the kernel fail to make.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .blocks import BlockValues, member
+
+__all__ = ["PinValue", "GAP_BINS", "VALUE_HALF_LIFE"]
+
+#: Gap bins: [0, 2), [2, 4), ... [2**(GAP_BINS-2), inf) seconds, and the last one for first reads.
+GAP_BINS = 18
+#: Seconds over which a bin's evidence halves: the kernel's retention moves with the host's pressure.
+VALUE_HALF_LIFE = 600.0
+#: Pages of unpinned evidence a bin needs before its miss share is believed.
+MIN_EVIDENCE = 16.0
+
+FIRST = GAP_BINS - 1
+
+
+class PinValue:
+    """Per disk: the last read of each block, the kernel's misses by gap, and the pages the pins saved."""
+
+    def __init__(self, nblocks: int = 0, *, half_life: float = VALUE_HALF_LIFE) -> None:
+        if nblocks < 0 or not half_life > 0:
+            raise ValueError(f"nblocks must be >= 0 and half_life > 0, got {nblocks}, {half_life}")
+        self._half_life = half_life
+        self._last_read: NDArray[np.float64] = np.full(nblocks, np.nan)
+        self._reads: NDArray[np.float64] = np.zeros(GAP_BINS)
+        self._misses: NDArray[np.float64] = np.zeros(GAP_BINS)
+        self._then: float | None = None
+        self.saved_pages = 0.0      # since the start
+        self.last_saved_pages = 0.0  # in the last cycle
+
+    def resize(self, nblocks: int) -> None:
+        old = self._last_read
+        self._last_read = np.full(nblocks, np.nan)
+        keep = min(nblocks, old.size)
+        self._last_read[:keep] = old[:keep]
+
+    def miss_share(self) -> NDArray[np.float64]:
+        """Per gap bin, the share of the unpinned blocks' read pages that missed (NaN: too little evidence)."""
+        share = np.full(GAP_BINS, np.nan)
+        known = self._reads >= MIN_EVIDENCE
+        share[known] = np.minimum(self._misses[known] / self._reads[known], 1.0)
+        return share
+
+    def retention(self) -> float | None:
+        """Seconds the kernel keeps an unpinned page read again, as seen: the lower edge of the first gap bin
+        where most re-reads missed (inf: none did; None: too little evidence)."""
+        share = self.miss_share()[:FIRST]
+        known = ~np.isnan(share)
+        if not known.any():
+            return None
+        missed = np.flatnonzero(known & (share > 0.5))
+        return math.inf if missed.size == 0 else float(_lower_edge(int(missed[0])))
+
+    def add(self, pages: BlockValues, missed: BlockValues, pinned: NDArray[np.int64], now: float) -> float:
+        """One cycle's counted reads (pages and missed pages per block, sorted) with ``pinned`` (sorted
+        blocks) pinned during it; return the pages the pins saved in it. Raises ValueError for a ``now``
+        not finite."""
+        if not math.isfinite(now):
+            raise ValueError(f"now must be finite, got {now!r}")
+        if self._then is not None and now > self._then:
+            fade = 0.5 ** ((now - self._then) / self._half_life)
+            self._reads *= fade
+            self._misses *= fade
+        self._then = now if self._then is None else max(now, self._then)
+        some = (pages.value > 0) & (pages.index < self._last_read.size)
+        blocks, read = pages.index[some], pages.value[some].astype(np.float64)
+        lost = np.minimum(missed.at(blocks).astype(np.float64), read)
+        bins = _bins(now - self._last_read[blocks])
+        held = member(blocks, pinned)
+        np.add.at(self._reads, bins[~held], read[~held])
+        np.add.at(self._misses, bins[~held], lost[~held])
+        share = np.nan_to_num(self.miss_share(), nan=0.0)
+        saved = float(((read - lost)[held] * share[bins[held]]).sum())
+        self._last_read[blocks] = now
+        self.last_saved_pages = saved
+        self.saved_pages += saved
+        return saved
+
+
+def _lower_edge(b: int) -> int:
+    return 0 if b == 0 else 2 ** b
+
+
+def _bins(gaps: NDArray[np.float64]) -> NDArray[np.int64]:
+    """The gap bin of each gap in seconds (NaN, never read: the first-read bin)."""
+    out = np.full(gaps.size, FIRST, np.int64)
+    seen = ~np.isnan(gaps)
+    out[seen] = np.minimum(np.floor(np.log2(np.maximum(gaps[seen], 1.0))).astype(np.int64), FIRST - 1)
+    return out
