@@ -257,3 +257,38 @@ def test_bpf_refused_the_agent_infers_reads_says_so_once_and_runs(env: LiveEnv) 
     assert env.agent_log(PREFIX + "nobpf").count("reads.inferred") == 1
     assert dom.isActive()
     stop(env, dom, "nobpf")
+
+
+def test_pins_read_after_a_gap_the_kernel_missed_the_unpinned_blocks_at_are_counted_as_saved(env: LiveEnv) -> None:
+    """What a disk's pins are worth (vmcache.model.pinvalue): the hits of a pinned range whose unpinned
+    neighbours, read as long before, had to come from the device again."""
+    image = data_image(env.tmp / f"{PREFIX}worth.raw", 64 * MiB)
+    name = PREFIX + "worth"
+    dom = start_paused(env.conn, domain_xml(name, image, metadata=cache_metadata("4M")))  # room for H alone
+    wait_for(lambda: (s := env.status(name)) and s["disks"] and s["disks"][0].get("cycles", 0) >= 1,
+             "the agent to run a cycle", timeout=30)
+    hot, cold = (8 * MiB, 4 * MiB), (32 * MiB, 8 * MiB)
+    def read_hot_until_pinned() -> bool:
+        guest_read(dom, *hot)
+        return env.pinned(name) >= 4 * MiB
+
+    wait_for(read_hot_until_pinned, "H pinned", timeout=30, step=0.3)
+    guest_read(dom, *cold)
+    guest_read(dom, *hot)
+    cycles = env.status(name)["disks"][0]["cycles"]
+    wait_for(lambda: env.status(name)["disks"][0]["cycles"] >= cycles + 3, "three more cycles", timeout=20)
+    assert counted(env, "worth", "vmcache_pin_saved_bytes_total") == 0   # nothing missed yet: nothing saved
+    with open(image, "rb") as f:  # the kernel evicts what is not pinned (the locked pages stay)
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    guest_read(dom, *cold)        # missed: read again after as long a gap as H
+    guest_read(dom, *hot)         # hits, in the pins
+    wait_for(lambda: counted(env, "worth", "vmcache_pin_saved_bytes_total") >= 3 * MiB, "H's hits counted as saved",
+             timeout=20)
+    saved = counted(env, "worth", "vmcache_pin_saved_bytes_total")
+    assert saved <= 4 * MiB, saved                                        # never more than the pinned hits
+    assert counted(env, "worth", "vmcache_pin_cost_bytes_total") < saved  # no limit: a share of the host's refaults
+    out = subprocess.run([sys.executable, "-m", "vmcache", "status", "--host-config", str(env.config)],
+                         capture_output=True, text=True, timeout=30)
+    line = next(ln for ln in out.stdout.splitlines() if "pins saved" in ln)
+    assert "the kernel keeps a page read again ~" in line, out.stdout
+    stop(env, dom, "worth")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from vmcache.errors import HostError
 from vmcache.host.memcg import MARGIN_MIN, UNLIMITED_V1, CgroupLimit, MemcgRoom, limits_of, margin, memory_cgroup
 
 MiB = 1 << 20
@@ -19,17 +20,19 @@ def group(root: Path, path: str, files: dict[str, str]) -> None:
 
 
 def v1_group(root: Path, path: str, *, limit: int, usage: int, inactive: int = 0, active: int = 0, mapped: int = 0,
-             unevictable: int = 0) -> None:
+             unevictable: int = 0, refaulted: int = 0) -> None:
     group(root, path, {"memory.limit_in_bytes": f"{limit}\n", "memory.usage_in_bytes": f"{usage}\n",
                        "memory.stat": f"cache 0\nrss 0\ntotal_inactive_file {inactive}\ntotal_active_file {active}\n"
-                                      f"total_mapped_file {mapped}\ntotal_unevictable {unevictable}\n"})
+                                      f"total_mapped_file {mapped}\ntotal_unevictable {unevictable}\n"
+                                      f"workingset_refault_file 1\ntotal_workingset_refault_file {refaulted}\n"})
 
 
 def v2_group(root: Path, path: str, *, limit: str, current: int, inactive: int = 0, mapped: int = 0,
-             unevictable: int = 0) -> None:
+             unevictable: int = 0, refaulted: int = 0) -> None:
     group(root, path, {"memory.max": f"{limit}\n", "memory.current": f"{current}\n",
                        "memory.stat": f"anon 5\nfile 7\ninactive_file {inactive}\nactive_file 0\n"
-                                      f"file_mapped {mapped}\nunevictable {unevictable}\n"})
+                                      f"file_mapped {mapped}\nunevictable {unevictable}\n"
+                                      f"workingset_refault_file {refaulted}\n"})
 
 
 def proc_cgroup(proc: Path, pid: int, text: str) -> None:
@@ -51,13 +54,13 @@ def test_every_limited_ancestor_counts_and_unlimited_ones_do_not(tmp_path: Path)
     v1_group(tmp_path, "/bench", limit=1000 * MiB, usage=900 * MiB, inactive=10 * MiB, active=5 * MiB)
     v1_group(tmp_path, "/bench/vm2", limit=UNLIMITED_V1 + 4096, usage=450 * MiB)
     found = limits_of(1, "/bench/vm2", v1_root=str(tmp_path))
-    assert found == [CgroupLimit("/bench", 1000 * MiB, 900 * MiB, 15 * MiB)]
+    assert found == [CgroupLimit("/bench", 1000 * MiB, 900 * MiB, 15 * MiB, 15 * MiB)]
     # 1000 - 900 + 15, less an eighth of the limit (125 MiB): already 10 MiB into the margin
     assert found[0].room == -10 * MiB
     v2_group(tmp_path, "/m.slice", limit="max", current=1)
     v2_group(tmp_path, "/m.slice/vm", limit=str(2048 * MiB), current=1024 * MiB, inactive=100 * MiB)
     assert limits_of(2, "/m.slice/vm", v2_root=str(tmp_path)) == [
-        CgroupLimit("/m.slice/vm", 2048 * MiB, 1024 * MiB, 100 * MiB)]
+        CgroupLimit("/m.slice/vm", 2048 * MiB, 1024 * MiB, 100 * MiB, 100 * MiB)]
     assert limits_of(2, "/missing/vm", v2_root=str(tmp_path)) == []  # unreadable: skipped
 
 
@@ -113,3 +116,26 @@ def test_qemu_is_apart_under_a_limit_the_agent_does_not_share_and_then_only_the_
     assert rooms(10, 30).room() == 20 * MiB                    # QEMU's limit, while pins are charged to it
     assert rooms(10, 30).room(apart=True) is None              # the agent's: no limit
     assert rooms(10, 20).room(apart=True) == 4 * limit - 2 * limit - 512 * MiB  # the parent: the agent's too
+
+
+def test_the_pressure_is_qemus_tightest_limit_s_refaults_and_cache_or_else_the_host_s(tmp_path: Path) -> None:
+    proc, v1, v2 = tmp_path / "proc", tmp_path / "v1", tmp_path / "v2"
+    proc_cgroup(proc, 10, "4:memory:/bench/vm\n")
+    proc_cgroup(proc, 11, "0::/m.slice/vm\n")
+    proc_cgroup(proc, 12, "4:memory:/free\n")
+    v1_group(v1, "/bench", limit=1000 * MiB, usage=900 * MiB, inactive=10 * MiB, active=5 * MiB, refaulted=700)
+    v1_group(v1, "/bench/vm", limit=UNLIMITED_V1, usage=1, refaulted=9)
+    v2_group(v2, "/m.slice/vm", limit=str(512 * MiB), current=300 * MiB, inactive=64 * MiB, refaulted=33)
+    (proc / "vmstat").write_text("nr_free_pages 1\nworkingset_refault_file 4242\n")
+    (proc / "meminfo").write_text("MemTotal: 4096 kB\nMemFree: 1024 kB\nMemAvailable: 2048 kB\n"
+                                  "Active(file): 100 kB\nInactive(file): 28 kB\n")
+
+    def room(pid: int) -> MemcgRoom:
+        return MemcgRoom(lambda: (pid, 99), proc=str(proc), v1_root=str(v1), v2_root=str(v2))
+
+    assert room(10).pressure() == (700, 15 * MiB)        # the limited parent's subtree (v1 total_)
+    assert room(11).pressure() == (33, 64 * MiB)
+    assert room(12).pressure() == (4242, 128 * 1024)     # no limit above QEMU: the host's page cache
+    (proc / "vmstat").unlink()
+    with pytest.raises(HostError):
+        room(12).pressure()

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, enable_created_metrics, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from vmcache.model.pinvalue import PinWorth
 from vmcache.errors import BitmapReadError, MonitorConnectionError, PinError, VmcacheError
 from vmcache.observe.metrics import BITMAP_RESULTS, ERROR_KINDS, AgentMetrics, error_kind
 from vmcache.model.stats import CycleStats
@@ -183,14 +184,15 @@ def test_counted_reads_appear_with_the_first_count_and_go_with_the_disk(agent: A
 
 def test_what_the_pins_saved_adds_up_and_the_kernels_retention_follows_the_last_judgement(agent: AgentMetrics) -> None:
     disk = agent.disk("vda", DISK["source_file"])
-    disk.observe_reads(40 * MiB, 36 * MiB, 0, saved_bytes=8 * MiB, retention=64.0)
-    disk.observe_reads(4 * MiB, 4 * MiB, 0, saved_bytes=MiB, retention=float("inf"))
+    disk.observe_reads(40 * MiB, 36 * MiB, 0, PinWorth(8 * MiB, 2 * MiB, 64.0))
+    disk.observe_reads(4 * MiB, 4 * MiB, 0, PinWorth(MiB, None, float("inf")))   # no limit's figures: no cost
     assert value(agent.registry, "vmcache_pin_saved_bytes_total", **DISK) == 9 * MiB
+    assert value(agent.registry, "vmcache_pin_cost_bytes_total", **DISK) == 2 * MiB
     assert value(agent.registry, "vmcache_kernel_retention_seconds", **DISK) == float("inf")
-    disk.observe_reads(4 * MiB, 4 * MiB, 0, saved_bytes=0, retention=None)   # too few re-reads now
+    disk.observe_reads(4 * MiB, 4 * MiB, 0, PinWorth(0, 0, None))   # too few re-reads now
     assert value(agent.registry, "vmcache_kernel_retention_seconds", **DISK) is None
     with pytest.raises(ValueError):
-        disk.observe_reads(MiB, MiB, 0, saved_bytes=-1)
+        PinWorth(-1, None, None)
     agent.remove_disk("vda")
     assert value(agent.registry, "vmcache_pin_saved_bytes_total", **DISK) is None
 

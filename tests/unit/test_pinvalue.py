@@ -73,3 +73,17 @@ def test_resize_keeps_the_last_reads_and_reads_past_the_end_are_ignored() -> Non
         v.add(bv({}), bv({}), NONE, math.nan)
     with pytest.raises(ValueError):
         PinValue(-1)
+
+
+def test_the_pins_cost_their_share_of_the_refaults_under_the_cache_they_press_on() -> None:
+    from vmcache.model.pinvalue import PinCost
+
+    c = PinCost()
+    assert c.add(1000, 400 << 20, 100 << 20) == 0.0          # the first look: a baseline
+    assert c.add(1200, 400 << 20, 100 << 20) == pytest.approx(50.0)   # 200 refaults, the pins a quarter
+    assert c.add(1300, 400 << 20, 0) == 0.0                   # nothing pinned: no cost
+    assert c.add(10, 400 << 20, 100 << 20) == 0.0             # another cgroup's counter: a new baseline
+    assert c.add(30, 10 << 20, 100 << 20) == pytest.approx(20.0)      # share at most 1
+    assert c.cost_pages == pytest.approx(70.0)
+    with pytest.raises(ValueError):
+        c.add(-1, 0, 0)

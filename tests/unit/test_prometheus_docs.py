@@ -13,6 +13,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from vmcache.model.pinvalue import PinWorth
 from vmcache.observe.metrics import AgentMetrics
 from vmcache.model.stats import CycleStats
 from vmcache.model.extents import BitmapRead
@@ -29,7 +30,7 @@ def exported_samples() -> set[str]:
         now=0, duration_seconds=0.1, size_bytes=1, budget_bytes=1, pinned_bytes=1, pinned_regions=1,
         resident_bytes=1, guest_written_bytes=1, guest_read_miss_bytes=1, recently_evicted_pages=1,
         bitmap_read=BitmapRead.OK, mem_available_bytes=1, backing_off=False))
-    agent.disks["vda"].observe_reads(2, 1, 0, saved_bytes=1, retention=64.0)
+    agent.disks["vda"].observe_reads(2, 1, 0, PinWorth(1, 1, 64.0))
     agent.set_share(budget=2, granted=1, demand=1, minimum=0, cap=4)
     text = generate_latest(agent.registry).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples

@@ -21,6 +21,7 @@ from vmcache.observe.status import (
     write_status,
 )
 from vmcache.model.extents import BitmapRead
+from vmcache.model.pinvalue import PinWorth
 
 
 def sample(domain="web-1", pid=None) -> AgentStatus:
@@ -161,14 +162,14 @@ def test_a_disks_line_says_what_its_pins_saved_and_how_long_the_kernel_keeps_a_p
     from vmcache.commands.status import render
 
     disk = DiskStatus(target="vda", source="/a.raw", cache="writethrough", eligible=True, pinned_bytes=8 << 20)
-    disk.update_reads(40 << 20, 30 << 20, elapsed=10.0, saved_bytes=6 << 20, retention=64.0)
-    disk.update_reads(4 << 20, 4 << 20, elapsed=10.0, saved_bytes=1 << 20, retention=64.0)
+    disk.update_reads(40 << 20, 30 << 20, elapsed=10.0, worth=PinWorth(6 << 20, 1 << 20, 64.0))
+    disk.update_reads(4 << 20, 4 << 20, elapsed=10.0, worth=PinWorth(1 << 20, None, 64.0))
     status = AgentStatus(domain="d", pid=1, disks=[disk])
     back = AgentStatus.from_json(json.loads(json.dumps(status.to_json())))
     assert back.disks[0].pin_saved_bytes == 7 << 20 and back.disks[0].kernel_retention_seconds == 64.0
     line = render([{**status.to_json(), "running": True}], now=0.0).splitlines()[-1]
-    assert "pins saved ~7MiB of device reads (the kernel keeps a page read again ~64s)" in line
-    disk.update_reads(1 << 20, 1 << 20, elapsed=10.0, saved_bytes=0, retention=float("inf"))
+    assert "pins saved ~7MiB, cost others ~1MiB of device reads (the kernel keeps a page read again ~64s)" in line
+    disk.update_reads(1 << 20, 1 << 20, elapsed=10.0, worth=PinWorth(0, 0, float("inf")))
     assert json.loads(json.dumps(status.to_json()))["disks"][0]["kernel_retention_seconds"] == -1
     assert "the kernel keeps what is read again" in render([{**status.to_json(), "running": True}], now=0.0)
     unjudged = DiskStatus(target="vda", source="/a.raw", cache="writethrough", eligible=True)

@@ -124,12 +124,13 @@ def _reads(disk: dict[str, Any]) -> str:
 
 def _value(disk: dict[str, Any]) -> str:
     """What the disk's pins are worth: the hits they served that the kernel alone would likely have missed."""
-    saved, keeps = disk.get("pin_saved_bytes"), disk.get("kernel_retention_seconds")
+    saved, cost, keeps = (disk.get(k) for k in ("pin_saved_bytes", "pin_cost_bytes", "kernel_retention_seconds"))
     if not isinstance(saved, int):
         return ""
     kernel = ("the kernel keeps what is read again" if keeps == -1 else "too few re-reads to judge the kernel"
               if not isinstance(keeps, (int, float)) else f"the kernel keeps a page read again ~{keeps:.0f}s")
-    return f"; pins saved ~{format_size(saved)} of device reads ({kernel})"
+    costs = f", cost others ~{format_size(cost)}" if isinstance(cost, int) else ""
+    return f"; pins saved ~{format_size(saved)}{costs} of device reads ({kernel})"
 
 
 def render(rows: list[dict[str, Any]], now: float) -> str:

@@ -26,6 +26,9 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..errors import HostError
+from .meminfo import read_meminfo
+
 __all__ = ["CgroupLimit", "MemcgRoom", "margin", "limits_of", "memory_cgroup"]
 
 V1_ROOT = "/sys/fs/cgroup/memory"
@@ -55,6 +58,8 @@ class CgroupLimit:
     limit: int
     usage: int
     reclaimable: int   # file pages on the LRU lists that nothing maps (see _reclaimable)
+    file_bytes: int = 0    # page cache on its LRU lists (pins included until reclaim moves them)
+    refaulted: int = 0     # file pages read back soon after their eviction, ever (workingset_refault_file)
 
     @property
     def room(self) -> int:
@@ -101,8 +106,9 @@ def _limit(directory: str, path: str, version: int) -> CgroupLimit | None:
                 return None
             usage = int(_read(directory, "memory.usage_in_bytes"))
             stat = _stat(_read(directory, "memory.stat"))
-            files = _reclaimable(stat.get("total_inactive_file", 0) + stat.get("total_active_file", 0),
-                                 stat.get("total_mapped_file", 0), stat.get("total_unevictable", 0))
+            lru = stat.get("total_inactive_file", 0) + stat.get("total_active_file", 0)
+            files = _reclaimable(lru, stat.get("total_mapped_file", 0), stat.get("total_unevictable", 0))
+            refaulted = stat.get("total_workingset_refault_file", stat.get("total_workingset_refault", 0))
         else:
             text = _read(directory, "memory.max").strip()
             if text == "max":
@@ -110,11 +116,12 @@ def _limit(directory: str, path: str, version: int) -> CgroupLimit | None:
             limit = int(text)
             usage = int(_read(directory, "memory.current"))
             stat = _stat(_read(directory, "memory.stat"))
-            files = _reclaimable(stat.get("inactive_file", 0) + stat.get("active_file", 0),
-                                 stat.get("file_mapped", 0), stat.get("unevictable", 0))
+            lru = stat.get("inactive_file", 0) + stat.get("active_file", 0)
+            files = _reclaimable(lru, stat.get("file_mapped", 0), stat.get("unevictable", 0))
+            refaulted = stat.get("workingset_refault_file", stat.get("workingset_refault", 0))
     except (OSError, ValueError):
         return None
-    return CgroupLimit(path, limit, usage, files)
+    return CgroupLimit(path, limit, usage, files, lru, refaulted)
 
 
 def _reclaimable(lru: int, mapped: int, unevictable: int) -> int:
@@ -134,6 +141,13 @@ def _reclaimable(lru: int, mapped: int, unevictable: int) -> int:
 def _read(directory: str, name: str) -> str:
     with open(os.path.join(directory, name), encoding="ascii") as f:
         return f.read()
+
+
+def _host_file(path: str) -> str:
+    try:
+        return _read(os.path.dirname(path), os.path.basename(path))
+    except OSError as err:
+        raise HostError(f"cannot read {path}: {err.strerror}") from err
 
 
 def _stat(text: str) -> dict[str, int]:
@@ -184,6 +198,19 @@ class MemcgRoom:
         """
         pids = list(self._pids())
         return bool(self._limits(pids[:1]).keys() - self._limits(pids[1:]).keys())
+
+    def pressure(self) -> tuple[int, int]:
+        """The page cache QEMU's pins press on: file pages refaulted there ever, and its page cache in bytes -
+        QEMU's tightest limited cgroup's, or the host's (/proc/vmstat, /proc/meminfo) where none is limited.
+        Raises HostError when the host's figures cannot be read."""
+        pids = list(self._pids())
+        tight = min(self._limits(pids[:1]).values(), key=lambda c: c.room, default=None)
+        if tight is not None:
+            return tight.refaulted, tight.file_bytes
+        vmstat = _stat(_host_file(os.path.join(self._proc, "vmstat"))).get
+        info = read_meminfo(os.path.join(self._proc, "meminfo")).fields
+        files = info.get("Active(file)", 0) + info.get("Inactive(file)", 0)
+        return vmstat("workingset_refault_file", vmstat("workingset_refault", 0)), files
 
     def room(self, *, apart: bool = False) -> int | None:
         """Bytes pins may still take in the tightest limited cgroup (negative: release that many); None: no limit.

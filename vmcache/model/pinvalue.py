@@ -16,13 +16,14 @@ not seen the kernel fail to make.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .blocks import BlockValues, member
 
-__all__ = ["PinValue", "GAP_BINS", "VALUE_HALF_LIFE"]
+__all__ = ["PinValue", "PinCost", "PinWorth", "GAP_BINS", "VALUE_HALF_LIFE"]
 
 #: Gap bins: [0, 2), [2, 4), ... [2**(GAP_BINS-2), inf) seconds, and the last one for first reads.
 GAP_BINS = 18
@@ -32,6 +33,20 @@ VALUE_HALF_LIFE = 600.0
 MIN_EVIDENCE = 16.0
 
 FIRST = GAP_BINS - 1
+
+
+@dataclass(frozen=True)
+class PinWorth:
+    """One cycle's judgement of a disk's pins, in bytes: what they saved the guest, what they cost the others
+    (None: not known, no limit's figures), and the kernel's retention the saving was judged by."""
+
+    saved_bytes: int
+    cost_bytes: int | None
+    retention: float | None
+
+    def __post_init__(self) -> None:
+        if self.saved_bytes < 0 or (self.cost_bytes or 0) < 0:
+            raise ValueError(f"negative worth {self.saved_bytes}, {self.cost_bytes}")
 
 
 class PinValue:
@@ -45,8 +60,7 @@ class PinValue:
         self._reads: NDArray[np.float64] = np.zeros(GAP_BINS)
         self._misses: NDArray[np.float64] = np.zeros(GAP_BINS)
         self._then: float | None = None
-        self.saved_pages = 0.0      # since the start
-        self.last_saved_pages = 0.0  # in the last cycle
+        self.saved_pages = 0.0  # since the start
 
     def resize(self, nblocks: int) -> None:
         old = self._last_read
@@ -92,7 +106,6 @@ class PinValue:
         share = np.nan_to_num(self.miss_share(), nan=0.0)
         saved = float(((read - lost)[held] * share[bins[held]]).sum())
         self._last_read[blocks] = now
-        self.last_saved_pages = saved
         self.saved_pages += saved
         return saved
 
@@ -107,3 +120,26 @@ def _bins(gaps: NDArray[np.float64]) -> NDArray[np.int64]:
     seen = ~np.isnan(gaps)
     out[seen] = np.minimum(np.floor(np.log2(np.maximum(gaps[seen], 1.0))).astype(np.int64), FIRST - 1)
     return out
+
+
+class PinCost:
+    """What a disk's pins cost the others under the page cache they press on: the file pages refaulted there
+    (read back soon after the kernel evicted them), times the pins' share of that page cache.
+
+    An estimate, as the saving is: the pins took that share of the memory the refaulted pages needed.
+    """
+
+    def __init__(self) -> None:
+        self._seen: int | None = None
+        self.cost_pages = 0.0  # since the start
+
+    def add(self, refaulted: int, file_bytes: int, pinned_bytes: int) -> float:
+        """One cycle: the refault counter now, the page cache and the disk's pinned bytes; return its cost."""
+        if min(refaulted, file_bytes, pinned_bytes) < 0:
+            raise ValueError(f"negative figures {refaulted}, {file_bytes}, {pinned_bytes}")
+        # a counter that went back is another cgroup's (QEMU moved): counted from its value now
+        delta = 0 if self._seen is None or refaulted < self._seen else refaulted - self._seen
+        self._seen = refaulted
+        share = min(1.0, pinned_bytes / file_bytes) if file_bytes else 0.0
+        self.cost_pages += delta * share
+        return delta * share

@@ -33,6 +33,7 @@ from prometheus_client import (
 
 from .. import __version__, errors
 from ..model.extents import BitmapRead
+from ..model.pinvalue import PinWorth
 from ..model.stats import CycleStats
 
 __all__ = [
@@ -196,6 +197,16 @@ class AgentMetrics:
         self.guest_read_miss = counter(
             "guest_read_miss_bytes",
             "Bytes of the image that entered the page cache not by vmcache's hand (guest reads or others).")
+        self._read_series()
+        self.bitmap_reads = counter("bitmap_reads", "Dirty-bitmap reads, by result (ok, deferred, failed).",
+                                    (*DISK_LABELS, "result"))
+        self.cycle_duration = Histogram(
+            "cycle_duration_seconds", "Wall time of one agent cycle of a disk.", DISK_LABELS,
+            namespace=NAMESPACE, registry=registry, buckets=CYCLE_BUCKETS)
+
+    def _read_series(self) -> None:
+        """The series of each disk's counted reads, and what its pins were worth in them."""
+        gauge, counter = self._gauge, self._counter
         self.guest_read = counter(
             "guest_read_bytes",
             "Bytes of the image the guest read, cache hits included (each 4 KiB page of a read once), counted "
@@ -209,18 +220,16 @@ class AgentMetrics:
             "touched in one cycle); their reads are missing from vmcache_guest_read_bytes.")
         self.pin_saved = counter(
             "pin_saved_bytes",
-            "Of vmcache_guest_read_bytes found cached, the bytes read from vmcache's pins that the kernel alone "
-            "would likely have missed: each pinned block's hits times the share of the unpinned blocks' reads "
-            "that missed after as long a gap (an estimate of the device reads the pins spared the guest).")
+            "Of the hits, the bytes read from vmcache's pins that the kernel alone would likely have missed: each "
+            "pinned block's hits times the miss share of unpinned re-reads after as long a gap (an estimate).")
+        self.pin_cost = counter(
+            "pin_cost_bytes",
+            "What the disk's pins cost others: the bytes refaulted in QEMU's tightest limited memory cgroup (or the "
+            "host), times the pins' share of its page cache (an estimate beside vmcache_pin_saved_bytes_total).")
         self.kernel_retention = gauge(
             "kernel_retention_seconds",
             "How long the kernel keeps a page of the disk it is not asked to keep, as its counted reads show: "
             "the shortest gap after which most re-reads of unpinned blocks missed (+Inf: none did).")
-        self.bitmap_reads = counter("bitmap_reads", "Dirty-bitmap reads, by result (ok, deferred, failed).",
-                                    (*DISK_LABELS, "result"))
-        self.cycle_duration = Histogram(
-            "cycle_duration_seconds", "Wall time of one agent cycle of a disk.", DISK_LABELS,
-            namespace=NAMESPACE, registry=registry, buckets=CYCLE_BUCKETS)
 
     def disk(self, target: str, image: str, *, layer: bool = False) -> DiskMetrics:
         """The metrics of disk ``target`` (e.g. ``vda``) backed by ``image``.
@@ -306,22 +315,25 @@ class DiskMetrics:
         for result in BITMAP_RESULTS:
             a.bitmap_reads.labels(*self._labels, result)
 
-    def observe_reads(self, read_bytes: int, hit_bytes: int, dropped_blocks: int, *, saved_bytes: int | None = None,
-                      retention: float | None = None) -> None:
-        """Add one cycle's counted reads (the series appear with the first), and what the pins saved of them
+    def observe_reads(self, read_bytes: int, hit_bytes: int, dropped_blocks: int, worth: PinWorth | None = None
+                      ) -> None:
+        """Add one cycle's counted reads (the series appear with the first), and what the pins were worth in it
         (None: not judged). Raises ValueError when negative."""
-        if min(read_bytes, hit_bytes, dropped_blocks, saved_bytes or 0) < 0 or hit_bytes > read_bytes:
-            raise ValueError(f"bad read figures {read_bytes}, {hit_bytes}, {dropped_blocks}, {saved_bytes}")
-        a = self.agent
-        a.guest_read.labels(*self._labels).inc(read_bytes)
-        a.guest_read_hit.labels(*self._labels).inc(hit_bytes)
-        a.guest_read_dropped.labels(*self._labels).inc(dropped_blocks)
-        if saved_bytes is not None:
-            a.pin_saved.labels(*self._labels).inc(saved_bytes)
-        if retention is None:
-            _discard(a.kernel_retention, self._labels)
+        if min(read_bytes, hit_bytes, dropped_blocks) < 0 or hit_bytes > read_bytes:
+            raise ValueError(f"bad read figures {read_bytes}, {hit_bytes}, {dropped_blocks}")
+        a, labels = self.agent, self._labels
+        a.guest_read.labels(*labels).inc(read_bytes)
+        a.guest_read_hit.labels(*labels).inc(hit_bytes)
+        a.guest_read_dropped.labels(*labels).inc(dropped_blocks)
+        if worth is None:
+            return
+        a.pin_saved.labels(*labels).inc(worth.saved_bytes)
+        if worth.cost_bytes is not None:
+            a.pin_cost.labels(*labels).inc(worth.cost_bytes)
+        if worth.retention is None:
+            _discard(a.kernel_retention, labels)
         else:
-            a.kernel_retention.labels(*self._labels).set(retention)
+            a.kernel_retention.labels(*labels).set(worth.retention)
 
     def set_deleted(self, deleted: bool) -> None:
         """Record whether the image file was deleted (no path names it)."""
@@ -373,7 +385,7 @@ class DiskMetrics:
     def _remove(self) -> None:
         a, labels = self.agent, self._labels
         for metric in (*self._gauges, *self._counters, a.recently_evicted, a.guest_read, a.guest_read_hit,
-                       a.guest_read_dropped, a.pin_saved, a.kernel_retention):
+                       a.guest_read_dropped, a.pin_saved, a.pin_cost, a.kernel_retention):
             _discard(metric, labels)
         for result in BITMAP_RESULTS:
             _discard(a.bitmap_reads, (*labels, result))

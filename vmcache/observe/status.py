@@ -43,6 +43,7 @@ Unknown keys are ignored on reading (newer agents may add some).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -53,6 +54,7 @@ from ..host.files import file_stem, write_atomic
 from ..host.procs import is_alive, start_time
 
 if TYPE_CHECKING:  # an annotation only: status readers need not load the model
+    from ..model.pinvalue import PinWorth
     from ..model.stats import CycleStats
 
 __all__ = [
@@ -104,20 +106,24 @@ class DiskStatus:
     guest_read_hit_bytes: int | None = None  # of those, found in the page cache
     read_bytes_per_second: float | None = None  # in the last cycle
     pin_saved_bytes: int | None = None  # of the hits, those the kernel alone would likely have missed (estimate)
+    pin_cost_bytes: int | None = None   # refaults the pins caused the others under their limit (estimate)
     kernel_retention_seconds: float | None = None  # how long the kernel keeps an unpinned page read again
 
-    def update_reads(self, read_bytes: int, hit_bytes: int, *, elapsed: float, saved_bytes: int | None = None,
-                     retention: float | None = None) -> None:
+    def update_reads(self, read_bytes: int, hit_bytes: int, *, elapsed: float, worth: PinWorth | None = None
+                     ) -> None:
         """Add one cycle's counted reads of the guest; ``elapsed`` seconds since the previous cycle;
-        ``saved_bytes`` of the hits the pins saved, ``retention`` the kernel's (vmcache.model.pinvalue)."""
+        ``worth``: what the pins were worth in it (vmcache.model.pinvalue; None: not judged)."""
         self.guest_read_bytes = (self.guest_read_bytes or 0) + read_bytes
         self.guest_read_hit_bytes = (self.guest_read_hit_bytes or 0) + hit_bytes
         self.read_bytes_per_second = read_bytes / elapsed if elapsed > 0 else 0.0
-        if saved_bytes is not None:
-            self.pin_saved_bytes = (self.pin_saved_bytes or 0) + saved_bytes
+        if worth is None:
+            return
+        self.pin_saved_bytes = (self.pin_saved_bytes or 0) + worth.saved_bytes
+        if worth.cost_bytes is not None:
+            self.pin_cost_bytes = (self.pin_cost_bytes or 0) + worth.cost_bytes
         # JSON has no infinity: a kernel that kept every page read again is reported as -1
-        self.kernel_retention_seconds = None if retention is None else (-1.0 if retention == float("inf")
-                                                                         else retention)
+        retention = worth.retention
+        self.kernel_retention_seconds = None if retention is None else -1.0 if math.isinf(retention) else retention
 
     def update(self, stats: CycleStats, *, elapsed: float, wall_time: float) -> None:
         """Take the figures of one engine cycle; ``elapsed`` seconds since the previous one."""

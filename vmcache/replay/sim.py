@@ -124,6 +124,8 @@ class VmcacheRun:
     """What a live migration at the end would carry (vmcache.model.saveset ``carried_regions``)."""
     resident: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     """The units cached at the end, pinned or not."""
+    saved_pages: float = 0.0
+    """The agent's estimate of the pages its pins saved (vmcache.model.pinvalue; counted reads only)."""
 
 
 def cycle_hotset(cycle: Cycle, *, budget: int, size_bytes: int) -> tuple[list[Region], tuple[int, ...]]:
@@ -239,6 +241,7 @@ def _ended(run: VmcacheRun, hits: bytearray, cycle: Cycle, memory: Memory, *, bu
     run.carried = carried_regions(cycle.tally, cycle.model.active, cycle.params, budget=budget, size_bytes=size,
                                   unjudged=None if cycle.warm is None else cycle.warm.unjudged())
     run.resident = np.fromiter(memory.resident(), dtype=np.int64)
+    run.saved_pages = cycle.pin_value.saved_pages
     return run
 
 
@@ -277,7 +280,7 @@ def _arm_results(names: list[str], bt: BlockTrace, budget: int, capacity: int, p
                             pinned_blocks_max=run.pinned_blocks_max,
                             **loads_extra(run.loads.used(bt), bt.requests()),
                             loaded_unread_bytes=int((~run.loads.used(bt, WASTE_HORIZON)).sum()) * bt.block_size,
-                            **extra)
+                            pin_saved_pages=round(run.saved_pages), **extra)
     return out
 
 

@@ -91,7 +91,7 @@ def _worker_factory(domain: str, config: HostConfig, telemetry: Telemetry, uuid:
     runtime_dir = nbd_dir(config.runtime_dir, domain)
     # pins are charged to QEMU's cgroup (the guest read them) or the agent's (it loaded them)
     memcg = MemcgRoom(lambda: (qemu_pid(domain), os.getpid()))
-    policy = EnginePolicy(floor_bytes=config.min_free, room=memcg.room, apart=memcg.apart,
+    policy = EnginePolicy(floor_bytes=config.min_free, room=memcg.room, apart=memcg.apart, pressure=memcg.pressure,
                           prefetch_rate=config.prefetch_rate, warm_rate=config.warm_rate, fill=config.fill == "whole",
                           decide_on_reads=config.read_model == "counted",
                           warm_pool=WarmPool(config.warmup_path, config.warm_rate, burst=config.interval),

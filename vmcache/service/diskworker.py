@@ -16,7 +16,7 @@ import time
 from .engine import DiskEngine, ReadSource
 from .enginepolicy import EnginePolicy
 from ..model.share import Curve
-from ..errors import MonitorError, MonitorRunOverError, TrackerError, VmcacheError
+from ..errors import HostError, MonitorError, MonitorRunOverError, TrackerError, VmcacheError
 from ..host.pagerefs import PageRefs
 from ..host.qmp import Monitor
 from ..host.readcount import FileReads
@@ -26,6 +26,7 @@ from ..observe.heatmap import HeatmapData, HeatmapWriter
 from ..observe.metrics import AgentMetrics, DiskMetrics
 from ..model.extents import BitmapRead, DirtyRead
 from ..model.params import PAGE_SIZE, ModelParams
+from ..model.pinvalue import PinCost, PinWorth
 from ..model.reads import GuestReads
 from ..settings.policy import DiskChoice
 from ..model.stats import CycleStats
@@ -87,6 +88,9 @@ class DiskWorker:
                         if node is not None else None)
         self._file_reads: FileReads | None = reads.watch(self.image, params.block_size) if reads else None
         self._dropped = 0
+        self._pressure = policy.pressure
+        self._cost = PinCost()
+        self._told = (0, 0)  # bytes saved and cost reported so far
         try:
             self.engine = engine_factory(self.image, params=params, budget=choice.budget, policy=policy, refs=refs,
                                          clear_refs=False, writes=self._writes if self.tracker else None,
@@ -169,14 +173,27 @@ class DiskWorker:
         if reads is not None and self._file_reads is not None:
             pages, hits = reads.totals()
             dropped, self._dropped = self._file_reads.dropped - self._dropped, self._file_reads.dropped
-            value = self.engine.pin_value
-            saved = None if value is None else int(value.last_saved_pages) * PAGE_SIZE
-            retention = None if value is None else value.retention()
-            self._metrics.observe_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, dropped, saved_bytes=saved,
-                                        retention=retention)
-            self.status.update_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, elapsed=elapsed, saved_bytes=saved,
-                                     retention=retention)
+            worth = self._worth(stats.pinned_bytes)
+            self._metrics.observe_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, dropped, worth)
+            self.status.update_reads(pages * PAGE_SIZE, hits * PAGE_SIZE, elapsed=elapsed, worth=worth)
         return stats
+
+    def _worth(self, pinned_bytes: int) -> PinWorth | None:
+        """What the pins were worth in the last cycle, where the counted reads decide (None elsewhere)."""
+        value = self.engine.pin_value
+        if value is None:
+            return None
+        cost = None
+        if self._pressure is not None:
+            try:
+                refaulted, files = self._pressure()
+                self._cost.add(refaulted, files, pinned_bytes)
+                cost = int(self._cost.cost_pages * PAGE_SIZE) - self._told[1]
+            except HostError as err:
+                self._log.debug(event("pin.cost_unknown", disk=self.target, error=err))
+        saved = int(value.saved_pages * PAGE_SIZE) - self._told[0]   # the totals', no fraction of a page lost
+        self._told = (self._told[0] + saved, self._told[1] + (cost or 0))
+        return PinWorth(saved, cost, value.retention())
 
     def _check_deleted(self) -> bool:
         """Whether the image file was deleted from every path; reported when that changes."""

@@ -28,6 +28,9 @@ class EnginePolicy:
     apart: Callable[[], bool] | None = None
     """Whether QEMU is under a memory limit the agent is not (:meth:`vmcache.host.memcg.MemcgRoom.apart`):
     then pins are read in, and charged, by the agent (host/pinner.py)."""
+    pressure: Callable[[], tuple[int, int]] | None = None
+    """The page cache the pins press on: its file refaults so far and its size in bytes
+    (:meth:`vmcache.host.memcg.MemcgRoom.pressure`; what the pins cost is judged by it); None: not looked at."""
     prefetch_rate: int | None = None
     """Bytes per second new pins may read from the device (their pages not yet cached); None: no limit."""
     warm_rate: int | None = None
