@@ -291,6 +291,32 @@ def test_a_moved_region_is_locked_before_the_old_one_goes(image: Path, caplog: p
     assert vmlck() == base
 
 
+def test_a_region_the_plan_trims_is_cut_where_it_lies_not_locked_anew(image: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    base = vmlck()
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        pinner.apply([Region(4 * MiB, 12 * MiB, 1.0)], budget=SIZE)
+        trimmed = Region(6 * MiB, 8 * MiB, 2.0)
+        with caplog.at_level(logging.INFO, logger="vmcache.host.pinner"):
+            report = pinner.apply([trimmed], budget=SIZE)
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith("pin.trim") for m in messages), messages
+        assert not any(m.startswith(("pin.add", "pin.remove")) for m in messages), messages  # nothing locked anew
+        assert report.regions == (trimmed,) and report.pinned_bytes == report.locked_bytes == 8 * MiB
+        assert vmlck() - base == 8 * MiB
+        drop(image)
+        frac = blocks(image)
+        np.testing.assert_array_equal(frac[6:14], 1.0)  # still locked
+        assert frac[4:6].tolist() == frac[14:16].tolist() == [0.0, 0.0]  # the cut pages are the kernel's again
+        # a region that grows past its pin is locked whole again, as before
+        grown = Region(6 * MiB, 10 * MiB, 2.0)
+        assert pinner.apply([grown], budget=SIZE).added == (grown,)
+        assert vmlck() - base == 10 * MiB
+        pinner.apply([Region(8 * MiB, 2 * MiB, 2.0)], budget=SIZE)   # cut at both ends
+        assert vmlck() - base == 2 * MiB and [r.span for r in pinner.pinned] == [(8 * MiB, 2 * MiB)]
+    assert vmlck() == base
+
+
 def test_under_the_floor_a_reshaped_region_keeps_its_old_pin_and_priority_order_holds(image: Path) -> None:
     """The plan reshapes the top region while MemAvailable is under the floor:
     nothing new is pinned, the old pin of that region stays (at its new
@@ -410,3 +436,25 @@ def test_fill_cached_locks_the_cached_pages_and_reads_nothing(image: Path) -> No
         assert _cached_pages(image).size == 256  # the page beside was not locked
         assert Path("/proc/self/maps").read_text().count(str(image)) == 1  # locked on fault: one mapping, however scattered its pages
     assert locked_pages() == base and vmlck() == base_vmlck
+
+
+def test_a_trim_whose_unmap_fails_pins_the_region_anew(image: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vmcache.host import pintable
+
+    base = vmlck()
+    real, calls = pintable.unmap, []
+
+    def unmap_failing_once(addr: int, length: int) -> None:
+        calls.append(length)
+        if len(calls) == 1:
+            raise OSError(errno.ENOMEM, "no memory")
+        real(addr, length)
+
+    with Pinner(image, floor_bytes=0, meminfo=plenty) as pinner:
+        pinner.apply([Region(4 * MiB, 12 * MiB, 1.0)], budget=SIZE)
+        monkeypatch.setattr(pintable, "unmap", unmap_failing_once)
+        trimmed = Region(6 * MiB, 8 * MiB, 1.0)
+        report = pinner.apply([trimmed], budget=SIZE)
+        assert report.added == (trimmed,) and [r.span for r in pinner.pinned] == [trimmed.span]
+        assert vmlck() - base == 8 * MiB
+    assert vmlck() == base

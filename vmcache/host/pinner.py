@@ -252,6 +252,9 @@ class Pinner:
     def _add(self, addition: pindiff.Addition, run: _Run, fill: bool, recharge: bool) -> None:
         """Lock a new region; the pins it replaces go once it holds their pages, or are locked again."""
         region, old = addition.region, addition.replaces
+        if len(old) == 1 and not recharge and self._table.trim(old[0], region):
+            return
+        old = tuple(span for span in old if span in self._table)  # a failed trim released its pin
         for span in old:
             self._table.unlock_outside(span, region)
         failure = self._table.pin(region, old, fill, recharge)

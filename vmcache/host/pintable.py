@@ -159,6 +159,28 @@ class PinTable:
             if hi > lo:
                 locking.munlock(pin.addr + lo - start, hi - lo)
 
+    def trim(self, span: Span, region: Region) -> bool:
+        """Cut pin ``span`` down to ``region`` inside it: only the cut pages are unmapped (so unlocked), the
+        rest stays mapped and locked - locking a zone anew each time the plan trims it by a few MiB walks
+        all its pages twice. False where it cannot be (not inside, or locked only in part): the pin as it
+        was; or where an unmap failed: the pin released (the caller pins ``region`` anew)."""
+        pin = self._pins[span]
+        start, end = span[0], span[0] + span[1]
+        if region.span == span or not start <= region.start < region.end <= end or pin.locked != span[1]:
+            return False
+        try:
+            for lo, hi in ((region.end, end), (start, region.start)):
+                if hi > lo:
+                    unmap(pin.addr + lo - start, hi - lo)
+        except OSError as err:  # munmap of the whole span still removes what is left of it
+            self._log.warning(event("pin.fail", op="munmap", start=start, length=span[1], errno=err.errno))
+            self.release(span, "trim")
+            return False
+        del self._pins[span]
+        self._pins[region.span] = _Pin(region, pin.addr + region.start - start, region.length, pin.apart)
+        self._log.info(event("pin.trim", start=region.start, length=region.length, was=f"{span[0]}+{span[1]}"))
+        return True
+
     def relock(self, span: Span, fill: bool) -> bool:
         """Lock pin ``span`` again as it was (after its replacement failed); False when that failed."""
         pin = self._pins[span]
