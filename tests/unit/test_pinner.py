@@ -442,7 +442,7 @@ def test_a_trim_whose_unmap_fails_pins_the_region_anew(image: Path, monkeypatch:
     from vmcache.host import pintable
 
     base = vmlck()
-    real, calls = pintable.unmap, []
+    real, calls = pintable.unmap, []  # type: ignore[attr-defined]
 
     def unmap_failing_once(addr: int, length: int) -> None:
         calls.append(length)
