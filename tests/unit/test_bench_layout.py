@@ -93,17 +93,11 @@ def test_the_inferred_mode_runs_opted_in_agents_on_inferred_reads_over_the_insta
     import yaml
 
     import bench.e2e
-    from bench.e2e_plan import Settings, Vm
+    from bench.e2e_plan import Vm
     from bench.e2e_run import domain_of, host_config
     from vmcache.host.configfile import load_host_config
 
-    installed = tmp_path / "vmcache.yaml"
-    installed.write_text("pinned_cap: 512M\nmin_free: 1G\n")
-    monkeypatch.setattr(bench.e2e, "HOST_CONFIG", str(installed))
-    s = Settings(runtime=20, warmup=60, slow_warmup=60, gap=60, cache_mib=512, budget_mib=256,
-                 disk=tmp_path / "disk.raw", disk_bytes=2 << 30, mount=tmp_path / "delay",
-                 neighbour_file=tmp_path / "n", stream_rate="100m", reuse_iops=10000, reclaim_period=10.0,
-                 out=tmp_path, guest_dir=str(tmp_path), memory_mib=384, model={})
+    s = installed_settings(tmp_path, monkeypatch, "pinned_cap: 512M\nmin_free: 1G\n")
     by_name = every_arm()
     one, pair, pair_default = (by_name[n] for n in ("sibreuse-ssd-inferred", "alternate-ssd-inferred",
                                                       "alternate-ssd-vmcache"))
@@ -123,20 +117,28 @@ def test_the_nopin_mode_runs_opted_in_agents_whose_host_cap_is_zero(tmp_path, mo
     from pathlib import Path
 
     import bench.e2e
-    from bench.e2e_plan import Settings, Vm
+    from bench.e2e_plan import Vm
     from bench.e2e_run import domain_of, host_config
     from vmcache.host.configfile import load_host_config
 
-    installed = tmp_path / "vmcache.yaml"
-    installed.write_text("pinned_cap: 512M\n")
-    monkeypatch.setattr(bench.e2e, "HOST_CONFIG", str(installed))
-    s = Settings(runtime=20, warmup=60, slow_warmup=60, gap=60, cache_mib=512, budget_mib=256,
-                 disk=tmp_path / "disk.raw", disk_bytes=2 << 30, mount=tmp_path / "delay",
-                 neighbour_file=tmp_path / "n", stream_rate="100m", reuse_iops=10000, reclaim_period=10.0,
-                 out=tmp_path, guest_dir=str(tmp_path), memory_mib=384, model={})
+    s = installed_settings(tmp_path, monkeypatch, "pinned_cap: 512M\n")
     arm = every_arm()["qd32-ssd-nopin"]
     bench.e2e.write_host_configs(s, [arm])
     config = load_host_config(host_config(arm, s))
     assert config.pinned_cap.bytes_for(1 << 40) == 0 and config.read_model == "counted"
     vm = Vm("g1", tmp_path / "disk.raw", "machine/g1", Path(tmp_path / "console.log"), phase=0)
     assert "vmcache:cache" in domain_of(arm, s, vm)
+
+
+def installed_settings(tmp_path, monkeypatch, config: str):
+    """The bench's settings under ``tmp_path``, with ``config`` as the installed host config."""
+    import bench.e2e
+    from bench.e2e_plan import Settings
+
+    installed = tmp_path / "vmcache.yaml"
+    installed.write_text(config)
+    monkeypatch.setattr(bench.e2e, "HOST_CONFIG", str(installed))
+    return Settings(runtime=20, warmup=60, slow_warmup=60, gap=60, cache_mib=512, budget_mib=256,
+                    disk=tmp_path / "disk.raw", disk_bytes=2 << 30, mount=tmp_path / "delay",
+                    neighbour_file=tmp_path / "n", stream_rate="100m", reuse_iops=10000, reclaim_period=10.0,
+                    out=tmp_path, guest_dir=str(tmp_path), memory_mib=384, model={})
