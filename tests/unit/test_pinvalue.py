@@ -87,3 +87,28 @@ def test_the_pins_cost_their_share_of_the_refaults_under_the_cache_they_press_on
     assert c.cost_pages == pytest.approx(70.0)
     with pytest.raises(ValueError):
         c.add(-1, 0, 0)
+
+
+def test_the_last_reads_are_sparse_and_bounded_however_large_the_disk() -> None:
+    v = PinValue(64 << 20, keep=4)   # a 64 TiB disk of 1 MiB blocks: nothing allocated per block
+    for t in range(10):
+        v.add(bv({t * 1000: 1}), bv({}), NONE, float(t))
+    assert v._read.size <= 8 and v._read[-1] == 9000   # the most recent kept
+    assert 0 not in v._read                             # the oldest forgotten: its next read counts as a first
+
+
+def test_a_cycle_over_a_64_tib_disk_allocates_nothing_per_block_for_it() -> None:
+    import tracemalloc
+
+    from vmcache.model.params import ModelParams
+
+    from vmcache.model.cycle import Cycle
+
+    tracemalloc.start()
+    try:
+        cycle = Cycle(ModelParams(), 64 << 20)   # 1 MiB blocks
+        cycle.pin_value.add(bv({5: 4}), bv({5: 4}), NONE, 0.0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak   # a dense float per block would be 512 MiB

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from .blocks import BlockValues, member
+from .blocks import BlockValues, member, positions, union
 
 __all__ = ["PinValue", "PinCost", "PinWorth", "GAP_BINS", "VALUE_HALF_LIFE"]
 
@@ -31,6 +31,8 @@ GAP_BINS = 18
 VALUE_HALF_LIFE = 600.0
 #: Pages of unpinned evidence a bin needs before its miss share is believed.
 MIN_EVIDENCE = 16.0
+#: Blocks whose last read is remembered at most (the most recent kept: 16 MiB, however large the disk).
+KEEP_BLOCKS = 1 << 20
 
 FIRST = GAP_BINS - 1
 
@@ -52,21 +54,21 @@ class PinWorth:
 class PinValue:
     """Per disk: the last read of each block, the kernel's misses by gap, and the pages the pins saved."""
 
-    def __init__(self, nblocks: int = 0, *, half_life: float = VALUE_HALF_LIFE) -> None:
-        if nblocks < 0 or not half_life > 0:
-            raise ValueError(f"nblocks must be >= 0 and half_life > 0, got {nblocks}, {half_life}")
-        self._half_life = half_life
-        self._last_read: NDArray[np.float64] = np.full(nblocks, np.nan)
+    def __init__(self, nblocks: int = 0, *, half_life: float = VALUE_HALF_LIFE, keep: int = KEEP_BLOCKS) -> None:
+        if nblocks < 0 or not half_life > 0 or keep < 1:
+            raise ValueError(f"nblocks must be >= 0, half_life > 0 and keep >= 1, got {nblocks}, {half_life}, {keep}")
+        self._half_life, self._keep, self._nblocks = half_life, keep, nblocks
+        self._read: NDArray[np.int64] = np.zeros(0, np.int64)   # blocks read (sorted), sparse: a disk may be huge
+        self._when: NDArray[np.float64] = np.zeros(0)          # and when each was read last
         self._reads: NDArray[np.float64] = np.zeros(GAP_BINS)
         self._misses: NDArray[np.float64] = np.zeros(GAP_BINS)
         self._then: float | None = None
         self.saved_pages = 0.0  # since the start
 
     def resize(self, nblocks: int) -> None:
-        old = self._last_read
-        self._last_read = np.full(nblocks, np.nan)
-        keep = min(nblocks, old.size)
-        self._last_read[:keep] = old[:keep]
+        """Follow the disk to ``nblocks`` blocks (the last reads of the blocks past a shrunk end forgotten)."""
+        keep = self._read < nblocks
+        self._read, self._when, self._nblocks = self._read[keep], self._when[keep], nblocks
 
     def miss_share(self) -> NDArray[np.float64]:
         """Per gap bin, the share of the unpinned blocks' read pages that missed (NaN: too little evidence)."""
@@ -96,18 +98,35 @@ class PinValue:
             self._reads *= fade
             self._misses *= fade
         self._then = now if self._then is None else max(now, self._then)
-        some = (pages.value > 0) & (pages.index < self._last_read.size)
+        some = (pages.value > 0) & (pages.index < self._nblocks)
         blocks, read = pages.index[some], pages.value[some].astype(np.float64)
         lost = np.minimum(missed.at(blocks).astype(np.float64), read)
-        bins = _bins(now - self._last_read[blocks])
+        bins = _bins(now - self._last(blocks))
         held = member(blocks, pinned)
         np.add.at(self._reads, bins[~held], read[~held])
         np.add.at(self._misses, bins[~held], lost[~held])
         share = np.nan_to_num(self.miss_share(), nan=0.0)
         saved = float(((read - lost)[held] * share[bins[held]]).sum())
-        self._last_read[blocks] = now
+        self._remember(blocks, now)
         self.saved_pages += saved
         return saved
+
+    def _last(self, blocks: NDArray[np.int64]) -> NDArray[np.float64]:
+        """When each of ``blocks`` (sorted) was read last (NaN: not since the start, or forgotten)."""
+        out = np.full(blocks.size, np.nan)
+        known = member(blocks, self._read)
+        out[known] = self._when[positions(self._read, blocks[known])]
+        return out
+
+    def _remember(self, blocks: NDArray[np.int64], now: float) -> None:
+        merged = union(self._read, blocks)
+        when = np.full(merged.size, now)
+        when[positions(merged, self._read)] = self._when
+        when[positions(merged, blocks)] = now
+        if merged.size > 2 * self._keep:  # the most recent kept
+            kept = np.sort(np.argsort(-when, kind="stable")[:self._keep])
+            merged, when = merged[kept], when[kept]
+        self._read, self._when = merged, when
 
 
 def _lower_edge(b: int) -> int:
