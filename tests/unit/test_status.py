@@ -168,7 +168,7 @@ def test_a_disks_line_says_what_its_pins_saved_and_how_long_the_kernel_keeps_a_p
     back = AgentStatus.from_json(json.loads(json.dumps(status.to_json())))
     assert back.disks[0].pin_saved_bytes == 7 << 20 and back.disks[0].kernel_retention_seconds == 64.0
     line = render([{**status.to_json(), "running": True}], now=0.0).splitlines()[-1]
-    assert "pins saved ~7MiB, cost others ~1MiB of device reads (the kernel keeps a page read again ~64s)" in line
+    assert "pins saved up to ~7MiB, cost others ~1MiB of device reads (the kernel keeps a page read again ~64s)" in line
     disk.update_reads(1 << 20, 1 << 20, elapsed=10.0, worth=PinWorth(0, 0, float("inf")))
     assert json.loads(json.dumps(status.to_json()))["disks"][0]["kernel_retention_seconds"] == -1
     assert "the kernel keeps what is read again" in render([{**status.to_json(), "running": True}], now=0.0)

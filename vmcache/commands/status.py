@@ -130,7 +130,7 @@ def _value(disk: dict[str, Any]) -> str:
     kernel = ("the kernel keeps what is read again" if keeps == -1 else "too few re-reads to judge the kernel"
               if not isinstance(keeps, (int, float)) else f"the kernel keeps a page read again ~{keeps:.0f}s")
     costs = f", cost others ~{format_size(cost)}" if isinstance(cost, int) else ""
-    return f"; pins saved ~{format_size(saved)}{costs} of device reads ({kernel})"
+    return f"; pins saved up to ~{format_size(saved)}{costs} of device reads ({kernel})"
 
 
 def render(rows: list[dict[str, Any]], now: float) -> str:

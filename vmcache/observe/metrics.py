@@ -221,7 +221,7 @@ class AgentMetrics:
         self.pin_saved = counter(
             "pin_saved_bytes",
             "Of the hits, the bytes read from vmcache's pins that the kernel alone would likely have missed: each "
-            "pinned block's hits times the miss share of unpinned re-reads after as long a gap (an estimate).")
+            "pinned block's hits times the miss share of unpinned re-reads after as long a gap (an upper bound).")
         self.pin_cost = counter(
             "pin_cost_bytes",
             "What the disk's pins cost others: the bytes refaulted in QEMU's tightest limited memory cgroup (or the "
