@@ -70,14 +70,11 @@ def test_partitions_only_where_there_is_a_second_cgroup_and_no_oracle_for_the_pa
 def test_min_mib_puts_a_guaranteed_minimum_in_the_vmcache_arms_metadata_only(tmp_path) -> None:
     from pathlib import Path
 
-    from bench.e2e_plan import Settings, Vm
+    from bench.e2e_plan import Vm
     from bench.e2e_run import domain_of
 
-    def settings(min_mib: int) -> Settings:
-        return Settings(runtime=20, warmup=60, slow_warmup=60, gap=60, cache_mib=512, budget_mib=256,
-                        disk=tmp_path / "disk.raw", disk_bytes=2 << 30, mount=tmp_path / "delay",
-                        neighbour_file=tmp_path / "n", stream_rate="100m", reuse_iops=10000, reclaim_period=10.0,
-                        out=tmp_path, guest_dir=str(tmp_path), memory_mib=384, model={}, min_mib=min_mib)
+    def settings(min_mib: int):
+        return bench_settings(tmp_path, min_mib=min_mib)
 
     by_name = every_arm()
     vm = Vm("g1", tmp_path / "disk.raw", "machine/g1", Path(tmp_path / "console.log"), phase=0)
@@ -130,15 +127,22 @@ def test_the_nopin_mode_runs_opted_in_agents_whose_host_cap_is_zero(tmp_path, mo
     assert "vmcache:cache" in domain_of(arm, s, vm)
 
 
-def installed_settings(tmp_path, monkeypatch, config: str):
-    """The bench's settings under ``tmp_path``, with ``config`` as the installed host config."""
-    import bench.e2e
+def bench_settings(tmp_path, **extra):
+    """The bench's default settings with everything under ``tmp_path`` (``extra`` replaces or adds)."""
     from bench.e2e_plan import Settings
+
+    return Settings(**{"runtime": 20, "warmup": 60, "slow_warmup": 60, "gap": 60, "cache_mib": 512,
+                       "budget_mib": 256, "disk": tmp_path / "disk.raw", "disk_bytes": 2 << 30,
+                       "mount": tmp_path / "delay", "neighbour_file": tmp_path / "n", "stream_rate": "100m",
+                       "reuse_iops": 10000, "reclaim_period": 10.0, "out": tmp_path, "guest_dir": str(tmp_path),
+                       "memory_mib": 384, "model": {}, **extra})
+
+
+def installed_settings(tmp_path, monkeypatch, config: str):
+    """:func:`bench_settings`, with ``config`` as the installed host config."""
+    import bench.e2e
 
     installed = tmp_path / "vmcache.yaml"
     installed.write_text(config)
     monkeypatch.setattr(bench.e2e, "HOST_CONFIG", str(installed))
-    return Settings(runtime=20, warmup=60, slow_warmup=60, gap=60, cache_mib=512, budget_mib=256,
-                    disk=tmp_path / "disk.raw", disk_bytes=2 << 30, mount=tmp_path / "delay",
-                    neighbour_file=tmp_path / "n", stream_rate="100m", reuse_iops=10000, reclaim_period=10.0,
-                    out=tmp_path, guest_dir=str(tmp_path), memory_mib=384, model={})
+    return bench_settings(tmp_path)
