@@ -143,11 +143,11 @@ def _read(directory: str, name: str) -> str:
         return f.read()
 
 
-def _host_file(path: str) -> str:
+def _host_file(directory: str, name: str) -> str:
     try:
-        return _read(os.path.dirname(path), os.path.basename(path))
+        return _read(directory, name)
     except OSError as err:
-        raise HostError(f"cannot read {path}: {err.strerror}") from err
+        raise HostError(f"cannot read {os.path.join(directory, name)}: {err.strerror}") from err
 
 
 def _stat(text: str) -> dict[str, int]:
@@ -185,8 +185,10 @@ class MemcgRoom:
     def tightest(self, *, apart: bool = False) -> CgroupLimit | None:
         """The limited cgroup with the least room, None where none is limited; ``apart``: the agent's only."""
         pids = list(self._pids())
-        seen = self._limits(pids[1:] if apart else pids)
-        return min(seen.values(), key=lambda c: c.room, default=None)
+        return self._tightest(pids[1:] if apart else pids)
+
+    def _tightest(self, pids: Iterable[int | None]) -> CgroupLimit | None:
+        return min(self._limits(pids).values(), key=lambda c: c.room, default=None)
 
     def apart(self) -> bool:
         """Whether the first process (QEMU) is under a limit the others (the agent) are not.
@@ -203,11 +205,10 @@ class MemcgRoom:
         """The page cache QEMU's pins press on: file pages refaulted there ever, and its page cache in bytes -
         QEMU's tightest limited cgroup's, or the host's (/proc/vmstat, /proc/meminfo) where none is limited.
         Raises HostError when the host's figures cannot be read."""
-        pids = list(self._pids())
-        tight = min(self._limits(pids[:1]).values(), key=lambda c: c.room, default=None)
+        tight = self._tightest(list(self._pids())[:1])
         if tight is not None:
             return tight.refaulted, tight.file_bytes
-        vmstat = _stat(_host_file(os.path.join(self._proc, "vmstat"))).get
+        vmstat = _stat(_host_file(self._proc, "vmstat")).get
         info = read_meminfo(os.path.join(self._proc, "meminfo")).fields
         files = info.get("Active(file)", 0) + info.get("Inactive(file)", 0)
         return vmstat("workingset_refault_file", vmstat("workingset_refault", 0)), files
