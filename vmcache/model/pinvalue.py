@@ -101,28 +101,28 @@ class PinValue:
         some = (pages.value > 0) & (pages.index < self._nblocks)
         blocks, read = pages.index[some], pages.value[some].astype(np.float64)
         lost = np.minimum(missed.at(blocks).astype(np.float64), read)
-        bins = _bins(now - self._last(blocks))
+        known = member(blocks, self._read)
+        at = positions(self._read, blocks[known])
+        last = np.full(blocks.size, np.nan)  # not read since the start, or forgotten: a first read
+        last[known] = self._when[at]
+        bins = _bins(now - last)
         held = member(blocks, pinned)
         np.add.at(self._reads, bins[~held], read[~held])
         np.add.at(self._misses, bins[~held], lost[~held])
         share = np.nan_to_num(self.miss_share(), nan=0.0)
         saved = float(((read - lost)[held] * share[bins[held]]).sum())
-        self._remember(blocks, now)
+        self._when[at] = now  # a block read again: in place
+        self._remember(blocks[~known], now)
         self.saved_pages += saved
         return saved
 
-    def _last(self, blocks: NDArray[np.int64]) -> NDArray[np.float64]:
-        """When each of ``blocks`` (sorted) was read last (NaN: not since the start, or forgotten)."""
-        out = np.full(blocks.size, np.nan)
-        known = member(blocks, self._read)
-        out[known] = self._when[positions(self._read, blocks[known])]
-        return out
-
-    def _remember(self, blocks: NDArray[np.int64], now: float) -> None:
-        merged = union(self._read, blocks)
+    def _remember(self, new: NDArray[np.int64], now: float) -> None:
+        """Add the blocks read for the first time (sorted) at ``now``, the most recent kept."""
+        if new.size == 0:
+            return
+        merged = union(self._read, new)
         when = np.full(merged.size, now)
         when[positions(merged, self._read)] = self._when
-        when[positions(merged, blocks)] = now
         if merged.size > 2 * self._keep:  # the most recent kept
             kept = np.sort(np.argsort(-when, kind="stable")[:self._keep])
             merged, when = merged[kept], when[kept]
