@@ -34,6 +34,7 @@ from vmcache.host.readsets import ProbeSet, TracepointSet
 from vmcache.model.region import Region
 from vmcache.service.readsignal import ReadSignal
 
+from tests.kernels.nscheck import pid_namespace as _pid_namespace
 from tests.pagecache_util import drop, random_image
 
 MiB = 1 << 20
@@ -210,6 +211,10 @@ def many_disks(run: Run) -> str:
     return f"100 images watched in a row in {time.monotonic() - started:.1f} s, each counted"
 
 
+def pid_namespace(run: Run) -> str:
+    return _pid_namespace(run, Reader)
+
+
 def tracepoint_set(run: Run) -> str:
     counter = ReadCounter.open(run.reader.pid, lock_dir=tempfile.mkdtemp(), order=(TracepointSet,))
     try:
@@ -343,7 +348,7 @@ def main() -> int:
     reader = Reader()
     run = Run(reader, ReadSignal("vmk", logger=logging.getLogger("vmk.agent"), pid_of=lambda _: reader.pid),
               random_image(WORK / "data.raw", 64 * MiB), expected)
-    checks = [counter, one_set, ten_reads, others_not_counted, block_device, many_disks,
+    checks = [counter, one_set, ten_reads, others_not_counted, block_device, many_disks, pid_namespace,
               *([tracepoint_set] if has_tracepoint else []),
               nothing_left, residency_scan, watch_pins, bpf_refused, psi]
     results = [check(fn.__name__.replace("_", "-"), fn, run) for fn in checks]
@@ -354,7 +359,7 @@ def main() -> int:
 
 def _first_set_that_loads() -> str:
     """What ORDER should choose here: the probe where this kernel loads it on its own, else the tracepoint."""
-    from vmcache.host.readprog import Maps
+    from vmcache.host.readmaps import Maps
 
     maps = Maps.create()
     try:

@@ -214,6 +214,7 @@ build_run_disk() {
     sh -c 'dpkg -i /root/vmcache.deb && rm /root/vmcache.deb' >"$RUN/dpkg.log" 2>&1 \
     || { tail -20 "$RUN/dpkg.log" >&2; die "dpkg -i vmcache.deb failed"; }
   install -D -m 644 "$REPO/tests/kernels/checks.py" "$merged/usr/local/lib/vmcache-kernels/checks.py"
+  install -D -m 644 "$REPO/tests/kernels/nscheck.py" "$merged/usr/local/lib/vmcache-kernels/tests/kernels/nscheck.py"
   install -D -m 644 -t "$merged/usr/local/lib/vmcache-kernels/tests" "$REPO/tests/__init__.py" "$REPO/tests/pagecache_util.py"
   install -D -m 755 "$REPO/tests/kernels/run-checks" "$merged/usr/local/lib/vmcache-kernels/run-checks"
   install -D -m 644 -t "$merged/usr/local/lib/vmcache-kernels/bench" "$REPO/bench/readcount_cost.py" "$REPO/bench/order.py"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import struct
 from typing import Any
 from pathlib import Path
@@ -12,7 +11,6 @@ import pytest
 
 from vmcache.host.bpfasm import Asm
 from vmcache.host.btf import Member
-from vmcache.host.cachekey import kernel_dev
 from vmcache.host.readcount import decode, qemu_pid
 from vmcache.host.tracefs import Field, parse_formats
 
@@ -85,10 +83,6 @@ def test_decode_overlapping_spans_and_blocks_past_the_disk() -> None:
     assert decode([], 8, nblocks=10).pages.index.size == 0
 
 
-def test_kernel_dev_is_major_shifted_by_20_or_minor() -> None:
-    assert kernel_dev(os.makedev(254, 3)) == (254 << 20) | 3
-    assert kernel_dev(os.makedev(259, 70000)) == (259 << 20) | 70000
-
 
 def test_qemu_pid_is_the_pidfile_s_when_that_process_runs_the_domain(tmp_path: Path) -> None:
     run, proc = tmp_path / "run", tmp_path / "proc"
@@ -107,7 +101,7 @@ def test_file_reads_refuse_block_sizes_that_are_not_whole_pages(size: int, tmp_p
     from vmcache.host.readcount import FileReads
 
     with pytest.raises(ValueError):
-        FileReads(None, str(tmp_path), size, (1, 2))  # type: ignore[arg-type]  # refused before the maps are used
+        FileReads(None, str(tmp_path), size, (1, 2), None)  # type: ignore[arg-type]  # refused before the maps are used
 
 
 def bpf_map_stub(fd: int) -> Any:
@@ -118,7 +112,7 @@ def bpf_map_stub(fd: int) -> Any:
 
 
 class _Set:
-    """A program set as :func:`_load` sees one: for_kernel and load, either of which may refuse."""
+    """A program set as :func:`load_set` sees one: for_kernel and load, either of which may refuse."""
 
     SIGNAL = "fake"
     refuse_kernel: Exception | None = None
@@ -159,9 +153,9 @@ class _FakeMaps:
 
 @pytest.fixture
 def sets(monkeypatch: pytest.MonkeyPatch) -> tuple[type[_Set], type[_Set]]:
-    from vmcache.host import readcount
+    from vmcache.host import readhost
 
-    monkeypatch.setattr(readcount, "Maps", _FakeMaps)
+    monkeypatch.setattr(readhost, "Maps", _FakeMaps)
     _Set.loaded = []
     _FakeMaps.closed = 0
     for kind in (_Probe, _Tracepoint):
@@ -172,26 +166,26 @@ def sets(monkeypatch: pytest.MonkeyPatch) -> tuple[type[_Set], type[_Set]]:
 
 def test_the_first_set_the_kernel_loads_runs_the_next_only_where_it_is_refused(sets: tuple[Any, Any]) -> None:
     from vmcache.host.bpf import BpfError
-    from vmcache.host.readcount import _load
+    from vmcache.host.readhost import load_set
 
     probe, tracepoint = sets
-    _, links, chosen = _load((probe, tracepoint))
+    _, links, chosen = load_set((probe, tracepoint))
     assert (type(chosen), links, _Set.loaded) == (probe, [7], ["probe"])
     probe.refuse_load = BpfError("program vmcache_fread1: Operation not permitted", errno=1)
-    _, _, chosen = _load((probe, tracepoint))
+    _, _, chosen = load_set((probe, tracepoint))
     assert type(chosen) is tracepoint and _FakeMaps.closed == 0  # the maps go on to the set that loaded
 
 
 def test_no_set_is_one_error_with_every_set_s_reason_and_the_maps_closed(sets: tuple[Any, Any]) -> None:
     from vmcache.host.bpf import BpfError
-    from vmcache.host.readcount import ReadCountError, _load
+    from vmcache.host.readhost import load_set
     from vmcache.host.readsets import NoReadSet
 
     probe, tracepoint = sets
     probe.refuse_load = BpfError("program vmcache_fread1: Operation not permitted", errno=1)
     tracepoint.refuse_kernel = NoReadSet("this kernel has no tracepoint filemap:mm_filemap_get_pages", errno=2)
-    with pytest.raises(ReadCountError) as err:
-        _load((probe, tracepoint))
+    with pytest.raises(NoReadSet) as err:
+        load_set((probe, tracepoint))
     assert str(err.value) == ("probe: program vmcache_fread1: Operation not permitted; "
                               "tracepoint: this kernel has no tracepoint filemap:mm_filemap_get_pages")
     assert _FakeMaps.closed == 1
@@ -199,10 +193,11 @@ def test_no_set_is_one_error_with_every_set_s_reason_and_the_maps_closed(sets: t
 
 def test_the_probe_s_programs_assemble_for_any_kernel_s_offsets() -> None:
     from vmcache.host.probeprog import Offsets, entry_program, exit_program
-    from vmcache.host.readprog import Maps, added
+    from vmcache.host.readmaps import Maps
+    from vmcache.host.readprog import added
     from vmcache.host.tracefs import Tracepoint
 
-    maps = Maps(*(bpf_map_stub(i) for i in range(5)))
+    maps = Maps(*(bpf_map_stub(i) for i in range(6)))
     offsets = Offsets(0, 8, 16, 0, Member(64, 8), 40, 16)
     for code in (entry_program(maps, offsets), exit_program(maps, offsets)):
         assert len(code) % 8 == 0 and code[-8:] == bytes.fromhex("9500000000000000")  # ends with exit

@@ -2,7 +2,8 @@
 
 Enough for the read counter's programs (:mod:`vmcache.host.readprog`) and
 the cache-key probe (:mod:`vmcache.host.cachekey`): 64-bit ALU, loads and
-stores, atomic add, map addresses, helper calls, conditional jumps.
+stores, atomic add, 64-bit immediates, map addresses, helper calls,
+conditional jumps.
 Encoding: include/uapi/linux/bpf.h and Documentation/bpf/standardization.
 """
 
@@ -12,10 +13,10 @@ import struct
 
 from .bpf import Map
 
-__all__ = ["Asm", "LOOKUP", "UPDATE", "DELETE", "PID_TGID"]
+__all__ = ["Asm", "LOOKUP", "UPDATE", "DELETE", "PID_TGID", "NS_PID_TGID"]
 
-# Helper function numbers.
-LOOKUP, UPDATE, DELETE, PID_TGID = 1, 2, 3, 14
+# Helper function numbers (NS_PID_TGID: bpf_get_ns_current_pid_tgid, Linux 5.7).
+LOOKUP, UPDATE, DELETE, PID_TGID, NS_PID_TGID = 1, 2, 3, 14, 120
 
 _LDX, _STX, _ST, _ALU64, _JMP = 0x01, 0x03, 0x02, 0x07, 0x05
 _MEM, _ATOMIC = 0x60, 0xC0
@@ -65,6 +66,12 @@ class Asm:
     def atomic_add(self, base: int, off: int, src: int) -> None:
         """``*(u64 *)(base + off) += src``, atomically."""
         self._emit(_STX | _ATOMIC | _SIZES[8], base, src, off, 0x00)
+
+    def load_imm64(self, dst: int, value: int) -> None:
+        """``dst = value``, all 64 bits (an ALU immediate is 32 bits, sign-extended): two instruction slots."""
+        lo, hi = (value & 0xFFFFFFFF), (value >> 32) & 0xFFFFFFFF
+        self._emit(0x18, dst, imm=lo - (1 << 32) if lo >= 1 << 31 else lo)
+        self._emit(0, imm=hi - (1 << 32) if hi >= 1 << 31 else hi)
 
     def map_fd(self, dst: int, bpf_map: Map) -> None:
         """Load the address of ``bpf_map`` (BPF_PSEUDO_MAP_FD) into ``dst``: two instruction slots."""

@@ -20,32 +20,34 @@ import struct
 import threading
 
 from . import bpf, bpfasm
+from .pidns import PidNs, kernel_dev
 from .readprog import KeyLoader
 from .readsets import ReadSet
 
-__all__ = ["kernel_dev", "cache_key", "probe_program"]
+__all__ = ["cache_key", "probe_program"]
 
 PROBE_NAME = "vmcache_key"
-_KEY, _SEEN = -4, -24  # stack: the array map's key; the record copied (ino u64, dev u32, seen u32)
+# stack: the array map's key; the record copied (ino u64, dev u32, seen u32); bpf_pidns_info (pid, tgid)
+_KEY, _SEEN, _NSINFO = -4, -24, -32
 
 
-def kernel_dev(st_dev: int) -> int:
-    """A stat(2) device number in the kernel's ``major << 20 | minor`` (what tracepoints carry)."""
-    return (os.major(st_dev) << 20) | os.minor(st_dev)
-
-
-def probe_program(key: KeyLoader, tgid: int, tid: int, out: bpf.Map) -> bytes:
+def probe_program(key: KeyLoader, ns: PidNs, tgid: int, tid: int, out: bpf.Map) -> bytes:
     """A program that writes the (i_ino, s_dev) ``key`` reads from its context, for the reads of thread
-    ``tid`` of process ``tgid`` only, into slot 0 of the array map ``out``, with a seen flag."""
+    ``tid`` of process ``tgid`` (their ids in ``ns``) only, into slot 0 of the array map ``out``, with a
+    seen flag."""
     a = bpfasm.Asm()
     a.mov(6, ("r", 1))
-    a.call(bpfasm.PID_TGID)
-    a.mov(1, ("r", 0))
-    a.alu("rsh", 1, 32)
+    a.load_imm64(1, ns.dev)
+    a.load_imm64(2, ns.ino)
+    a.mov(3, ("r", 10))
+    a.alu("add", 3, _NSINFO)
+    a.mov(4, 8)
+    a.call(bpfasm.NS_PID_TGID)
+    a.jump("ne", 0, 0, "out")
+    a.load(1, 10, _NSINFO, 4)
+    a.jump("ne", 1, tid, "out")
+    a.load(1, 10, _NSINFO + 4, 4)
     a.jump("ne", 1, tgid, "out")
-    a.alu("lsh", 0, 32)
-    a.alu("rsh", 0, 32)
-    a.jump("ne", 0, tid, "out")
     key(a, _SEEN)
     a.store_imm(10, _SEEN + 12, 1, 4)
     a.store_imm(10, _KEY, 0, 4)
@@ -80,7 +82,7 @@ def cache_key(path: str, readset: ReadSet) -> tuple[int, int]:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         out = bpf.Map(bpf.ARRAY, 4, 16, 1, name="vmc_key")
         try:
-            code = probe_program(readset.key, os.getpid(), threading.get_native_id(), out)
+            code = probe_program(readset.key, PidNs.own(), os.getpid(), threading.get_native_id(), out)
             link = readset.attach_probe(code, PROBE_NAME)
             try:
                 os.pread(fd, 4096, 0)

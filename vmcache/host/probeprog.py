@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from .bpfasm import Asm
 from .btf import Btf, Member
-from .readprog import KeyLoader, Maps, count_read, mark_reading, program, unmark_reading, watched
+from .readmaps import Maps
+from .readprog import KeyLoader, count_read, mark_reading, program, unmark_reading, watched
 
 __all__ = ["FUNCTION", "STRUCTS", "Offsets", "iocb_key", "entry_program", "exit_program"]
 

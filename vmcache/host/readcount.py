@@ -27,14 +27,13 @@ empties it. A map that fills counts further blocks' reads as drops
 
 from __future__ import annotations
 
-import errno as _errno
+import contextlib
 import fcntl
 import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -43,9 +42,11 @@ from ..model.blocks import BlockValues
 from ..model.reads import GuestReads
 from . import bpf
 from .cachekey import cache_key
+from .pidns import NoSlot, PidNs
 from .procs import cmdline
-from .readprog import COUNT_VALUE, INNER_ENTRIES, Maps
-from .readsets import ORDER, NoReadSet, ReadSet
+from .readmaps import COUNT_VALUE, INNER_ENTRIES, Maps
+from .readhost import close_all, find_set, load_set, sweep
+from .readsets import ORDER, ReadSet
 from .runlock import RUN_LOCK_DIR
 
 __all__ = ["ReadCountError", "ReadCounter", "FileReads", "qemu_pid", "LOCK_NAME"]
@@ -74,26 +75,23 @@ def qemu_pid(domain: str, *, run_dir: str = "/run/libvirt/qemu", proc: str = "/p
     return pid
 
 
-@dataclass(frozen=True)
-class _Found:
-    kind: type[ReadSet]
-    links: list[int]
-    maps: dict[str, int]
-
-
 class ReadCounter:
     """The host's read-counting programs as one agent holds them, counting the reads of QEMU ``pid``."""
 
-    def __init__(self, maps: Maps, links: list[int], pid: int, kind: type[ReadSet], *,
-                 readset: ReadSet | None = None) -> None:
-        """``kind``: the set that runs; ``readset``: what this kernel offers it, when the caller read it
-        already (else read on first use)."""
+    def __init__(self, maps: Maps, links: list[int], pid: int, kind: type[ReadSet], ns: PidNs, *,
+                 lock_dir: str = RUN_LOCK_DIR, readset: ReadSet | None = None) -> None:
+        """``pid``: QEMU's in ``ns``, this agent's pid namespace; ``kind``: the set that runs; ``lock_dir``:
+        where the agents of ``ns`` share the counter's lock; ``readset``: what this kernel offers it, when
+        the caller read it already (else read on first use). Raises BpfError, NoSlot."""
+        self._lock_dir = lock_dir
         self._maps = maps
         self._links = links
         self.pid = pid
         self.kind = kind
+        self._ns = ns
         self._readset = readset
-        self._maps.qemus.update(struct.pack("=I", pid), struct.pack("=I", os.getpid()))
+        self._maps.qemus.update(ns.qemu_key(pid), ns.owner(os.getpid()))
+        ns.claim(maps.pidns)
 
     @property
     def signal(self) -> str:
@@ -111,28 +109,31 @@ class ReadCounter:
         refused (no CAP_BPF/CAP_PERFMON, BPF off), maps or programs refused.
         """
         try:
-            os.makedirs(lock_dir, mode=0o755, exist_ok=True)
-            lock = os.open(os.path.join(lock_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as err:
-            raise ReadCountError(f"cannot take the read counter's lock: {err.strerror}", path=lock_dir,
-                                 errno=err.errno) from err
+            with _locked(lock_dir):  # two agents starting at once load one set
+                return cls._open(pid, lock_dir, order)
+        except (bpf.BpfError, HostError) as err:
+            raise ReadCountError(str(err), errno=err.errno) from err
+        except (OSError, NoSlot) as err:
+            raise ReadCountError(f"cannot count QEMU's reads from this pid namespace: {err}",
+                                 errno=getattr(err, "errno", None)) from err
+
+    @classmethod
+    def _open(cls, pid: int, lock_dir: str, order: tuple[type[ReadSet], ...]) -> ReadCounter:
+        ns = PidNs.own()
+        found = find_set(order)
+        readset = None
+        if found is not None:
+            maps, links, kind = Maps.adopt(found.maps), found.links, found.kind
+        else:
+            maps, links, readset = load_set(order)
+            kind = type(readset)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # two agents starting at once load one set
-            found = _find(order)
-            readset = None
-            if found is not None:
-                maps, links, kind = Maps.adopt(found.maps), found.links, found.kind
-            else:
-                maps, links, readset = _load(order)
-                kind = type(readset)
-            _sweep(maps)
-            return cls(maps, links, pid, kind, readset=readset)
-        except bpf.BpfError as err:
-            raise ReadCountError(str(err), errno=err.errno) from err
-        except HostError as err:
-            raise ReadCountError(str(err), errno=err.errno) from err
-        finally:
-            os.close(lock)
+            sweep(maps, ns)
+            return cls(maps, links, pid, kind, ns, lock_dir=lock_dir, readset=readset)
+        except BaseException:
+            close_all(links)
+            maps.close()
+            raise
 
     def watch(self, path: str, block_size: int) -> FileReads:
         """Count QEMU's reads of the image at ``path`` in blocks of ``block_size`` bytes (a multiple of 4096).
@@ -147,13 +148,26 @@ class ReadCounter:
         except (OSError, HostError, LookupError) as err:
             raise ReadCountError(f"cannot tell how the kernel names {path}: {err}", path=path,
                                  errno=getattr(err, "errno", None)) from err
-        return FileReads(self._maps, path, block_size, key)
+        return FileReads(self._maps, path, block_size, key, self._ns, keep=self.keep)
+
+    def keep(self) -> None:
+        """Make sure the programs still ask for this agent's pid namespace (an agent of another container,
+        sharing no lock with this one, may have written the same free slot at the same moment). Raises
+        ReadCountError."""
+        try:
+            self._ns.claim(self._maps.pidns)
+        except (bpf.BpfError, NoSlot) as err:
+            raise ReadCountError(f"cannot keep this pid namespace counted: {err}",
+                                 errno=getattr(err, "errno", None)) from err
 
     def close(self) -> None:
-        """Stop counting this QEMU's reads; let go of the programs (the last holder's close removes them)."""
+        """Stop counting this QEMU's reads, and this pid namespace's when it was the last QEMU counted of it;
+        let go of the programs (the last holder's close removes them)."""
         try:
-            self._maps.qemus.delete(struct.pack("=I", self.pid))
-        except bpf.BpfError as err:
+            with _locked(self._lock_dir):  # an agent of the namespace starting now keeps its slot
+                self._maps.qemus.delete(self._ns.qemu_key(self.pid))
+                self._ns.release(self._maps.pidns, self._maps.qemus)
+        except (bpf.BpfError, ReadCountError) as err:
             _log.debug("reads.qemu_unregister_failed error=%s", err)
         for fd in self._links:
             os.close(fd)
@@ -164,12 +178,17 @@ class ReadCounter:
 class FileReads:
     """One image's counts: registered at creation, :meth:`take` once per cycle, :meth:`close` at the end."""
 
-    def __init__(self, maps: Maps, path: str, block_size: int, key: tuple[int, int]) -> None:
-        """``key``: the (i_ino, s_dev) the tracepoints name the image by (:func:`cache_key`)."""
+    def __init__(self, maps: Maps, path: str, block_size: int, key: tuple[int, int], ns: PidNs, *,
+                 keep: Callable[[], None] = lambda: None) -> None:
+        """``key``: the (i_ino, s_dev) the tracepoints name the image by (:func:`cache_key`); ``ns``: the
+        agent's pid namespace; ``keep``: called at each take, before the counts are read (raises
+        ReadCountError when the reads can no longer be counted)."""
         if block_size <= 0 or block_size % PAGE:
             raise ValueError(f"block size {block_size} is not a positive multiple of {PAGE}")
         self.path = path
         self._maps = maps
+        self._ns = ns
+        self._keep = keep
         self._pages = block_size // PAGE
         self._file = struct.pack("=QI", *key)
         self._gen = 0
@@ -188,7 +207,8 @@ class FileReads:
         self._drops_seen = 0
 
     def _set_meta(self) -> None:
-        self._maps.meta.update(self._file + b"\0" * 4, struct.pack("=QII", self._pages, self._gen, os.getpid()))
+        self._maps.meta.update(self._file + b"\0" * 4,
+                               struct.pack("=QI", self._pages, self._gen) + self._ns.owner(os.getpid()) + bytes(4))
 
     def take(self, nblocks: int, *, sleep: Callable[[float], None] = time.sleep) -> GuestReads:
         """The reads since the last take, per block below ``nblocks``; the counts start again from zero.
@@ -196,6 +216,7 @@ class FileReads:
         Raises ReadCountError when the maps cannot be read (nothing is lost:
         the next take reads them).
         """
+        self._keep()
         old = self._counts[self._gen]
         try:
             self._gen ^= 1
@@ -229,6 +250,22 @@ class FileReads:
             _log.debug("reads.unregister_failed path=%s error=%s", self.path, err)
         for inner in self._counts:
             inner.close()
+
+
+@contextlib.contextmanager
+def _locked(lock_dir: str) -> Iterator[None]:
+    """The read counter's lock of this pid namespace's agents, held. Raises ReadCountError."""
+    try:
+        os.makedirs(lock_dir, mode=0o755, exist_ok=True)
+        lock = os.open(os.path.join(lock_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise ReadCountError(f"cannot take the read counter's lock: {err.strerror}", path=lock_dir,
+                             errno=err.errno) from err
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)
 
 
 def _inner_id(outer: bpf.Map, key: bytes) -> int | None:
@@ -268,123 +305,3 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     starts = np.cumsum(lengths) - lengths
     out: np.ndarray = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
     return out
-
-
-# -- the host's one set of programs ------------------------------------------------------------
-
-
-def _find(order: tuple[type[ReadSet], ...]) -> _Found | None:
-    """The links and maps of a set another agent loaded and still holds; None when there is none."""
-    kinds = {kind.NAME: kind for kind in order}
-    progs: dict[int, tuple[type[ReadSet], list[int]]] = {}  # program id -> its set, its map ids
-    for ident in bpf.object_ids(bpf.PROG):
-        fd = bpf.fd_by_id(bpf.PROG, ident)
-        if fd is None:
-            continue
-        try:
-            info, map_ids = bpf.object_info(fd, map_ids=16)
-        finally:
-            os.close(fd)
-        kind = kinds.get(bpf.program_name(info))
-        if kind is not None:
-            progs[ident] = (kind, map_ids)
-    for kind in order:
-        found = _complete(kind, {p: ids for p, (k, ids) in progs.items() if k is kind})
-        if found is not None:
-            return found
-    return None
-
-
-def _complete(kind: type[ReadSet], progs: dict[int, list[int]]) -> _Found | None:
-    """The set ``kind`` of the programs ``progs`` (id -> map ids) when one is whole; else None.
-
-    A set's programs are those that share its ``vmc_qemus`` map (every program's first look-up); each
-    uses only some of the maps (the probe's entry program neither counts nor drops), so the set's maps
-    are those of all of them.
-    """
-    if not progs:
-        return None
-    first = _maps_by_name(next(iter(progs.values())))
-    qemus = bpf.map_id(first["vmc_qemus"]) if "vmc_qemus" in first else None
-    _close_all(first.values())
-    members = {p: ids for p, ids in progs.items() if qemus in ids}
-    maps = _maps_by_name(sorted({i for ids in members.values() for i in ids}))
-    if set(maps) < set(Maps.NAMES):
-        _close_all(maps.values())
-        return None
-    links = _links_of(set(members))
-    if len(links) != kind.LINKS:  # being loaded, or half gone: load a set of one's own
-        _close_all([*links, *maps.values()])
-        return None
-    return _Found(kind, links, maps)
-
-
-def _close_all(fds: Iterable[int]) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-def _links_of(prog_ids: set[int]) -> list[int]:
-    links = []
-    for ident in bpf.object_ids(bpf.LINK):
-        fd = bpf.fd_by_id(bpf.LINK, ident)
-        if fd is None:
-            continue
-        if struct.unpack_from("=I", bpf.object_info(fd, 64)[0], 8)[0] in prog_ids:
-            links.append(fd)
-        else:
-            os.close(fd)
-    return links
-
-
-def _maps_by_name(ids: list[int]) -> dict[str, int]:
-    out = {}
-    for ident in ids:
-        fd = bpf.fd_by_id(bpf.MAP, ident)
-        if fd is None:
-            continue
-        name = bpf.map_name(fd)
-        if name in Maps.NAMES and name not in out:
-            out[name] = fd
-        else:
-            os.close(fd)
-    return out
-
-
-def _load(order: tuple[type[ReadSet], ...]) -> tuple[Maps, list[int], ReadSet]:
-    """The maps, and the first set of ``order`` this kernel loads and attaches. Raises ReadCountError (every
-    set's reason), BpfError (the maps refused)."""
-    maps = Maps.create()
-    reasons, errno = [], _errno.ENOENT
-    try:
-        for kind in order:
-            try:
-                readset = kind.for_kernel()
-                return maps, readset.load(maps), readset
-            except (NoReadSet, bpf.BpfError) as err:
-                reasons.append(f"{kind.SIGNAL}: {err}")
-                errno = err.errno or errno
-    except BaseException:
-        maps.close()
-        raise
-    maps.close()
-    raise ReadCountError("; ".join(reasons), errno=errno)
-
-
-def _sweep(maps: Maps) -> None:
-    """Remove entries of agents that died without removing them (SIGKILL): QEMUs and images of dead agents."""
-    for key in maps.qemus.keys():
-        value = maps.qemus.lookup(key)
-        if value is not None and not _alive(struct.unpack("=I", value)[0]):
-            maps.qemus.delete(key)
-    for key in maps.meta.keys():
-        value = maps.meta.lookup(key)
-        if value is not None and not _alive(struct.unpack_from("=I", value, 12)[0]):
-            maps.meta.delete(key)
-            maps.drops.delete(key)
-            for gen in (0, 1):
-                maps.files.delete(key[:12] + struct.pack("=I", gen))
-
-
-def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")

@@ -1,12 +1,12 @@
 """The read-counting BPF programs' maps and shared parts, and the tracepoint set's programs.
 
 Written with :mod:`vmcache.host.bpfasm`. Every program starts with the same
-filter (the process is a QEMU in ``qemus``) and, for a file, a second
-(the file is in ``meta``) that ends it for everything else. The
-tracepoint set (Linux 6.12+; :mod:`vmcache.host.probeprog` has the
-``filemap_read`` probe's programs, which share the maps, the miss
-program and the counting below) does on each event: (the process is a QEMU in
-``qemus``, the file is in ``meta``) that end it for everything else:
+filter (the process is a QEMU in ``qemus``, known by its tgid in its own
+pid namespace: :mod:`vmcache.host.pidns`) and, for a file, a second (the
+file is in ``meta``) that end it for everything else. The tracepoint set
+(Linux 6.12+; :mod:`vmcache.host.probeprog` has the ``filemap_read``
+probe's programs, which share the maps, the miss program and the counting
+below) does on each event:
 
 - ``mm_filemap_get_pages`` (a buffered read gets a batch of folios; one
   read of many pages fires it once per batch, each time with the read's
@@ -33,75 +33,26 @@ does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import ClassVar
 
 from . import bpf
 from .bpf import NOEXIST
-from .bpfasm import LOOKUP, PID_TGID, UPDATE, Asm
+from .bpfasm import LOOKUP, NS_PID_TGID, PID_TGID, UPDATE, Asm
+from .pidns import SLOTS
+from .readmaps import Maps
 from .tracefs import Tracepoint
 
-__all__ = ["EVENTS", "COUNT_VALUE", "INNER_ENTRIES", "Maps", "programs", "program", "KeyLoader", "record_key",
-           "watched", "mark_reading", "unmark_reading", "added", "count_read"]
+__all__ = ["EVENTS", "programs", "program", "KeyLoader", "record_key", "watched", "mark_reading",
+           "unmark_reading", "added", "count_read"]
 
 #: The tracepoints, in the order the program's links are made.
 EVENTS = (("filemap", "mm_filemap_get_pages"), ("filemap", "mm_filemap_add_to_page_cache"),
           ("readahead", "page_cache_sync_ra"), ("readahead", "page_cache_async_ra"))
-COUNT_VALUE = 32  # pages, pages' span difference, missed, missed's span difference (u64 each)
-INNER_ENTRIES = 65536  # blocks of one image one count map holds: touched blocks of one cycle
-_HASH_SIZES = {"qemus": (4, 4, 4096), "meta": (16, 16, 4096), "files": (16, 4, 8192), "threads": (4, 40, 8192),
-               "drops": (16, 8, 4096)}
-
 # Stack slots (offsets from r10).
-_TID, _TGID, _KEY, _BLOCK, _TV, _CV = -4, -8, -24, -32, -72, -104
+_TID, _KEY, _BLOCK, _TV, _CV = -4, -24, -32, -72, -104
 _S, _E, _PPB, _BS, _BE, _AMT = -112, -120, -128, -136, -144, -152
+_QEMU, _NSINFO, _SLOT = -160, -168, -172  # the qemus key; bpf_pidns_info (pid, tgid); a pidns index
 # The thread value: ino, last_index, index, readahead ino (u64); dev, readahead dev (u32).
 _T_INO, _T_LAST, _T_INDEX, _T_RA_INO, _T_DEV, _T_RA_DEV = 0, 8, 16, 24, 32, 36
-
-
-@dataclass
-class Maps:
-    """The program's maps: QEMUs counted, images (meta, count maps, drops), each thread's last read."""
-
-    qemus: bpf.Map
-    meta: bpf.Map
-    files: bpf.Map
-    threads: bpf.Map
-    drops: bpf.Map
-
-    NAMES: ClassVar[tuple[str, ...]] = tuple(f"vmc_{name}" for name in _HASH_SIZES)
-
-    @classmethod
-    def create(cls) -> Maps:
-        """New maps. Raises BpfError."""
-        made: list[bpf.Map] = []
-        try:
-            for name, (key, value, entries) in _HASH_SIZES.items():
-                if name == "files":
-                    template = bpf.Map(bpf.HASH, 8, COUNT_VALUE, INNER_ENTRIES, name="vmc_reads_blk",
-                                       flags=bpf.NO_PREALLOC)
-                    try:
-                        made.append(bpf.Map(bpf.HASH_OF_MAPS, key, value, entries, name="vmc_files", inner=template))
-                    finally:
-                        template.close()
-                else:
-                    kind = bpf.LRU_HASH if name == "threads" else bpf.HASH
-                    made.append(bpf.Map(kind, key, value, entries, name=f"vmc_{name}"))
-        except BaseException:
-            for m in made:
-                m.close()
-            raise
-        return cls(*made)
-
-    @classmethod
-    def adopt(cls, fds: dict[str, int]) -> Maps:
-        """The maps of a program another agent loaded, from descriptors by their names (``vmc_...``)."""
-        return cls(*(bpf.Map(0, k, v, n, name=f"vmc_{name}", fd=fds[f"vmc_{name}"])
-                     for name, (k, v, n) in _HASH_SIZES.items()))
-
-    def close(self) -> None:
-        for f in fields(self):
-            getattr(self, f.name).close()
 
 
 def programs(maps: Maps, points: dict[str, Tracepoint]) -> dict[str, bytes]:
@@ -118,14 +69,36 @@ def programs(maps: Maps, points: dict[str, Tracepoint]) -> dict[str, bytes]:
 
 
 def program(body: Callable[[Asm], None], maps: Maps) -> bytes:
-    """Only a registered QEMU's events go on to ``body``; every program returns 0 (no perf sample)."""
+    """Only a registered QEMU's events go on to ``body``; every program returns 0 (no perf sample).
+
+    The thread's pid namespace is found among the ``pidns`` slots (the helper answers only for the one
+    it lives in); its tgid there and that namespace's inode are its ``qemus`` key. The thread id at _TID
+    (the threads map's key) is the host's, unique on it.
+    """
     a = Asm()
     a.mov(6, ("r", 1))
     a.call(PID_TGID)
     a.store(10, _TID, 0, 4)
-    a.alu("rsh", 0, 32)
-    a.store(10, _TGID, 0, 4)
-    lookup(a, maps.qemus, _TGID)
+    for i in range(SLOTS):
+        a.store_imm(10, _SLOT, i, 4)
+        lookup(a, maps.pidns, _SLOT)
+        a.jump("eq", 0, 0, "out")
+        a.load(2, 0, 8, 8)  # the slot's inode: 0 when free
+        a.jump("eq", 2, 0, f"ns_{i + 1}")
+        a.store(10, _QEMU + 4, 2, 4)
+        a.load(1, 0, 0, 8)
+        a.mov(3, ("r", 10))
+        a.alu("add", 3, _NSINFO)
+        a.mov(4, 8)
+        a.call(NS_PID_TGID)
+        a.jump("ne", 0, 0, f"ns_{i + 1}")  # the thread lives in another namespace
+        a.load(1, 10, _NSINFO + 4, 4)
+        a.store(10, _QEMU, 1, 4)
+        a.jump("ja", 0, 0, "ns_found")
+        a.label(f"ns_{i + 1}")
+    a.jump("ja", 0, 0, "out")
+    a.label("ns_found")
+    lookup(a, maps.qemus, _QEMU)
     a.jump("eq", 0, 0, "out")
     body(a)
     a.label("out")

@@ -34,7 +34,8 @@ from ..errors import HostError
 from . import bpf
 from .btf import Btf
 from .probeprog import FUNCTION, STRUCTS, Offsets, entry_program, exit_program, iocb_key
-from .readprog import EVENTS, KeyLoader, Maps, added, program, programs, record_key
+from .readmaps import Maps
+from .readprog import EVENTS, KeyLoader, added, program, programs, record_key
 from .tracefs import Tracepoint, read_tracepoints
 
 __all__ = ["ReadSet", "ProbeSet", "TracepointSet", "ORDER", "NoReadSet"]
@@ -111,7 +112,7 @@ def _tracepoints(events: list[tuple[str, str]]) -> dict[str, Tracepoint]:
 class ProbeSet(ReadSet):
     """fentry/fexit on ``filemap_read`` and the add_to_page_cache tracepoint (3 links)."""
 
-    NAME = "vmcache_fread1"
+    NAME = "vmcache_fread2"
     SIGNAL = "probe"
     LINKS = 3
 
@@ -151,7 +152,7 @@ class ProbeSet(ReadSet):
 class TracepointSet(ReadSet):
     """``mm_filemap_get_pages``, add_to_page_cache and the two readahead tracepoints (4 links)."""
 
-    NAME = "vmcache_reads1"
+    NAME = "vmcache_reads2"
     SIGNAL = "tracepoint"
     LINKS = len(EVENTS)
 
