@@ -158,9 +158,12 @@ container_boot() {
   # Read-only file system"). A cgroup2 hierarchy of its own (no controllers:
   # they stay bound to v1) lets systemd and libvirt run as on a v2 host.
   # CAP_IPC_LOCK: root's services have it on a real host (vmcache's mlock needs
-  # it beyond RLIMIT_MEMLOCK); nspawn drops it unless asked.
+  # it beyond RLIMIT_MEMLOCK); nspawn drops it unless asked. bpf and
+  # perf_event_open: nspawn's seccomp filter refuses them, where a host's root
+  # has them (the read counter's programs; CAP_SYS_ADMIN, which nspawn keeps,
+  # allows them).
   SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 systemd-nspawn -q -D "$merged" -M "$name" --register=no --keep-unit -b \
-    --capability=CAP_IPC_LOCK "$@" >"$console" 2>&1 </dev/null &
+    --capability=CAP_IPC_LOCK --system-call-filter='bpf perf_event_open' "$@" >"$console" 2>&1 </dev/null &
   pid=$!
   NSPAWN_PID[$name]=$pid
   CONSOLE[$name]=$console

@@ -89,6 +89,13 @@ def dirtied(host: Host, name: str) -> float:
     return sum(samples)
 
 
+def counts_reads(host: Host, name: str) -> None:
+    """The agent of ``name`` on ``host`` counts its QEMU's reads in the kernel (from the container's pid
+    namespace), not inferred."""
+    s = status(host, name)
+    assert s["read_signal"] in ("probe", "tracepoint"), (host.name, s["read_signal"], s.get("read_signal_reason"))
+
+
 def runtime_leftovers(host: Host, name: str, uuid: str) -> list[str]:
     """What of the domain's agent is still on ``host``: processes, locked memory, files, ledger entries."""
     left = [f"process {pid}: {cmd}" for pid in host.pids().values()
@@ -173,6 +180,7 @@ def start_opted_in(a: Side, name: str, *, by_rule: bool = False) -> tuple[Any, s
                       "A's agent to pin the written regions", more=[(40 * MiB, 2 * MiB)], dev=DEV)
     carried = saved_set(a, name, 6 * MiB)
     assert carried.bytes <= BUDGET
+    counts_reads(a.host, name)
     # each host its own page cache: what A's agent locked through A's mount is not on B
     assert resident(0, name, 8 * MiB, 4 * MiB) == 4 * MiB and resident(1, name, 0, 64 * MiB) == 0
     return dom, dom.UUIDString(), carried
@@ -194,6 +202,7 @@ def warm_on_b(b: Side, name: str, carried: DiskHotSet, resumed: float, *, by_rul
     got = int(size.group(1))
     assert got >= carried.bytes, (got, carried)
     assert f"restored={got} given_up=0 total={got}" in done[0][1], done
+    counts_reads(b.host, name)
     pinned = {(int(s), int(n)) for _t, m in lines(b.host, name, "pin.add")
               for s, n in re.findall(r"start=(\d+) length=(\d+)", m)}
     for region in carried.regions:
