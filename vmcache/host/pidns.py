@@ -4,18 +4,20 @@
 namespace; an agent in a container (systemd-nspawn, a pod) knows its QEMU
 only by the ids of its own (libvirt's pidfile), and /proc there shows no
 other. So the programs know a QEMU by its tgid in its own namespace and
-that namespace's inode, and find a thread's with
-``bpf_get_ns_current_pid_tgid`` (Linux 5.7), which answers only for the
-namespace the thread lives in: the ``pidns`` array holds up to
-:data:`SLOTS` namespaces (nsfs device, inode), each filled by the agents
-of that namespace, and the programs ask each filled slot in turn. An agent
-on the host itself registers the first namespace like any other.
+that namespace's inode (:meth:`PidNs.qemu_key`). For the host's first
+namespace that tgid is the one ``bpf_get_current_pid_tgid`` gives, unique
+on the host: the programs look it up first, with no further cost. For the
+others, ``bpf_get_ns_current_pid_tgid`` (Linux 5.7) answers only for the
+namespace the thread lives in, so the programs ask it of each namespace in
+the ``pidns`` table: one array entry of up to :data:`SLOTS` (nsfs device,
+inode) pairs, filled from the front, which the agents of each such
+namespace keep (:meth:`PidNs.claim`, :meth:`PidNs.release`).
 
-Agents of one namespace share /run/lock and change the slots under the
-read counter's lock; agents of two containers share no lock, so a slot is
-written, read back, and checked again every cycle (:meth:`PidNs.claim`):
-two agents that took one free slot at the same moment sort it out by the
-next cycle, the reads of one cycle at most uncounted.
+Agents of one namespace share /run/lock and change the table under the
+read counter's lock; agents of two containers share no lock, so an agent
+writes the table, reads it back, and checks it again every cycle: two that
+rewrote it at the same moment sort it out by the next cycle, the reads of
+one cycle at most uncounted.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["SLOTS", "INIT_INO", "PidNs", "NoSlot", "kernel_dev"]
+__all__ = ["SLOTS", "TABLE", "INIT_INO", "PidNs", "NoSlot", "kernel_dev"]
 
 SLOTS = 16
 INIT_INO = 0xEFFFFFFC  # PROC_PID_INIT_INO: the host's first pid namespace
-_SLOT = struct.Struct("=QQ")  # nsfs device (the kernel's dev_t), inode; 0, 0 when free
+_PAIR = struct.Struct("=QQ")  # nsfs device (the kernel's dev_t), inode
+TABLE = SLOTS * _PAIR.size  # the table's bytes: pairs from the front, then zeros
+_KEY = struct.pack("=I", 0)
 
 
-class Slots(Protocol):
+class Table(Protocol):
     """The ``pidns`` array map (a :class:`vmcache.host.bpf.Map`)."""
 
     def lookup(self, key: bytes) -> bytes | None: ...
@@ -47,12 +51,22 @@ class Keys(Protocol):
 
 
 class NoSlot(Exception):
-    """Every slot holds another namespace."""
+    """The table holds :data:`SLOTS` other namespaces."""
 
 
 def kernel_dev(st_dev: int) -> int:
     """A stat(2) device number in the kernel's ``major << 20 | minor`` (what tracepoints and helpers take)."""
     return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+def _read(table: Table) -> list[tuple[int, int]]:
+    raw = table.lookup(_KEY) or bytes(TABLE)
+    pairs = [_PAIR.unpack_from(raw, i * _PAIR.size) for i in range(SLOTS)]
+    return [p for p in pairs if p[1]]
+
+
+def _write(table: Table, pairs: list[tuple[int, int]]) -> None:
+    table.update(_KEY, b"".join(_PAIR.pack(*p) for p in pairs).ljust(TABLE, b"\0"))
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,11 @@ class PidNs:
         st = os.stat(os.path.join(proc, "self/ns/pid"))
         return cls(kernel_dev(st.st_dev), st.st_ino)
 
+    @property
+    def first(self) -> bool:
+        """The host's first namespace: the programs know its QEMUs without the table."""
+        return self.ino == INIT_INO
+
     def qemu_key(self, tgid: int) -> bytes:
         """The ``qemus`` key of the process ``tgid`` of this namespace."""
         return struct.pack("=II", tgid, self.ino)
@@ -81,26 +100,24 @@ class PidNs:
         pid, ino = struct.unpack_from("=II", value, offset)
         return pid if ino == self.ino else None
 
-    def claim(self, slots: Slots) -> int:
-        """The slot that holds this namespace, written into a free one if none does. Raises NoSlot, BpfError."""
-        mine = _SLOT.pack(self.dev, self.ino)
-        held = [slots.lookup(struct.pack("=I", i)) for i in range(SLOTS)]
-        if mine in held:
-            return held.index(mine)
-        for i, value in enumerate(held):
-            if value is None or _SLOT.unpack(value)[1] == 0:
-                key = struct.pack("=I", i)
-                slots.update(key, mine)
-                if slots.lookup(key) == mine:
-                    return i
-        raise NoSlot(f"all {SLOTS} pid namespace slots of the read counter are taken")
-
-    def release(self, slots: Slots, qemus: Keys) -> None:
-        """Free this namespace's slot when no QEMU of it is counted any more. Raises BpfError."""
-        if any(struct.unpack("=II", key)[1] == self.ino for key in qemus.keys()):
+    def claim(self, table: Table) -> None:
+        """This namespace in the table (the first namespace needs none). Raises NoSlot, BpfError."""
+        if self.first:
             return
-        mine = _SLOT.pack(self.dev, self.ino)
-        for i in range(SLOTS):
-            key = struct.pack("=I", i)
-            if slots.lookup(key) == mine:
-                slots.update(key, _SLOT.pack(0, 0))
+        for _ in range(3):  # another container's agent may rewrite the table between our read and write
+            pairs = _read(table)
+            if (self.dev, self.ino) in pairs:
+                return
+            if len(pairs) >= SLOTS:
+                raise NoSlot(f"the read counter's table holds {SLOTS} other pid namespaces")
+            _write(table, [*pairs, (self.dev, self.ino)])
+        if (self.dev, self.ino) not in _read(table):
+            raise NoSlot("the read counter's pid namespace table keeps changing")
+
+    def release(self, table: Table, qemus: Keys) -> None:
+        """This namespace out of the table once no QEMU of it is counted. Raises BpfError."""
+        if self.first or any(struct.unpack("=II", key)[1] == self.ino for key in qemus.keys()):
+            return
+        pairs = _read(table)
+        if (self.dev, self.ino) in pairs:
+            _write(table, [p for p in pairs if p != (self.dev, self.ino)])

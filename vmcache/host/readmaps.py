@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from . import bpf
-from .pidns import SLOTS
+from .pidns import TABLE
 
 __all__ = ["COUNT_VALUE", "INNER_ENTRIES", "Maps"]
 
@@ -18,9 +18,9 @@ COUNT_VALUE = 32  # pages, pages' span difference, missed, missed's span differe
 INNER_ENTRIES = 65536  # blocks of one image one count map holds: touched blocks of one cycle
 # Each map's key and value size and entries. qemus: (tgid, pid namespace inode) -> the agent that added it
 # (pid, namespace); meta: a file -> pages per block, current generation, its agent (pid, namespace);
-# pidns: the namespaces of the QEMUs counted (pidns.py).
+# pidns: one entry, the namespaces of the QEMUs counted but the host's first (pidns.py).
 _SIZES = {"qemus": (8, 8, 4096), "meta": (16, 24, 4096), "files": (16, 4, 8192), "threads": (4, 40, 8192),
-          "drops": (16, 8, 4096), "pidns": (4, 16, SLOTS)}
+          "drops": (16, 8, 4096), "pidns": (4, TABLE, 1)}
 _KINDS = {"threads": bpf.LRU_HASH, "pidns": bpf.ARRAY}
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from . import bpf
 from .bpf import NOEXIST
 from .bpfasm import LOOKUP, NS_PID_TGID, PID_TGID, UPDATE, Asm
-from .pidns import SLOTS
+from .pidns import INIT_INO, SLOTS
 from .readmaps import Maps
 from .tracefs import Tracepoint
 
@@ -50,7 +50,7 @@ EVENTS = (("filemap", "mm_filemap_get_pages"), ("filemap", "mm_filemap_add_to_pa
 # Stack slots (offsets from r10).
 _TID, _KEY, _BLOCK, _TV, _CV = -4, -24, -32, -72, -104
 _S, _E, _PPB, _BS, _BE, _AMT = -112, -120, -128, -136, -144, -152
-_QEMU, _NSINFO, _SLOT = -160, -168, -172  # the qemus key; bpf_pidns_info (pid, tgid); a pidns index
+_QEMU, _NSINFO, _SLOT = -160, -168, -172  # the qemus key; bpf_pidns_info (pid, tgid); the pidns key
 # The thread value: ino, last_index, index, readahead ino (u64); dev, readahead dev (u32).
 _T_INO, _T_LAST, _T_INDEX, _T_RA_INO, _T_DEV, _T_RA_DEV = 0, 8, 16, 24, 32, 36
 
@@ -71,35 +71,41 @@ def programs(maps: Maps, points: dict[str, Tracepoint]) -> dict[str, bytes]:
 def program(body: Callable[[Asm], None], maps: Maps) -> bytes:
     """Only a registered QEMU's events go on to ``body``; every program returns 0 (no perf sample).
 
-    The thread's pid namespace is found among the ``pidns`` slots (the helper answers only for the one
-    it lives in); its tgid there and that namespace's inode are its ``qemus`` key. The thread id at _TID
-    (the threads map's key) is the host's, unique on it.
+    A QEMU of the host's first pid namespace is found by the tgid ``bpf_get_current_pid_tgid`` gives
+    (unique on the host); any other by its tgid in the namespace of the ``pidns`` table that the thread
+    lives in (the helper answers only for that one). The thread id at _TID (the threads map's key) is the
+    host's.
     """
     a = Asm()
     a.mov(6, ("r", 1))
     a.call(PID_TGID)
     a.store(10, _TID, 0, 4)
-    for i in range(SLOTS):
-        a.store_imm(10, _SLOT, i, 4)
-        lookup(a, maps.pidns, _SLOT)
-        a.jump("eq", 0, 0, "out")
-        a.load(2, 0, 8, 8)  # the slot's inode: 0 when free
-        a.jump("eq", 2, 0, f"ns_{i + 1}")
+    a.alu("rsh", 0, 32)
+    a.store(10, _QEMU, 0, 4)
+    a.store_imm(10, _QEMU + 4, INIT_INO - (1 << 32), 4)
+    lookup(a, maps.qemus, _QEMU)
+    a.jump("ne", 0, 0, "qemu")
+    a.store_imm(10, _SLOT, 0, 4)
+    lookup(a, maps.pidns, _SLOT)
+    a.jump("eq", 0, 0, "out")
+    a.mov(7, ("r", 0))
+    for i in range(SLOTS):  # filled from the front: the first empty pair ends it
+        a.load(2, 7, i * 16 + 8, 8)
+        a.jump("eq", 2, 0, "out")
         a.store(10, _QEMU + 4, 2, 4)
-        a.load(1, 0, 0, 8)
+        a.load(1, 7, i * 16, 8)
         a.mov(3, ("r", 10))
         a.alu("add", 3, _NSINFO)
         a.mov(4, 8)
         a.call(NS_PID_TGID)
-        a.jump("ne", 0, 0, f"ns_{i + 1}")  # the thread lives in another namespace
-        a.load(1, 10, _NSINFO + 4, 4)
-        a.store(10, _QEMU, 1, 4)
-        a.jump("ja", 0, 0, "ns_found")
-        a.label(f"ns_{i + 1}")
+        a.jump("eq", 0, 0, "ns_found")  # else the thread lives in another namespace
     a.jump("ja", 0, 0, "out")
     a.label("ns_found")
+    a.load(1, 10, _NSINFO + 4, 4)
+    a.store(10, _QEMU, 1, 4)
     lookup(a, maps.qemus, _QEMU)
     a.jump("eq", 0, 0, "out")
+    a.label("qemu")
     body(a)
     a.label("out")
     a.mov(0, 0)
