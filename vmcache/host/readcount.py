@@ -91,7 +91,11 @@ class ReadCounter:
         self._ns = ns
         self._readset = readset
         self._maps.qemus.update(ns.qemu_key(pid), ns.owner(os.getpid()))
-        ns.claim(maps.pidns)
+        try:
+            ns.claim(maps.pidns)
+        except BaseException:
+            self._maps.qemus.delete(ns.qemu_key(pid))
+            raise
 
     @property
     def signal(self) -> str:
@@ -152,7 +156,7 @@ class ReadCounter:
 
     def keep(self) -> None:
         """Make sure the programs still ask for this agent's pid namespace (an agent of another container,
-        sharing no lock with this one, may have written the same free slot at the same moment). Raises
+        sharing no lock with this one, may have rewritten the table at the same moment). Raises
         ReadCountError."""
         try:
             self._ns.claim(self._maps.pidns)
@@ -164,8 +168,8 @@ class ReadCounter:
         """Stop counting this QEMU's reads, and this pid namespace's when it was the last QEMU counted of it;
         let go of the programs (the last holder's close removes them)."""
         try:
-            with _locked(self._lock_dir):  # an agent of the namespace starting now keeps its slot
-                self._maps.qemus.delete(self._ns.qemu_key(self.pid))
+            self._maps.qemus.delete(self._ns.qemu_key(self.pid))
+            with _locked(self._lock_dir):  # an agent of the namespace starting now keeps it in the table
                 self._ns.release(self._maps.pidns, self._maps.qemus)
         except (bpf.BpfError, ReadCountError) as err:
             _log.debug("reads.qemu_unregister_failed error=%s", err)
