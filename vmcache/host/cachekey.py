@@ -65,8 +65,9 @@ def probe_program(key: KeyLoader, ns: PidNs, tgid: int, tid: int, out: bpf.Map) 
     return a.assemble()
 
 
-def cache_key(path: str, readset: ReadSet) -> tuple[int, int]:
-    """The (i_ino, s_dev) the counting programs of ``readset`` give the file or block device at ``path``.
+def cache_key(path: str, readset: ReadSet, ns: PidNs) -> tuple[int, int]:
+    """The (i_ino, s_dev) the counting programs of ``readset`` give the file or block device at ``path``,
+    read by this thread of the pid namespace ``ns`` (this process's).
 
     Found by reading its first page twice (the second read is a cache hit,
     which always fires ``mm_filemap_get_pages``) while the probe program watches this
@@ -82,7 +83,7 @@ def cache_key(path: str, readset: ReadSet) -> tuple[int, int]:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         out = bpf.Map(bpf.ARRAY, 4, 16, 1, name="vmc_key")
         try:
-            code = probe_program(readset.key, PidNs.own(), os.getpid(), threading.get_native_id(), out)
+            code = probe_program(readset.key, ns, os.getpid(), threading.get_native_id(), out)
             link = readset.attach_probe(code, PROBE_NAME)
             try:
                 os.pread(fd, 4096, 0)

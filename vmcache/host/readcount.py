@@ -148,7 +148,7 @@ class ReadCounter:
         try:
             if self._readset is None:
                 self._readset = self.kind.for_kernel()
-            key = cache_key(path, self._readset)
+            key = cache_key(path, self._readset, self._ns)
         except (OSError, HostError, LookupError) as err:
             raise ReadCountError(f"cannot tell how the kernel names {path}: {err}", path=path,
                                  errno=getattr(err, "errno", None)) from err

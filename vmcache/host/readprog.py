@@ -1,4 +1,4 @@
-"""The read-counting BPF programs' maps and shared parts, and the tracepoint set's programs.
+"""The read-counting BPF programs' shared parts, and the tracepoint set's programs (their maps: readmaps.py).
 
 Written with :mod:`vmcache.host.bpfasm`. Every program starts with the same
 filter (the process is a QEMU in ``qemus``, known by its tgid in its own
