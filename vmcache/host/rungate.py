@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
-from ..errors import HostError, MonitorConnectionError
+from ..errors import HostError, MonitorRunOverError
 from .files import names_fd
 from .procs import cmdline
 
@@ -77,18 +77,22 @@ class RunGate:
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        """Hold the gate (shared) for one command. Raises MonitorConnectionError when the run was fenced."""
+        """Hold the gate (shared) for one command.
+
+        Raises MonitorRunOverError when the run was fenced: a new run is
+        being prepared, so this one is over, as if the domain had stopped.
+        """
         if self.path is None:
             yield  # not opened (an agent without a run id): the libvirt check alone
             return
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError as err:
-            raise MonitorConnectionError(f"run fenced: a new run of the domain is starting ({err.strerror})") from err
+            raise MonitorRunOverError(f"run fenced: a new run of the domain is starting ({err.strerror})") from err
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # the hook holds it exclusively only to remove it
             if not names_fd(self.path, fd):
-                raise MonitorConnectionError("run fenced: a new run of the domain is starting")
+                raise MonitorRunOverError("run fenced: a new run of the domain is starting")
             yield
         finally:
             os.close(fd)
