@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import e2e_trace
 from bench.e2e_host import MIB, initrd_with, log, run as run_cmd
-from bench.migrate_report import goal_table, iops_table, partial_note, reads_table, set_table
+from bench.migrate_report import cpu_table, goal_table, iops_table, partial_note, reads_table, set_table
 from bench.migrate_run import PREFIX, Setup, Trace, run
 from bench.order import round_order
 from tests.host.migration import close_sides, open_sides
@@ -48,13 +48,15 @@ REPO = Path(__file__).resolve().parent.parent
 DEVICES = {"4.8": "hdd", "0.3": "ssd"}   # VMCACHE_MIGRATE_READ_MS -> the device class bench/e2e_host.py names
 WORKLOADS = ("zoned", "web")
 MODES = ("kernel", "vmcache")
+EXTRA_MODES = ("inferred",)   # vmcache with read_model: inferred (the counter runs; the model infers)
 IMAGE = f"{PREFIX}disk.raw"
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="zoned", help="zoned, web or both (comma-separated; default zoned)")
-    p.add_argument("--modes", default=",".join(MODES), help="arms' modes (default kernel,vmcache)")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="arms' modes (default kernel,vmcache; also inferred: vmcache deciding on inferred reads)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--measure", type=float, default=120.0, help="seconds measured after the switch (default 120)")
     p.add_argument("--on-a", type=float, default=60.0,
@@ -78,8 +80,8 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     args.workloads = args.workload.split(",")
     args.mode_list = args.modes.split(",")
-    if set(args.workloads) - set(WORKLOADS) or set(args.mode_list) - set(MODES):
-        p.error(f"workloads: {', '.join(WORKLOADS)}; modes: {', '.join(MODES)}")
+    if set(args.workloads) - set(WORKLOADS) or set(args.mode_list) - set(MODES + EXTRA_MODES):
+        p.error(f"workloads: {', '.join(WORKLOADS)}; modes: {', '.join(MODES + EXTRA_MODES)}")
     return args
 
 
@@ -141,7 +143,7 @@ def report(runs: list[dict], meta: dict, out: Path) -> str:
     head = (f"`{meta['command']}`, {meta['started']} - {meta['finished']} UTC, commit {meta['machine']['commit']}, "
             f"device {meta['device']} ({meta['read_ms']} ms a miss in the delay device), rounds: {meta['rounds']}, "
             f"product defaults on both hosts")
-    parts = [head, goal_table(runs), iops_table(runs), reads_table(runs), set_table(runs), partial_note(runs)]
+    parts = [head, goal_table(runs), iops_table(runs), reads_table(runs), set_table(runs), cpu_table(runs), partial_note(runs)]
     text = "\n\n".join(p for p in parts if p)
     (out / "summary.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     (out / "table.md").write_text(text + "\n")

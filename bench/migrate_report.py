@@ -21,7 +21,7 @@ from bench.e2e_report import Spread, verdict
 from bench.migrate_windows import WINDOWS, label
 
 WINDOW_NAMES = tuple(label(w) for w in WINDOWS)
-MODES = ("kernel", "vmcache")
+MODES = ("kernel", "vmcache", "inferred")
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,14 @@ def _warm_ratio(run: dict, window: str) -> float | None:
     return value / ref["iops"] if value is not None and ref and ref["iops"] else None
 
 
-def paired(runs: list[dict], workload: str, device: str, value: Callable[[dict], float | None]) -> list[float]:
-    """vmcache's ``value`` over the kernel's, within each round where both arms ran and have it."""
+def paired(runs: list[dict], workload: str, device: str, value: Callable[[dict], float | None],
+           mode: str = "vmcache") -> list[float]:
+    """``mode``'s ``value`` over the kernel's, within each round where both arms ran and have it."""
     by_round: dict[int, dict[str, float]] = {}
     for r in runs:
         if r["ok"] and r["workload"] == workload and r["device"] == device and (v := value(r)) is not None:
             by_round.setdefault(r["round"], {})[r["mode"]] = v
-    return [v["vmcache"] / v["kernel"] for _, v in sorted(by_round.items())
-            if "vmcache" in v and v.get("kernel")]
+    return [v[mode] / v["kernel"] for _, v in sorted(by_round.items()) if mode in v and v.get("kernel")]
 
 
 def own(runs: list[dict], workload: str, device: str, mode: str, value: Callable[[dict], float | None]) -> list[float]:
@@ -144,8 +144,8 @@ def iops_table(runs: list[dict]) -> str:
         cells = [_cell(own(runs, *arm, lambda r, w=w: _window(r, w)), partial=_partial(runs, arm, w))
                  for w in WINDOW_NAMES]
         vs_kernel = vs_warm = "-"
-        if arm[2] == "vmcache":
-            vs_kernel = _cell(paired(runs, arm[0], arm[1], lambda r: _window(r, "0-60")), 2)
+        if arm[2] != "kernel":
+            vs_kernel = _cell(paired(runs, arm[0], arm[1], lambda r: _window(r, "0-60"), arm[2]), 2)
             vs_warm = _cell(own(runs, *arm, lambda r: _warm_ratio(r, "0-60")), 2)
         lines.append(f"| {arm_name(*arm)} | {len(ok)}/{len(mine)} | {_cell(ref)} | {' | '.join(cells)} "
                      f"| {vs_kernel} | {vs_warm} |")
@@ -194,6 +194,27 @@ def set_table(runs: list[dict]) -> str:
                      f"| {col('warm_done_s')} | {col('loaded_mib')} | {col('carried_mib')} | {col('a_pinned_mib')} "
                      f"| {col('on_a_s', 0)} ({moved or '-'}) | {', '.join(signals) or '-'} | {col('load_end')} |")
     return "\n".join(lines)
+
+
+def cpu_table(runs: list[dict], least: float = 0.05) -> str:
+    """Per arm and window (the warm reference's on A, 0-60 s after the switch on B): the cores each program
+    used, median (min-max) over rounds, for the programs using ``least`` or more in some arm (bench/proc_cpu.py)."""
+    cores: dict[tuple[str, str, str, str], dict[str, list[float]]] = {}
+    for r in runs:
+        for window, used in (r["figures"].get("cpu") or {}).items() if r["ok"] else ():
+            if window == "all":
+                continue
+            cell = cores.setdefault((r["workload"], r["device"], r["mode"], window), {})
+            for program, value in used.items():
+                cell.setdefault(program, []).append(value)
+    programs = sorted({p for cell in cores.values() for p, v in cell.items() if Spread.of(v).median >= least})
+    if not programs:
+        return ""
+    lines = [f"| arm | window | {' | '.join(programs)} |", "|" + "---|" * (len(programs) + 2)]
+    for (workload, device, mode, window), cell in sorted(cores.items()):
+        values = [_cell(cell.get(p, []), 2) for p in programs]
+        lines.append(f"| {arm_name(workload, device, mode)} | {window} | {' | '.join(values)} |")
+    return "Cores used, by host and program:\n\n" + "\n".join(lines)
 
 
 def partial_note(runs: list[dict]) -> str:

@@ -5,7 +5,9 @@ starts on A until it is stopped: the guest's requests (libvirt's block
 stats, rd_req + wr_req of vda, from A's libvirtd until B's resume event
 came, from B's after it), both delay devices' counters (reads, read_bytes),
 the bytes of the set resident through each host's own mount (cachestat:
-each host's page cache), and what each agent pins (its status file).
+each host's page cache), what each agent pins (its status file), and the
+CPU seconds every program on this machine used since the last sample, by
+host (bench/proc_cpu.py: on two cores a TCG guest gets what the rest leave).
 bench/migrate_windows.py turns the samples into the run's figures.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 import libvirt
 
 from bench.e2e_host import delay_stats
+from bench.proc_cpu import cpu_seconds, cpu_ticks
 from tests.host.migration import Side, status
 from tests.host.twohosts import mounts_from_env
 from vmcache.host.cachestat import cachestat
@@ -46,6 +49,8 @@ class Sampler:
         self.samples: list[dict[str, Any]] = []
         self.statuses: list[Any] = [None, None]   # each agent's last status seen (it goes with its domain)
         self._fds = [os.open(mount / image, os.O_RDONLY) for mount in mounts_from_env()]
+        self._ns = {os.readlink(f"/proc/{side.host.leader}/ns/pid"): side.host.name for side in sides}
+        self._cpu = cpu_ticks(self._ns)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
 
@@ -64,7 +69,9 @@ class Sampler:
         counters = [delay_stats(p) for p in self.stats]
         pins = [status(side.host, self.name) for side in self.sides]
         self.statuses = [new or old for new, old in zip(pins, self.statuses)]
-        return {"t": round(time.time(), 3), "where": where, "ios": ios,
+        cpu, self._cpu = self._cpu, cpu_ticks(self._ns)
+        return {"cpu": {k: round(v, 2) for k, v in cpu_seconds(cpu, self._cpu).items() if v},
+                "t": round(time.time(), 3), "where": where, "ios": ios,
                 "reads": [c.get("reads", 0) for c in counters], "read_bytes": [c.get("read_bytes", 0) for c in counters],
                 "set": [sum(cachestat(fd, start, length).nr_cache for start, length in self.ranges) * PAGE
                         for fd in self._fds],

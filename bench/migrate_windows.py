@@ -138,6 +138,26 @@ def resident_after(set_b: Series, set_bytes: int, tl: Timeline) -> dict:
             "share_at_end": round(after[-1][1] / set_bytes, 3) if after and set_bytes else None}
 
 
+def cpu_use(samples: list[dict], tl: Timeline, least: float = 0.02) -> dict[str, dict[str, float]]:
+    """Cores each program used (CPU seconds a second, bench/proc_cpu.py labels) in the warm reference's
+    window on A (``ref``) and in 0-60 s and the whole run after the switch (``all``): those using ``least``
+    or more, most first. A sample's CPU is what was used since the one before it."""
+    windows = {"ref": (tl.migrate_start - REFERENCE, tl.migrate_start),
+               "0-60": (tl.switch, tl.switch + min(60.0, tl.end)), "all": (tl.switch, tl.switch + tl.end)}
+    out: dict[str, dict[str, float]] = {}
+    for name, (lo, hi) in windows.items():
+        inside = [s.get("cpu", {}) for s in samples if lo < s["t"] <= hi]
+        if not inside or hi <= lo:
+            continue
+        total: dict[str, float] = {}
+        for cpu in inside:
+            for program, seconds in cpu.items():
+                total[program] = total.get(program, 0.0) + seconds
+        cores = {p: round(v / (hi - lo), 3) for p, v in total.items() if v / (hi - lo) >= least}
+        out[name] = dict(sorted(cores.items(), key=lambda kv: -kv[1]))
+    return out
+
+
 def run_figures(samples: list[dict], tl: Timeline, set_bytes: int) -> dict:
     """A run's figures from its once-a-second samples (bench/migrate_sample.py: ``t``, ``where`` the guest
     was counted, ``ios`` there, ``reads``/``read_bytes``/``set`` as [A's mount, B's mount])."""
@@ -154,7 +174,8 @@ def run_figures(samples: list[dict], tl: Timeline, set_bytes: int) -> dict:
             "migrate_s": round(tl.migrate_end - tl.migrate_start, 3),
             "switch_after_start_s": round(tl.switch - tl.migrate_start, 3),
             "end_s": round(tl.end, 2), "measure_s": tl.measure,
-            "ended_by": "measure" if tl.end >= tl.measure else "work"}
+            "ended_by": "measure" if tl.end >= tl.measure else "work",
+            "cpu": cpu_use(samples, tl)}
 
 
 def _share_at(samples: list[dict], t: float, set_bytes: int) -> float | None:

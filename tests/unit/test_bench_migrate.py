@@ -6,7 +6,7 @@ import pytest
 
 from bench.device_reads import Read, parse_reads
 from bench.migrate_loads import Pin, loaded_bytes, parse_pins, value_of
-from bench.migrate_report import GOALS, goal_table, iops_table, paired, partial_note, reads_table, set_table
+from bench.migrate_report import GOALS, cpu_table, goal_table, iops_table, paired, partial_note, reads_table, set_table
 from bench.migrate_windows import MIB, Timeline, at, clip, run_figures, span, window_figures
 
 
@@ -69,6 +69,19 @@ def test_a_trace_that_ends_early_is_measured_up_to_its_end_and_windows_after_it_
     assert w["60-120"] == {"covered_s": 0.0} and f["end_s"] == 45 and f["ended_by"] == "work"
 
 
+def test_cpu_use_is_cores_per_program_in_the_reference_window_and_after_the_switch() -> None:
+    runs = samples()
+    for s in runs:   # QEMU a whole core throughout; the agent half a core on B only; the journal too little
+        s["cpu"] = {"a/qemu": 1.0, "a/journald": 0.01} if s["where"] == "a" else {"b/qemu": 1.0, "b/vmcache-agent": 0.5}
+    cpu = run_figures(runs, timeline(), set_bytes=100)["cpu"]
+    assert cpu["ref"] == {"a/qemu": 1.0}
+    assert list(cpu["0-60"]) == ["b/qemu", "b/vmcache-agent"]
+    assert cpu["0-60"]["b/vmcache-agent"] == pytest.approx(0.5, abs=0.02)
+    assert cpu["all"]["b/qemu"] == pytest.approx(1.0, abs=0.02)
+    table = cpu_table([{"ok": True, "workload": "web", "device": "ssd", "mode": "vmcache", "figures": {"cpu": cpu}}])
+    assert "| web-ssd-vmcache | 0-60 | - | 1.00 (1.00-1.00) | 0.50 (0.50-0.50) |" in table and "journald" not in table
+
+
 def test_without_the_resume_event_b_counts_from_its_first_sample() -> None:
     ios_b = [(1003.5, 100.0), (1004.5, 200.0)]
     tl = timeline(switch=1003.0, resumed=False)
@@ -120,6 +133,9 @@ def test_ratios_pair_the_arms_within_each_round_and_skip_failed_runs() -> None:
     assert "| zoned-hdd-vmcache | 3/3 | 1000 (1000-1000) | 800 (500-900) |" in arms
     assert arms.rstrip().endswith("| 3.00 (2.00-4.00) | 0.80 (0.50-0.90) |")
     assert "| zoned-hdd-kernel | 2/3 |" in arms
+    runs.append(run("zoned-hdd-inferred", 1, windows(300)))   # a third arm is paired with the kernel's too
+    assert paired(runs, "zoned", "hdd", lambda r: r["figures"]["windows"]["0-60"]["iops"], "inferred") == [1.5]
+    assert "| zoned-hdd-inferred | 1/1 |" in iops_table(runs)
 
 
 def test_the_web_goals_want_no_window_below_the_kernel_and_no_more_device_reads() -> None:
