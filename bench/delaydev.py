@@ -1,6 +1,7 @@
 """A delay device for the end-to-end bench: a FUSE passthrough of one directory whose reads cost a set time.
 
-    .venv/bin/python bench/delaydev.py BACKING MOUNTPOINT --read-ms 0.4 [--write-ms 0] [--stats FILE] [--log-reads FILE]
+    .venv/bin/python bench/delaydev.py BACKING MOUNTPOINT --read-ms 0.4 [--write-ms 0] [--fsync-ms MS]
+        [--stats FILE] [--log-reads FILE]
 
 Every file directly in BACKING appears under MOUNTPOINT. The kernel's page
 cache sits *above* the delay: files open with ``keep_cache`` (no
@@ -12,7 +13,10 @@ misses (the kernel's read and readahead requests) come here: each one
 sleeps ``--read-ms`` in its own thread, then preads the backing file, so
 requests in flight overlap like a device with a queue. Writes go through
 (FUSE without writeback cache) and may cost ``--write-ms`` each; an fsync
-is a real fdatasync of the backing file.
+is a real fdatasync of the backing file, or, with ``--fsync-ms``, costs that
+time and no more: a flush then costs the same every hour, not what this
+machine's own disk takes for it (the data still reaches the backing file's
+page cache at once, so every mount of it reads what was written).
 
 The backing file is read buffered: its own page cache (charged to this
 daemon's cgroup, not the bench's) makes a miss cost the delay and not the
@@ -50,8 +54,9 @@ TIMEOUT = 3600.0   # attributes and names never change behind the kernel's back
 
 
 class DelayFS(pyfuse3.Operations):
-    def __init__(self, backing: Path, read_s: float, write_s: float, read_log=None):
+    def __init__(self, backing: Path, read_s: float, write_s: float, read_log=None, fsync_s: float | None = None):
         super().__init__()
+        self.fsync_s = fsync_s     # None: a real fdatasync
         self.read_log = read_log   # a text file: one line per read served, "unix_time file offset bytes"
         self.backing = backing
         self.read_s, self.write_s = read_s, write_s
@@ -223,7 +228,10 @@ class DelayFS(pyfuse3.Operations):
 
     async def fsync(self, fh, datasync):
         try:
-            await trio.to_thread.run_sync(os.fdatasync, fh)
+            if self.fsync_s is not None:
+                await trio.sleep(self.fsync_s)   # the other requests go on meanwhile, as on a device's queue
+            else:
+                await trio.to_thread.run_sync(os.fdatasync, fh)
         except OSError as err:
             raise pyfuse3.FUSEError(err.errno) from None
         self.stats["fsyncs"] += 1
@@ -279,6 +287,8 @@ def main() -> int:
     p.add_argument("mountpoint", type=Path)
     p.add_argument("--read-ms", type=float, required=True, help="time each read request (a miss) costs")
     p.add_argument("--write-ms", type=float, default=0.0, help="time each write request costs (default 0)")
+    p.add_argument("--fsync-ms", type=float,
+                   help="time each fsync costs, instead of a real fdatasync of the backing file (default: real)")
     p.add_argument("--queue-depth", type=int, default=64, help="requests in flight at once (default 64)")
     p.add_argument("--stats", type=Path, help="JSON counters written here every 0.5 s")
     p.add_argument("--log-reads", type=Path,
@@ -292,7 +302,8 @@ def main() -> int:
     # the kernel may wake a sleeper up to 50 us late by default; the delay is the point here
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
     read_log = open(args.log_reads, "a", buffering=1 << 16) if args.log_reads else None  # noqa: SIM115 - closed below
-    fs = DelayFS(args.backing.resolve(), args.read_ms / 1000, args.write_ms / 1000, read_log)
+    fs = DelayFS(args.backing.resolve(), args.read_ms / 1000, args.write_ms / 1000, read_log,
+                 None if args.fsync_ms is None else args.fsync_ms / 1000)
     options = set(pyfuse3.default_options) | {"fsname=vmcache-delaydev", "allow_other"}
     pyfuse3.init(fs, str(args.mountpoint), options)
     try:

@@ -122,7 +122,8 @@ class Device:
     name: str
     read_ms: float | None = None
     write_ms: float = 0.0
-    nominal: str = ""          # the latency the setting stands for
+    nominal: str = ""
+    fsync_ms: float | None = None   # what a flush costs; None: a real fdatasync of the backing file          # the latency the setting stands for
 
     @property
     def delayed(self) -> bool:
@@ -164,7 +165,8 @@ def mount_delay(device: Device, backing: Path, mountpoint: Path, stats: Path,
     with open(errors, "ab") as err:
         proc = subprocess.Popen([sys.executable, str(DELAYDEV), str(backing), str(mountpoint),
                                  "--read-ms", str(device.read_ms), "--write-ms", str(device.write_ms),
-                                 "--stats", str(stats), *(["--log-reads", str(read_log)] if read_log else [])],
+                                 "--stats", str(stats), *(["--log-reads", str(read_log)] if read_log else []),
+                                 *(["--fsync-ms", str(device.fsync_ms)] if device.fsync_ms is not None else [])],
                                 stdin=subprocess.DEVNULL, stdout=err, stderr=err)
     deadline = time.monotonic() + 30
     while not (os.path.ismount(mountpoint) and stats.exists()):

@@ -6,7 +6,10 @@ process, its threads included, in clock ticks), :func:`cpu_seconds` the CPU
 seconds each label used between two samples. A label is ``HOST/PROGRAM``:
 HOST the container whose pid namespace the process is in ("-" for this
 machine's own), PROGRAM what it runs (``qemu``, ``vmcache-agent``,
-``delaydev``, else its comm).
+``delaydev``, else its comm). QEMU and the delay devices also have a
+``PROGRAM:waiting`` label: the time their threads were ready to run but
+waited for a CPU (schedstat), what slows a guest on a busy host even when
+the CPU it used did not change.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def _program(pid: str, comm: str) -> str:
             return comm
         if any(b"delaydev" in a for a in argv[:3]):
             return "delaydev"
-        for i, a in enumerate(argv[:3]):
+        for i, a in enumerate(argv[:4]):   # python -I -m vmcache agent: the agent the hook starts
             if a.endswith(b"vmcache") and i + 1 < len(argv):   # .../bin/vmcache SUB or python -m vmcache SUB
                 return "vmcache-" + argv[i + 1].decode(errors="replace")
     return comm
@@ -52,8 +55,27 @@ def cpu_ticks(namespaces: dict[str, str]) -> dict[int, tuple[str, int]]:
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
         ticks = int(fields[11]) + int(fields[12])   # utime, stime
-        out[int(pid)] = (f"{namespaces.get(ns, '-')}/{_program(pid, comm)}", ticks)
+        label = f"{namespaces.get(ns, '-')}/{_program(pid, comm)}"
+        out[int(pid)] = (label, ticks)
+        if label.endswith(("/qemu", "/delaydev")):
+            out[-int(pid)] = (label + ":waiting", _waited(pid))
     return out
+
+
+def _waited(pid: str) -> int:
+    """Clock ticks the process's threads spent ready to run, waiting for a CPU (schedstat's second field)."""
+    waited = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                waited += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue   # a thread gone meanwhile
+    return waited * TICK // 1_000_000_000
 
 
 def cpu_seconds(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[str, float]:
@@ -62,6 +84,8 @@ def cpu_seconds(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, 
     used: dict[str, float] = defaultdict(float)
     for pid, (label, ticks) in after.items():
         old = before.get(pid)
+        if old is not None and old[1] > ticks and pid < 0:   # a waiting label: a thread that ended took its share
+            continue
         start = old[1] if old is not None and old[1] <= ticks else 0
         used[label] += (ticks - start) / TICK
     return dict(used)

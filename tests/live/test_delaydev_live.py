@@ -9,6 +9,7 @@ the device check of the bench measures the latencies.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -137,6 +138,34 @@ def test_writes_and_fsync_pass_through_to_the_backing_file(device: tuple[Path, P
         assert f.read(8192) == data
     c = counters(stats)
     assert c["write_bytes"] >= 8192 and c["fsyncs"] >= 1
+
+
+def test_a_flush_with_a_set_cost_takes_that_time_and_the_write_still_reaches_every_reader(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
+        pytest.skip("needs root and /dev/fuse")
+    pytest.importorskip("pyfuse3")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    (backing / "img.raw").write_bytes(bytes(MIB))
+    mount, stats = tmp_path / "mnt", tmp_path / "stats.json"
+    proc = mount_delay(dataclasses.replace(DEVICES["ssd"], fsync_ms=200.0), backing, mount, stats)
+    try:
+        data = os.urandom(4096)
+        fd = os.open(mount / "img.raw", os.O_RDWR)
+        try:
+            os.pwrite(fd, data, 8192)
+            took = time.monotonic()
+            os.fdatasync(fd)
+            took = time.monotonic() - took
+        finally:
+            os.close(fd)
+        assert took >= 0.2   # the set cost, whatever the disk under the backing file takes
+        with open(backing / "img.raw", "rb") as f:
+            f.seek(8192)
+            assert f.read(4096) == data
+        assert counters(stats)["fsyncs"] >= 1
+    finally:
+        unmount_delay(proc, mount)
 
 
 def test_the_daemon_exits_when_its_mount_is_unmounted(tmp_path: Path) -> None:
