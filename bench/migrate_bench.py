@@ -141,7 +141,8 @@ def estimate(args: argparse.Namespace, arms: list[tuple[str, str]], trace: Trace
 
 def report(runs: list[dict], meta: dict, out: Path) -> str:
     head = (f"`{meta['command']}`, {meta['started']} - {meta['finished']} UTC, commit {meta['machine']['commit']}, "
-            f"device {meta['device']} ({meta['read_ms']} ms a miss in the delay device), rounds: {meta['rounds']}, "
+            f"device {meta['device']} ({meta['read_ms']} ms a miss in the delay device, a flush {meta.get('fsync_ms')} ms), "
+            f"rounds: {meta['rounds']}, "
             f"product defaults on both hosts")
     parts = [head, goal_table(runs), iops_table(runs), reads_table(runs), set_table(runs), cpu_table(runs), partial_note(runs)]
     text = "\n\n".join(p for p in parts if p)
@@ -175,6 +176,7 @@ def main() -> int:
     assert read_logs is not None
     arms = [(w, m) for w in args.workloads for m in args.mode_list]
     meta = {"command": " ".join(sys.argv), "device": device, "read_ms": read_ms, "rounds": args.rounds,
+            "fsync_ms": os.environ.get("VMCACHE_MIGRATE_FSYNC_MS", "a real fdatasync"),
             "settings": {k: v for k, v in vars(args).items()}, "machine": machine(hosts),
             "started": time.strftime("%Y-%m-%d %H:%M")}
     runs: list[dict] = []
