@@ -12,7 +12,10 @@ to round (bench/order.py):
   registered), fio not among them: what every host read pays (where an
   agent runs already, its set is joined: ``off`` is not "no program"
   then, and the line "programs loaded before" says so);
-- ``probe``: the same with the ``filemap_read`` probe (fentry/fexit).
+- ``probe``: the same with the ``filemap_read`` probe (fentry/fexit);
+- ``counted``: the tracepoint set with fio itself registered as a QEMU and
+  its file watched: what a guest's own reads pay to be counted (fio starts
+  reading 2 s after it starts, once registered; every arm waits the same).
 
 An arm this kernel refuses is reported as such and left out. Prints IOPS
 per arm and round, the medians, each arm's ratio to ``off`` (median,
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,13 +46,26 @@ from vmcache.host.readcount import FileReads, ReadCounter, ReadCountError
 from vmcache.host.readsets import ORDER, ProbeSet, ReadSet, TracepointSet
 
 MiB = 1 << 20
-ARMS: dict[str, tuple[type[ReadSet], ...]] = {"off": (), "tracepoint": (TracepointSet,), "probe": (ProbeSet,)}
+ARMS: dict[str, tuple[type[ReadSet], ...]] = {"off": (), "tracepoint": (TracepointSet,), "probe": (ProbeSet,),
+                                              "counted": (TracepointSet,)}
 
 
-def fio(path: str, runtime: int) -> float:
+def fio(path: str, runtime: int, registered: Callable[[int], object] | None = None) -> float:
+    """fio's IOPS; ``registered`` is called with fio's pid before it reads (its jobs are threads of it)."""
     cmd = ["fio", "--name=r", f"--filename={path}", "--rw=randread", "--bs=4k", "--size=64M", "--thread",
-           "--ioengine=psync", "--time_based", f"--runtime={runtime}", "--output-format=json", "--invalidate=0"]
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
+           "--ioengine=psync", "--time_based", f"--runtime={runtime}", "--startdelay=2", "--output-format=json",
+           "--invalidate=0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        if registered is not None:
+            registered(proc.pid)
+        out, _ = proc.communicate(timeout=runtime + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode:
+        raise RuntimeError(f"fio failed ({proc.returncode})")
     return float(json.loads(out)["jobs"][0]["read"]["iops"])
 
 
@@ -67,6 +84,11 @@ class Agents:
         except BaseException:
             self.close()
             raise
+
+    def count(self, pid: int, path: str, order: tuple[type[ReadSet], ...]) -> None:
+        """Count ``pid``'s reads of ``path`` as a QEMU's of its image. Raises ReadCountError."""
+        self.counters.append(ReadCounter.open(pid, lock_dir=tempfile.mkdtemp(prefix="rd-cost-"), order=order))
+        self.watched.append(self.counters[-1].watch(path, MiB))
 
     def close(self) -> None:
         """Unregister every image and QEMU (from another agent's set too, where they joined one)."""
@@ -114,7 +136,12 @@ def main() -> int:
                     print(f"round {rnd + 1} {arm:10s} refused: {err}", flush=True)
                     continue
                 try:
-                    iops = fio(args.file, args.runtime)
+                    counted = (lambda pid, a=agents, o=ARMS[arm]: a.count(pid, args.file, o)) \
+                        if arm == "counted" and agents is not None else None
+                    iops = fio(args.file, args.runtime, counted)
+                    if counted is not None:   # the arm counted fio's reads, or it measured nothing
+                        pages = float(agents.watched[-1].take(64).pages.value.sum())
+                        print(f"round {rnd + 1} {arm:10s} counted {pages:,.0f} pages read by fio", flush=True)
                 finally:
                     if agents is not None:
                         agents.close()
