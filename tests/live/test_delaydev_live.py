@@ -27,15 +27,21 @@ MIB = 1 << 20
 PAGES = MIB // 4096
 
 
-@pytest.fixture
-def device(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """(image through the delay device, the stats file); everything unmounted and removed after."""
+def backing_dir(tmp_path: Path, image: bytes) -> Path:
+    """A backing directory holding ``img.raw`` (skips where FUSE cannot be mounted)."""
     if os.geteuid() != 0 or not Path("/dev/fuse").exists():
         pytest.skip("needs root and /dev/fuse")
     pytest.importorskip("pyfuse3")
     backing = tmp_path / "backing"
     backing.mkdir()
-    (backing / "img.raw").write_bytes(os.urandom(8 * MIB))
+    (backing / "img.raw").write_bytes(image)
+    return backing
+
+
+@pytest.fixture
+def device(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """(image through the delay device, the stats file); everything unmounted and removed after."""
+    backing = backing_dir(tmp_path, os.urandom(8 * MIB))
     mount, stats = tmp_path / "mnt", tmp_path / "stats.json"
     proc = mount_delay(DEVICES["ssd"], backing, mount, stats)
     try:
@@ -141,12 +147,7 @@ def test_writes_and_fsync_pass_through_to_the_backing_file(device: tuple[Path, P
 
 
 def test_a_flush_with_a_set_cost_takes_that_time_and_the_write_still_reaches_every_reader(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
-        pytest.skip("needs root and /dev/fuse")
-    pytest.importorskip("pyfuse3")
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    (backing / "img.raw").write_bytes(bytes(MIB))
+    backing = backing_dir(tmp_path, bytes(MIB))
     mount, stats = tmp_path / "mnt", tmp_path / "stats.json"
     proc = mount_delay(dataclasses.replace(DEVICES["ssd"], fsync_ms=200.0), backing, mount, stats)
     try:
@@ -170,12 +171,7 @@ def test_a_flush_with_a_set_cost_takes_that_time_and_the_write_still_reaches_eve
 
 def test_the_daemon_exits_when_its_mount_is_unmounted(tmp_path: Path) -> None:
     """``umount`` by anyone (a test's cleanup, an operator) ends the daemon: none is left serving nothing."""
-    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
-        pytest.skip("needs root and /dev/fuse")
-    pytest.importorskip("pyfuse3")
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    (backing / "img.raw").write_bytes(b"\0" * MIB)
+    backing = backing_dir(tmp_path, bytes(MIB))
     mount = tmp_path / "mnt"
     proc = mount_delay(DEVICES["ssd"], backing, mount, tmp_path / "stats.json")
     try:
@@ -207,14 +203,9 @@ def test_two_mounts_of_one_directory_have_their_own_page_caches_and_a_mapped_pag
     A is not resident through mount B; a write through A reaches B only once B drops its page - and B's
     DONTNEED (what QEMU does to its image when a migration activates it) cannot drop a page a process maps,
     which then serves the old bytes: why vmcache never pins on a destination before the domain runs there."""
-    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
-        pytest.skip("needs root and /dev/fuse")
-    pytest.importorskip("pyfuse3")
     import mmap
 
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    (backing / "img.raw").write_bytes(b"old!" * (MIB // 4))
+    backing = backing_dir(tmp_path, b"old!" * (MIB // 4))
     procs = {side: mount_delay(DEVICES["ssd"], backing, tmp_path / f"mnt-{side}", tmp_path / f"stats-{side}.json")
              for side in "ab"}
     a, b = tmp_path / "mnt-a" / "img.raw", tmp_path / "mnt-b" / "img.raw"
