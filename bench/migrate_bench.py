@@ -12,7 +12,8 @@ Arms are ``workload-device-mode``: the workload (``zoned``: fio 4k randrw
 80/20 QD1 sync, 90% of it on the first 10% of a 2 GiB image; ``web``: the
 web server trace, bench/e2e_trace.py's window), the device class, and who
 manages the cache (``kernel``: no vmcache on either host acts; ``vmcache``:
-the guest opted in on A, budget 256M). Every arm runs once per round, in an
+the guest opted in on A, budget 256M; ``inferred``, on request: the same
+with ``read_model: inferred`` on both hosts, the counter still running). Every arm runs once per round, in an
 order rotated from round to round (bench/order.py). One run
 (bench/migrate_run.py): the guest warm on A, migrated live to B, measured
 120 s after the switch from this machine: the guest's requests from
