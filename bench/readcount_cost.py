@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,18 +77,18 @@ class Agents:
         """Raises ReadCountError (nothing is left registered)."""
         self.counters: list[ReadCounter] = []
         self.watched: list[FileReads] = []
-        lock_dir = tempfile.mkdtemp(prefix="rd-cost-")
+        self.order = order
+        self.lock_dir = tempfile.mkdtemp(prefix="rd-cost-")
         try:
             for i, image in enumerate(images):
-                self.counters.append(ReadCounter.open(4_000_000 + i, lock_dir=lock_dir, order=order))
-                self.watched.append(self.counters[-1].watch(image, MiB))
+                self.count(4_000_000 + i, image)
         except BaseException:
             self.close()
             raise
 
-    def count(self, pid: int, path: str, order: tuple[type[ReadSet], ...]) -> None:
+    def count(self, pid: int, path: str) -> None:
         """Count ``pid``'s reads of ``path`` as a QEMU's of its image. Raises ReadCountError."""
-        self.counters.append(ReadCounter.open(pid, lock_dir=tempfile.mkdtemp(prefix="rd-cost-"), order=order))
+        self.counters.append(ReadCounter.open(pid, lock_dir=self.lock_dir, order=self.order))
         self.watched.append(self.counters[-1].watch(path, MiB))
 
     def close(self) -> None:
@@ -96,6 +97,7 @@ class Agents:
             w.close()
         for c in self.counters:
             c.close()
+        shutil.rmtree(self.lock_dir, ignore_errors=True)
 
 
 def loaded() -> int:
@@ -136,11 +138,11 @@ def main() -> int:
                     print(f"round {rnd + 1} {arm:10s} refused: {err}", flush=True)
                     continue
                 try:
-                    counted = (lambda pid, a=agents, o=ARMS[arm]: a.count(pid, args.file, o)) \
-                        if arm == "counted" and agents is not None else None
-                    iops = fio(args.file, args.runtime, counted)
-                    if counted is not None:   # the arm counted fio's reads, or it measured nothing
-                        pages = float(agents.watched[-1].take(64).pages.value.sum())
+                    counting = agents if arm == "counted" else None   # fio's own reads counted
+                    iops = fio(args.file, args.runtime,
+                               None if counting is None else lambda pid: counting.count(pid, args.file))
+                    if counting is not None:   # the arm counted fio's reads, or it measured nothing
+                        pages = float(counting.watched[-1].take(64).pages.value.sum())
                         print(f"round {rnd + 1} {arm:10s} counted {pages:,.0f} pages read by fio", flush=True)
                 finally:
                     if agents is not None:
