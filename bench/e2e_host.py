@@ -122,8 +122,8 @@ class Device:
     name: str
     read_ms: float | None = None
     write_ms: float = 0.0
-    nominal: str = ""
-    fsync_ms: float | None = None   # what a flush costs; None: a real fdatasync of the backing file          # the latency the setting stands for
+    nominal: str = ""          # the latency the setting stands for
+    fsync_ms: float | None = None   # what a flush costs; None: a real fdatasync of the backing file
 
     @property
     def delayed(self) -> bool:

@@ -13,8 +13,9 @@ Arms are ``workload-device-mode``: the workload (``zoned``: fio 4k randrw
 web server trace, bench/e2e_trace.py's window), the device class, and who
 manages the cache (``kernel``: no vmcache on either host acts; ``vmcache``:
 the guest opted in on A, budget 256M; ``inferred``, on request: the same
-with ``read_model: inferred`` on both hosts, the counter still running). Every arm runs once per round, in an
-order rotated from round to round (bench/order.py). One run
+with ``read_model: inferred`` on both hosts, the counter still running).
+Every arm runs once per round, in an order rotated from round to round
+(bench/order.py). One run
 (bench/migrate_run.py): the guest warm on A, migrated live to B, measured
 120 s after the switch from this machine: the guest's requests from
 libvirt's block stats, the device reads from both delay devices, the set's
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import e2e_trace
 from bench.e2e_host import MIB, initrd_with, log, run as run_cmd
 from bench.migrate_report import cpu_table, goal_table, iops_table, partial_note, reads_table, set_table
-from bench.migrate_run import PREFIX, Setup, Trace, run
+from bench.migrate_run import CONFFILE, PREFIX, SHIPPED, Setup, Trace, run
 from bench.order import round_order
 from tests.host.migration import close_sides, open_sides
 from tests.host.twohosts import Host, delay_stats_from_env, hosts_from_env, plain_from_env, read_logs_from_env, shared_from_env
@@ -92,10 +93,10 @@ def check_hosts(hosts: tuple[Host, Host]) -> list[str]:
     problems = []
     if os.environ.get("VMCACHE_MIGRATE_CONFIG") != "default":
         problems.append("migrate.sh edited the hosts' conffile for its checks: run it with VMCACHE_MIGRATE_CONFIG=default")
-    shipped = (REPO / "hooks" / "vmcache.yaml").read_text()
+    shipped = SHIPPED.read_text()
     for host in hosts:
-        if host.path("/etc/vmcache/vmcache.yaml").read_text() != shipped:
-            problems.append(f"{host.name}'s /etc/vmcache/vmcache.yaml is not the one hooks/vmcache.yaml ships")
+        if host.path(CONFFILE).read_text() != shipped:
+            problems.append(f"{host.name}'s {CONFFILE} is not the one hooks/vmcache.yaml ships")
     if read_logs_from_env() is None:
         problems.append("the delay devices log no reads (B's agent's loads): run migrate.sh with VMCACHE_MIGRATE_LOG_READS=1")
     return problems
@@ -142,10 +143,10 @@ def estimate(args: argparse.Namespace, arms: list[tuple[str, str]], trace: Trace
 
 def report(runs: list[dict], meta: dict, out: Path) -> str:
     head = (f"`{meta['command']}`, {meta['started']} - {meta['finished']} UTC, commit {meta['machine']['commit']}, "
-            f"device {meta['device']} ({meta['read_ms']} ms a miss in the delay device, a flush {meta.get('fsync_ms')} ms), "
-            f"rounds: {meta['rounds']}, "
-            f"product defaults on both hosts")
-    parts = [head, goal_table(runs), iops_table(runs), reads_table(runs), set_table(runs), cpu_table(runs), partial_note(runs)]
+            f"device {meta['device']} ({meta['read_ms']} ms a miss in the delay device, a flush "
+            f"{meta.get('fsync_ms')} ms), rounds: {meta['rounds']}, product defaults on both hosts")
+    parts = [head, goal_table(runs), iops_table(runs), reads_table(runs), set_table(runs), cpu_table(runs),
+             partial_note(runs)]
     text = "\n\n".join(p for p in parts if p)
     (out / "summary.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     (out / "table.md").write_text(text + "\n")

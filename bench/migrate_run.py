@@ -142,13 +142,13 @@ def run(st: Setup, workload: str, mode: str, round_: int, slot: int) -> dict[str
 def settings(st: Setup, mode: str) -> None:
     """Both hosts' conffile as the package ships it, but for the ``inferred`` arm's ``read_model: inferred``
     (the counter still runs, for the metrics: what the model decides on is the only difference)."""
+    text = SHIPPED.read_text()
+    if mode == "inferred":
+        if "\nread_model: counted\n" not in text:
+            raise RuntimeError(f"{SHIPPED} has no 'read_model: counted' line to change")
+        text = text.replace("\nread_model: counted\n", "\nread_model: inferred\n")
     for side in st.sides:
         conf = side.host.path(CONFFILE)
-        text = SHIPPED.read_text()
-        if mode == "inferred":
-            if "\nread_model: counted\n" not in text:
-                raise RuntimeError(f"{SHIPPED} has no 'read_model: counted' line to change")
-            text = text.replace("\nread_model: counted\n", "\nread_model: inferred\n")
         if conf.read_text() != text:
             conf.write_text(text)
 
