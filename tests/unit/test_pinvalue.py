@@ -89,6 +89,21 @@ def test_the_pins_cost_their_share_of_the_refaults_under_the_cache_they_press_on
         c.add(-1, 0, 0)
 
 
+def test_the_disks_own_re_read_misses_are_not_a_cost_to_the_others() -> None:
+    from vmcache.model.pinvalue import PinCost
+
+    v = PinValue(64)
+    v.add(bv({b: 4 for b in range(8)}), bv({b: 4 for b in range(8)}), NONE, 0.0)
+    assert v.reread_missed == 0.0                      # first reads: not refaults
+    v.add(bv({b: 4 for b in range(8)}), bv({b: 2 for b in range(4)}), NONE, 50.0)
+    assert v.reread_missed == 8.0                      # read before and missed: the disk's own refaults
+    c = PinCost()
+    c.add(1000, 400 << 20, 100 << 20)
+    # 208 refaulted under the limit, 8 of them the disk's own: the pins (a quarter) cost the others 50
+    assert c.add(1208, 400 << 20, 100 << 20, own=v.reread_missed) == pytest.approx(50.0)
+    assert c.add(1210, 400 << 20, 100 << 20, own=8.0) == 0.0   # all the disk's own: no cost
+
+
 def test_the_last_reads_are_sparse_and_bounded_however_large_the_disk() -> None:
     v = PinValue(64 << 20, keep=4)   # a 64 TiB disk of 1 MiB blocks: nothing allocated per block
     for t in range(10):

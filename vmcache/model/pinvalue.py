@@ -64,6 +64,7 @@ class PinValue:
         self._misses: NDArray[np.float64] = np.zeros(GAP_BINS)
         self._then: float | None = None
         self.saved_pages = 0.0  # since the start
+        self.reread_missed = 0.0  # in the last cycle: pages missed on blocks read before (the disk's own refaults)
 
     def resize(self, nblocks: int) -> None:
         """Follow the disk to ``nblocks`` blocks (the last reads of the blocks past a shrunk end forgotten)."""
@@ -111,6 +112,7 @@ class PinValue:
         np.add.at(self._misses, bins[~held], lost[~held])
         share = np.nan_to_num(self.miss_share(), nan=0.0)
         saved = float(((read - lost)[held] * share[bins[held]]).sum())
+        self.reread_missed = float(lost[bins != FIRST].sum())
         self._when[at] = now  # a block read again: in place
         self._remember(blocks[~known], now)
         self.saved_pages += saved
@@ -152,12 +154,16 @@ class PinCost:
         self._seen: int | None = None
         self.cost_pages = 0.0  # since the start
 
-    def add(self, refaulted: int, file_bytes: int, pinned_bytes: int) -> float:
-        """One cycle: the refault counter now, the page cache and the disk's pinned bytes; return its cost."""
-        if min(refaulted, file_bytes, pinned_bytes) < 0:
-            raise ValueError(f"negative figures {refaulted}, {file_bytes}, {pinned_bytes}")
+    def add(self, refaulted: int, file_bytes: int, pinned_bytes: int, own: float = 0.0) -> float:
+        """One cycle: the refault counter now, the page cache and the disk's pinned bytes; return its cost.
+
+        ``own``: the disk's own pages read back in the cycle (its misses on blocks read before): they are
+        not the others', and what the pins do to the disk itself is the plan's to weigh (PinShare).
+        """
+        if min(refaulted, file_bytes, pinned_bytes, own) < 0:
+            raise ValueError(f"negative figures {refaulted}, {file_bytes}, {pinned_bytes}, {own}")
         # a counter that went back is another cgroup's (QEMU moved): counted from its value now
-        delta = 0 if self._seen is None or refaulted < self._seen else refaulted - self._seen
+        delta = 0.0 if self._seen is None or refaulted < self._seen else max(0.0, refaulted - self._seen - own)
         self._seen = refaulted
         share = min(1.0, pinned_bytes / file_bytes) if file_bytes else 0.0
         self.cost_pages += delta * share

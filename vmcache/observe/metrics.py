@@ -219,7 +219,8 @@ class AgentMetrics:
         self.pin_cost = counter(
             "pin_cost_bytes",
             "What the disk's pins cost others: the bytes refaulted in QEMU's tightest limited memory cgroup (or the "
-            "host), times the pins' share of its page cache (an estimate beside vmcache_pin_saved_bytes_total).")
+            "host) less the disk's own, times the pins' share of its page cache (an estimate beside "
+            "vmcache_pin_saved_bytes_total).")
         self.kernel_retention = gauge(
             "kernel_retention_seconds",
             "How long the kernel keeps a page of the disk it is not asked to keep, as its counted reads show: "

@@ -187,7 +187,7 @@ class DiskWorker:
         if self._pressure is not None:
             try:
                 refaulted, files = self._pressure()
-                self._cost.add(refaulted, files, pinned_bytes)
+                self._cost.add(refaulted, files, pinned_bytes, own=value.reread_missed)
                 cost = int(self._cost.cost_pages * PAGE_SIZE) - self._told[1]
             except HostError as err:
                 self._log.debug(event("pin.cost_unknown", disk=self.target, error=err))
