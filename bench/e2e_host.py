@@ -133,18 +133,21 @@ class Device:
         if not self.delayed:
             return f"{self.name} (the real disk, no delay device)"
         writes = f", writes +{self.write_ms} ms" if self.write_ms else ""
-        return f"{self.name} ({self.nominal} per miss: delay device sleeping {self.read_ms} ms per read request{writes})"
+        flush = "" if self.fsync_ms is None else f", a flush {self.fsync_ms} ms"
+        return (f"{self.name} ({self.nominal} per miss: delay device sleeping {self.read_ms} ms per read "
+                f"request{writes}{flush})")
 
 
-# Reads only: what vmcache can change. Writes (the guest's 20% O_SYNC writes)
-# are the same in every arm; they pass through at the real disk's speed plus
-# the daemon's overhead.
+# Reads are what vmcache can change. The guest's 20% O_SYNC writes are the same
+# in every arm; each one's flush costs what a miss does, as on the device the
+# class stands for (a real fdatasync of this machine's disk varied by the hour,
+# and set the IOPS of every arm more than the reads did).
 DEVICES = {
     "none": Device("none"),
     # a busy SSD shared with others: ~0.4 ms per 4 KiB read with the daemon's overhead
-    "ssd": Device("ssd", read_ms=0.3, nominal="~0.4 ms"),
+    "ssd": Device("ssd", read_ms=0.3, nominal="~0.4 ms", fsync_ms=0.3),
     # network / HDD-class storage: ~5 ms per 4 KiB read
-    "hdd": Device("hdd", read_ms=4.8, nominal="~5 ms"),
+    "hdd": Device("hdd", read_ms=4.8, nominal="~5 ms", fsync_ms=4.8),
 }
 
 DELAYDEV = Path(__file__).resolve().parent / "delaydev.py"
