@@ -67,12 +67,22 @@ def test_the_densest_set_is_back_first_and_a_warm_restart_reads_the_device_less_
 
 
 def test_the_division_is_model_warmshares(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The replay pays restores through vmcache.model.warmshare, the agents' rule: grant nothing, and each VM
-    restores at its own prefetch rate alone."""
+    """The replay pays restores through vmcache.model.warmshare, the agents' rule: grant nothing, and no VM
+    restores anything (its own prefetch tokens pay only for its other new pins)."""
     monkeypatch.setattr(warmshare, "warm_grant", lambda *args, **kwargs: 0)
     (shared,) = replay_restart(fleet(), [128 * MiB], block_size=BS, cache_unit=4096, warm_rate=WARM,
                                prefetch_rate=PREFETCH, pacings=("shared",))
+    assert all(vm.restore_loaded_bytes == 0 for vm in shared.vms)
     assert all(b <= len(fleet()) * PREFETCH * 10 for b in shared.host_loaded_per_cycle())
+
+
+def test_at_the_default_prefetch_rate_the_host_budget_still_paces_the_restores() -> None:
+    """Each disk's own 8 MiB/s (80 MiB a cycle) would pay all four sets in the first cycle; the restores read
+    what the host's budget grants, 10 MiB a cycle here, and the last set is back only after several."""
+    (shared,) = replay_restart(fleet(), [128 * MiB], block_size=BS, cache_unit=4096, warm_rate=WARM,
+                               prefetch_rate=8 * MiB, pacings=("shared",))
+    assert sum(vm.saved_bytes for vm in shared.vms) > 4 * WARM * 10
+    assert shared.last_done_s is not None and shared.last_done_s >= 30
 
 
 def test_a_restart_is_refused_unpaced_or_with_an_unknown_pacing() -> None:

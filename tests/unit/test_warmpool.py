@@ -58,16 +58,31 @@ def test_a_disk_done_restoring_is_forgotten_and_a_damaged_file_starts_full(tmp_p
     assert json.loads(Path(p.path).read_text())["version"] == 1
 
 
-def test_the_bucket_pays_a_restore_from_the_allowance_and_leaves_what_it_did_not_need() -> None:
+def test_the_bucket_pays_a_restore_from_the_allowance_alone_and_leaves_what_it_did_not_need() -> None:
     params = ModelParams(block_size=MiB, interval=8.0)
     bucket = PrefetchBucket(params, prefetch_rate=MiB // 8, warm_rate=32 * MiB)   # 1 MiB a cycle of its own
     cold = BlockValues(np.zeros(0, np.int64), np.zeros(0, np.float32))
     regions = [Region(0, 8 * MiB, 9.0)]
     kept, waiting = bucket.limit(regions, cold, [], 64 * MiB, 0.0, restoring=True, allowance=3 * MiB)
-    assert kept == [Region(0, 4 * MiB, 9.0)] and waiting == 1 and bucket.unspent == 0     # 1 + 3 MiB
+    assert kept == [Region(0, 3 * MiB, 9.0)] and waiting == 1 and bucket.unspent == 0     # the grant's 3 MiB
     kept, waiting = bucket.limit([Region(0, 2 * MiB, 9.0)], cold, [], 64 * MiB, 8.0, restoring=True,
                                  allowance=8 * MiB)
-    assert kept == [Region(0, 2 * MiB, 9.0)] and bucket.unspent == 7 * MiB                # its own MiB first
+    assert kept == [Region(0, 2 * MiB, 9.0)] and bucket.unspent == 6 * MiB
+
+
+def test_a_restore_reads_no_more_than_the_host_grants_and_the_guests_own_new_pins_keep_their_tokens() -> None:
+    """Twenty disks restoring at once read what the host's budget grants them, not that plus twenty
+    prefetch rates; a block the guest made hot meanwhile is paid from the disk's own tokens."""
+    params = ModelParams(block_size=MiB, interval=8.0)
+    bucket = PrefetchBucket(params, prefetch_rate=MiB // 2, warm_rate=32 * MiB)   # 4 MiB a cycle of its own
+    cold = BlockValues(np.zeros(0, np.int64), np.zeros(0, np.float32))
+    saved = [Region(0, 64 * MiB, 9.0)]
+    hot = Region(100 * MiB, 2 * MiB, 5.0)
+    kept, waiting = bucket.limit([*saved, hot], cold, [], 256 * MiB, 0.0, restoring=True, allowance=0, saved=saved)
+    assert kept == [hot] and waiting == 1                                      # no grant: the set waits
+    kept, _ = bucket.limit([*saved, hot], cold, [hot], 256 * MiB, 8.0, restoring=True, allowance=5 * MiB,
+                           saved=saved)
+    assert kept == [Region(0, 5 * MiB, 9.0), hot] and bucket.unspent == 0
 
 
 def test_a_killed_agents_asks_go_with_its_domain_and_no_one_elses(tmp_path: Path) -> None:

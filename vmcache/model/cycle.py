@@ -255,7 +255,8 @@ class Cycle:
         if self.loads:
             paid = BlockValues.empty() if recharge else res  # what new pins read: their uncached bytes, or all
             regions, waiting = self.bucket.limit(regions, paid, pinned, budget, now, restoring=self.restoring,
-                                                 allowance=self.warm_allowance)
+                                                 allowance=self.warm_allowance,
+                                                 saved=self.warm.held() if self.warm is not None else None)
         return regions, waiting
 
     def pinned(self, regions: Iterable[Region]) -> None:

@@ -4,7 +4,7 @@ mlock reads every page of a new region that is not cached yet. The cycle
 (:mod:`vmcache.model.cycle`) passes its plan through :meth:`PrefetchBucket.limit`,
 which pays for the uncached bytes of new regions from a token bucket filled
 at ``prefetch_rate`` (``warm_rate`` while a saved hot set is restored, or,
-in an agent, ``prefetch_rate`` plus what the host's warm-up budget grants)
+in an agent, what the host's warm-up budget grants pays for the saved set)
 and cuts a region it cannot pay for whole to the chunk from its start it can.
 """
 
@@ -42,7 +42,8 @@ class PrefetchBucket:
         return float(self.prefetch_rate)
 
     def limit(self, regions: list[Region], resident: BlockValues, pinned: Sequence[Region], budget: int, now: float,
-              *, restoring: bool = False, allowance: int | None = None) -> tuple[list[Region], int]:
+              *, restoring: bool = False, allowance: int | None = None,
+              saved: Sequence[Region] | None = None) -> tuple[list[Region], int]:
         """Keep the device reads that pinning new regions causes under the prefetch rate.
 
         mlock reads every page of a new region that is not cached yet: the
@@ -60,10 +61,13 @@ class PrefetchBucket:
         never loses what it had.
 
         ``allowance``: while restoring, the bytes the host's warm-up budget
-        granted this cycle (vmcache.host.warmpool), paid on top of the
-        tokens filled at ``prefetch_rate`` instead of filling at
-        ``warm_rate``; what of it the regions did not need is left in
-        :attr:`unspent`, for the caller to give back.
+        granted this cycle (vmcache.host.warmpool). It alone pays for the
+        regions of the saved set (those overlapping ``saved``, the regions
+        still to restore; None: every new region), so that the host's budget
+        is what all its disks' restores read, however many they are; the
+        disk's own tokens, filled at ``prefetch_rate``, pay for the rest.
+        What of it the regions did not need is left in :attr:`unspent`, for
+        the caller to give back.
         """
         shared = restoring and allowance is not None
         rate = self._rate(restoring and not shared)
@@ -75,29 +79,32 @@ class PrefetchBucket:
         self._last_plan = now
         cap = max(float(self.params.block_size), min(float(budget), rate * self.params.interval))
         self._tokens = min(cap, self._tokens + rate * elapsed)
-        extra = float(allowance) if shared and allowance else 0.0
-        self._tokens += extra
+        pools = [self._tokens, float(allowance) if shared and allowance else 0.0]   # own, the host's grant
         current = {r.span: r for r in pinned}
         kept: dict[tuple[int, int], Region] = {}
-        waiting = 0
+        waiting = [0, 0]
         for region in regions:
             if region.span in current:
                 kept[region.span] = region
                 continue
-            part = None if waiting else self._chunk(region, resident, current.values())
+            pool = int(shared and (saved is None or any(r.overlap(region) for r in saved)))
+            part = None
+            if not waiting[pool]:
+                part, pools[pool] = self._chunk(region, resident, current.values(), pools[pool])
             if part is not None:
                 kept[part.span] = part
             if part is None or part.span != region.span:
-                waiting += 1
+                waiting[pool] += 1
                 for old in current.values():
                     if old.overlap(region) and (part is None or not old.overlap(part)):
                         kept.setdefault(old.span, old)
-        self.unspent = int(min(extra, self._tokens))
-        self._tokens -= self.unspent
-        return sorted(kept.values(), key=lambda r: -r.priority), waiting
+        self._tokens, self.unspent = pools[0], int(pools[1])
+        return sorted(kept.values(), key=lambda r: -r.priority), sum(waiting)
 
-    def _chunk(self, region: Region, resident: BlockValues, pins: Iterable[Region]) -> Region | None:
-        """The part of ``region`` from its start the tokens pay for (all of it if they can); None: not a block.
+    def _chunk(self, region: Region, resident: BlockValues, pins: Iterable[Region], tokens: float
+               ) -> tuple[Region | None, float]:
+        """The part of ``region`` from its start ``tokens`` pay for (all of it if they can; None: not a block),
+        and the tokens left.
 
         The cost of a block is its uncached bytes (none for a block of a
         pin overlapping the region); a chunk that would end
@@ -113,12 +120,12 @@ class PrefetchBucket:
         for pin in overlapping:  # locked: cached, whatever the residency sample says
             cold[max(pin.start // bs, first) - first : min(-(-pin.end // bs), end) - first] = 0.0
         paid = np.cumsum(np.maximum(cold, 0.0))
-        stop = min(region.end, (first + int(np.searchsorted(paid, self._tokens, side="right"))) * bs)
+        stop = min(region.end, (first + int(np.searchsorted(paid, tokens, side="right"))) * bs)
         for pin in overlapping:
             if pin.start < stop < pin.end:
                 stop = min(region.end, pin.end)
         if stop <= region.start:
-            return None
+            return None, tokens
         blocks = -(-stop // bs) - first
-        self._tokens = max(0.0, self._tokens - float(paid[blocks - 1]))
-        return region if stop >= region.end else Region(region.start, stop - region.start, region.priority)
+        left = max(0.0, tokens - float(paid[blocks - 1]))
+        return (region if stop >= region.end else Region(region.start, stop - region.start, region.priority)), left

@@ -13,8 +13,8 @@ second run starts every VM from its set at the same moment, paced two ways:
   vmcache.host.warmpool - the same pure rule (vmcache.model.warmshare:
   :func:`~vmcache.model.warmshare.warm_ask`, :class:`~vmcache.model.warmshare.DeviceBudget`:
   the densest saved region first, what a cycle did not read given back) -
-  each VM's cycle paying its restore with the grant on top of its own
-  ``prefetch_rate`` (``Cycle.warm_allowance``), as the engine does. The
+  each VM's cycle paying its restore with the grant alone, its own
+  ``prefetch_rate`` its other new pins (``Cycle.warm_allowance``), as the engine does. The
   VMs ask in ``--vm`` order at each cycle's end, each after the step
   before it, as agents whose cycles all end at the same moment would;
 - ``per-agent``: each VM's cycle restores at ``warm_rate`` of its own, as
